@@ -1,0 +1,50 @@
+"""zfab: a job fabric on ZeroMQ that speaks NorFab's NFP.
+
+from service import Client
+with Client(broker="tcp://127.0.0.1:5555") as c:
+    print(c.run_job("demo", "echo", kwargs={"data": "hi"}))
+"""
+
+from .broker import Broker
+from .client import Client
+from .clientjob import JobFuture
+from .errors import (
+    BackpressureError,
+    BadRequestError,
+    BrokerUnavailableError,
+    BusyError,
+    ClosedError,
+    JobCancelledError,
+    JobError,
+    JobNotFoundError,
+    JobTimeoutError,
+    NoWorkersError,
+    WorkerLostError,
+    ZfabError,
+)
+from .job import Job
+from .settings import Settings
+from .task import task
+from .worker import Worker
+
+__all__ = [
+    "BackpressureError",
+    "BadRequestError",
+    "Broker",
+    "BrokerUnavailableError",
+    "BusyError",
+    "Client",
+    "ClosedError",
+    "Job",
+    "JobCancelledError",
+    "JobError",
+    "JobFuture",
+    "JobNotFoundError",
+    "JobTimeoutError",
+    "NoWorkersError",
+    "Settings",
+    "Worker",
+    "WorkerLostError",
+    "ZfabError",
+    "task",
+]

@@ -1,0 +1,381 @@
+"""Client: submits jobs to the broker and collects their results as dictionaries.
+
+The DEALER socket belongs to the client's owner loop. `submit` (any thread) records
+the job in a bounded table and queues its POST; the loop resolves the job's future
+when the results are pushed back. GET polling is the fallback for jobs that went
+quiet (a broker restart, a lost frame).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+import threading
+import time
+import uuid as uuidlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import zmq
+
+from . import protocol as nfp
+from .clientjob import ClientJob, JobFuture
+from .errors import BrokerUnavailableError, BusyError, ClosedError, JobTimeoutError, ZfabError
+from .keepalive import KeepAlive
+from .loop import Frames, OwnerLoop
+from .settings import Settings
+
+log = logging.getLogger(__name__)
+
+EventCallback = Callable[[dict[str, Any]], None]
+Workers = str | list[str]
+
+
+class Client:
+    """Talk to a zfab (or NorFab) broker. Use as a context manager, or call start()/close().
+
+    `acks=False` asks the broker and workers to skip the per-job 202/201 acknowledgements
+    (faster; see docs/protocol.md); `push=True` (default) has results pushed when ready.
+    """
+
+    def __init__(
+        self,
+        broker: str | None = None,
+        name: str = "client",
+        *,
+        settings: Settings | None = None,
+        acks: bool = True,
+        push: bool = True,
+        poll_after: float | None = None,
+    ) -> None:
+        self.settings = s = settings or Settings()
+        self.broker = broker or s.broker
+        self.name = name
+        self.identity = f"{name}-{uuidlib.uuid4().hex[:8]}".encode()
+        self.acks = acks
+        self.push = push
+        self.poll_after = poll_after if poll_after is not None else max(1.0, 2 * s.keepalive_interval)
+        self.max_jobs = s.max_client_jobs
+        self.keepalive = KeepAlive(s.keepalive_interval, s.keepalive_multiplier)
+        self._broker_seen = False
+        self._jobs: dict[str, ClientJob] = {}
+        self._timers: list[tuple[float, str]] = []  # (monotonic due, uuid): deadlines and poll checks
+        self._lock = threading.Lock()
+        self._callbacks: dict[str, EventCallback] = {}
+        self.counts: dict[str, int] = {"late": 0, "rejected_frames": 0, "polls": 0, "completed": 0}
+        self._flags = nfp.dumps({"push": push, "ack": acks})
+        self.loop = OwnerLoop(
+            self, name=f"client {name}", outbound_size=s.outbound_queue_size, submit_timeout=s.submit_timeout
+        )
+        self._started = False
+
+    # ---- lifecycle -----------------------------------------------------------
+
+    def start(self) -> Client:
+        if not self._started:
+            self.loop.start()
+            self._started = True
+        return self
+
+    def close(self) -> None:
+        """Stop accepting jobs, flush what is queued (bounded), and fail what is still waiting."""
+        self.loop.stop()
+        with self._lock:
+            jobs = list(self._jobs.values())
+            self._jobs.clear()
+        for job in jobs:
+            if not job.future.done():
+                job.future.set_exception(ClosedError(f"client closed before job {job.uuid} finished"))
+
+    def __enter__(self) -> Client:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def broker_alive(self) -> bool:
+        """True while the broker answered within its hold time."""
+        return self._broker_seen and self.keepalive.is_alive()
+
+    def jobs_in_flight(self) -> int:
+        return len(self._jobs)
+
+    # ---- public API (any thread) -------------------------------------------------
+
+    def submit(
+        self,
+        service: str,
+        task: str,
+        args: list[Any] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        workers: Workers = "any",
+        timeout: float = 60.0,
+        *,
+        on_event: EventCallback | None = None,
+        uuid: str | None = None,
+    ) -> JobFuture:
+        """Queue a job; the returned future resolves to {worker name: result entry}."""
+        if timeout <= 0:
+            raise ValueError("timeout must be positive")
+        body = nfp.dumps(
+            {
+                "task": task,
+                "args": args or [],
+                "kwargs": kwargs or {},
+                "timeout": timeout,
+                "push": self.push,
+                "ack": self.acks,
+            }
+        )
+        target = (json.dumps(workers) if isinstance(workers, list) else workers).encode()
+        return self._submit(service.encode(), target, body, timeout, uuid=uuid, on_event=on_event)
+
+    def run_job(
+        self,
+        service: str,
+        task: str,
+        args: list[Any] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        workers: Workers = "any",
+        timeout: float = 60.0,
+    ) -> dict[str, Any]:
+        """Run a job and return {worker name: result entry}; raises a JobError subclass otherwise."""
+        fut = self.submit(service, task, args, kwargs, workers, timeout)
+        result: dict[str, Any] = fut.result(timeout + 5.0)
+        return result
+
+    def mmi(self, task: str, timeout: float = 5.0, **kwargs: Any) -> Any:
+        """Ask the broker's management interface, e.g. mmi("show_workers")."""
+        body = nfp.dumps({"task": task, "kwargs": kwargs})
+        fut = self._submit(nfp.MMI_SERVICE, b"any", body, timeout, mmi=True)
+        return fut.result(timeout + 5.0)["result"]
+
+    def get_job(self, uuid: str) -> JobFuture | None:
+        job = self._jobs.get(uuid)
+        return job.future if job is not None else None
+
+    def cancel(self, uuid: str) -> bool:
+        """Ask the job's workers to cancel it. False when this client does not track the job."""
+        job = self._jobs.get(uuid)
+        if job is None:
+            return False
+        target = nfp.dumps(sorted(job.expected)) if job.expected else job.target
+        self.loop.submit(nfp.client_request(nfp.DELETE, job.service, target, job.uuid.encode(), b"{}"))
+        return True
+
+    def events(self, fut: JobFuture, timeout: float = 60.0) -> Iterator[dict[str, Any]]:
+        """Yield the job's events as they arrive, until it finishes or the timeout passes."""
+        seen = 0
+        deadline = time.monotonic() + timeout
+        while True:
+            evs = list(fut.events)
+            while seen < len(evs):
+                yield evs[seen]
+                seen += 1
+            if fut.done() or time.monotonic() > deadline:
+                evs = list(fut.events)
+                yield from evs[seen:]
+                return
+            try:
+                fut.exception(timeout=0.05)
+            except TimeoutError:
+                pass
+
+    # ---- internals -------------------------------------------------------------
+
+    def _submit(
+        self,
+        service: bytes,
+        target: bytes,
+        body: bytes,
+        timeout: float,
+        *,
+        uuid: str | None = None,
+        on_event: EventCallback | None = None,
+        mmi: bool = False,
+    ) -> JobFuture:
+        if not self._started:
+            self.start()
+        juuid = uuid or uuidlib.uuid4().hex
+        fut = JobFuture(juuid)
+        fut.timings["submitted"] = time.time()
+        now = time.monotonic()
+        job = ClientJob(juuid, service, target, body, self._flags, fut, now + timeout, mmi=mmi)
+        with self._lock:
+            if len(self._jobs) >= self.max_jobs:
+                raise BusyError(f"client tracks {self.max_jobs} jobs already; wait for some to finish")
+            if juuid in self._jobs:
+                return self._jobs[juuid].future
+            self._jobs[juuid] = job
+            heapq.heappush(self._timers, (job.deadline, juuid))
+            heapq.heappush(self._timers, (now + self.poll_after, juuid))
+            if on_event is not None:
+                self._callbacks[juuid] = on_event
+        cmd = nfp.MMI if mmi else nfp.POST
+        try:
+            self.loop.submit(nfp.client_request(cmd, service, target, juuid.encode(), body, job.flags))
+        except BaseException:
+            self._forget(juuid)
+            raise
+        return fut
+
+    def _forget(self, uuid: str) -> ClientJob | None:
+        with self._lock:
+            self._callbacks.pop(uuid, None)
+            return self._jobs.pop(uuid, None)
+
+    def _finish(self, job: ClientJob, error: ZfabError | None = None) -> None:
+        if self._forget(job.uuid) is None:
+            return
+        job.future.timings["completed"] = time.time()
+        self.counts["completed"] += 1
+        result: dict[str, Any] | None = None
+        if error is None:
+            result, error = job.outcome()
+        if job.future.done():
+            return
+        if error is not None:
+            job.future.set_exception(error)
+        else:
+            job.future.set_result(result)
+
+    # ---- Role: owner thread ---------------------------------------------------------
+
+    def open_socket(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, self.identity)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.settings.max_message_bytes)
+        sock.setsockopt(zmq.SNDHWM, 10_000)
+        sock.setsockopt(zmq.RCVHWM, 10_000)
+        sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        sock.connect(self.broker)
+        return sock
+
+    def on_batch_end(self) -> None:
+        pass
+
+    def on_connected(self) -> None:
+        self.keepalive.reset()
+        self._send_keepalive()
+
+    def on_closing(self) -> None:
+        pass
+
+    def _send_keepalive(self) -> None:
+        self.loop.send_now(nfp.client_request(nfp.KEEPALIVE, nfp.MMI_SERVICE, b"", b"", b""))
+        self.keepalive.mark_sent()
+
+    def on_timer(self, now: float) -> float | None:
+        ka = self.keepalive
+        if ka.due():
+            self._send_keepalive()
+        nxt = ka.next_deadline() if not ka.expired() else ka.next_due
+        while True:
+            with self._lock:
+                if not self._timers or self._timers[0][0] > now:
+                    break
+                _, uuid = heapq.heappop(self._timers)
+                job = self._jobs.get(uuid)
+            if job is not None:
+                self._check(job, now)
+        with self._lock:
+            if self._timers:
+                nxt = min(nxt, self._timers[0][0])
+        return nxt
+
+    def _check(self, job: ClientJob, now: float) -> None:
+        if now >= job.deadline:
+            if self.broker_alive:
+                err: ZfabError = JobTimeoutError(
+                    f"job {job.uuid} did not finish within its timeout", uuid=job.uuid, results=job.results
+                )
+            else:
+                err = BrokerUnavailableError(
+                    f"job {job.uuid}: the broker at {self.broker} has not answered within its hold time"
+                )
+            self._finish(job, err)
+            return
+        if now - job.last_heard >= self.poll_after and self.broker_alive:
+            self._poll(job)
+        with self._lock:
+            heapq.heappush(self._timers, (min(job.deadline, now + self.poll_after), job.uuid))
+
+    def _poll(self, job: ClientJob) -> None:
+        """The job went quiet: ask its workers (GET), or re-send the POST if none is known yet."""
+        self.counts["polls"] += 1
+        job.polls += 1
+        job.last_heard = time.monotonic()
+        uuid_b = job.uuid.encode()
+        if job.mmi or job.expected is None:
+            # Not known to be dispatched: POST again. The broker and the workers dedupe by
+            # uuid, so a job still in flight is not run twice.
+            cmd = nfp.MMI if job.mmi else nfp.POST
+            self.loop.send_now(nfp.client_request(cmd, job.service, job.target, uuid_b, job.body, job.flags))
+            return
+        body = nfp.dumps({"task": "", "args": [], "kwargs": {}})
+        for worker in sorted(job.pending):
+            self.loop.send_now(
+                nfp.client_request(nfp.GET, job.service, worker.encode(), uuid_b, body, b'{"ack":false}')
+            )
+
+    def on_frames(self, frames: Frames) -> None:
+        try:
+            reply = nfp.decode_broker_to_client(frames, self.settings.max_message_bytes)
+        except nfp.ProtocolError as exc:
+            self.counts["rejected_frames"] += 1
+            if self.counts["rejected_frames"] <= 3:
+                log.warning("client %s dropped a malformed message: %s", self.name, exc)
+            return
+        was_alive = self.broker_alive
+        self._broker_seen = True
+        self.keepalive.heard(keepalive=reply.command == nfp.KEEPALIVE)
+        if not was_alive:
+            self._broker_returned()
+        if reply.command == nfp.KEEPALIVE:
+            return
+        uuid = reply.uuid.decode(errors="replace")
+        job = self._jobs.get(uuid)
+        if job is None:
+            self.counts["late"] += 1
+            return
+        if reply.command == nfp.EVENT:
+            self._event(job, reply)
+            return
+        if reply.command == nfp.STREAM:
+            return
+        try:
+            done = job.apply(reply)
+        except ValueError as exc:
+            self.counts["rejected_frames"] += 1
+            log.warning("client %s: unreadable reply for job %s: %s", self.name, uuid, exc)
+            return
+        if done:
+            self._finish(job)
+
+    def _broker_returned(self) -> None:
+        # After an outage, quiet jobs are checked at once instead of at their next poll.
+        with self._lock:
+            for job in self._jobs.values():
+                job.last_heard = 0.0
+                heapq.heappush(self._timers, (0.0, job.uuid))
+
+    def _event(self, job: ClientJob, reply: nfp.BrokerReply) -> None:
+        try:
+            payload = json.loads(reply.payload)
+        except ValueError:
+            self.counts["rejected_frames"] += 1
+            return
+        if not isinstance(payload, dict):
+            return
+        job.last_heard = time.monotonic()
+        job.future.events.append(payload)
+        cb = self._callbacks.get(job.uuid)
+        if cb is not None:
+            try:
+                cb(payload)
+            except Exception:
+                log.exception("client %s: event callback failed", self.name)

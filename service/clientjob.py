@@ -1,0 +1,143 @@
+"""A job as its client tracks it: pure state fed with the broker's replies.
+
+No sockets or threads: the client's owner loop calls `apply` for each reply and
+`outcome` tells whether the job is finished and how.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import protocol as nfp
+from .errors import (
+    BadRequestError,
+    BusyError,
+    JobError,
+    JobNotFoundError,
+    NoWorkersError,
+    WorkerLostError,
+)
+
+MAX_EVENTS_PER_JOB = 10_000
+
+
+class JobFuture(Future[Any]):
+    """A submitted job: `result()` gives the dictionary keyed by worker name, or raises."""
+
+    def __init__(self, uuid: str) -> None:
+        super().__init__()
+        self.uuid = uuid
+        self.events: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS_PER_JOB)
+        self.timings: dict[str, float] = {}
+
+
+@dataclass(slots=True, eq=False)
+class ClientJob:
+    uuid: str
+    service: bytes
+    target: bytes
+    body: bytes
+    flags: bytes
+    future: JobFuture
+    deadline: float  # monotonic
+    mmi: bool = False
+    expected: set[str] | None = None  # workers the broker dispatched to (from 202)
+    results: dict[str, Any] = field(default_factory=dict)
+    statuses: dict[str, bytes] = field(default_factory=dict)
+    lost: set[str] = field(default_factory=set)
+    refused: JobError | None = None
+    last_heard: float = field(default_factory=time.monotonic)
+    polls: int = 0
+
+    @property
+    def pending(self) -> set[str]:
+        if self.expected is None:
+            return set()
+        return self.expected - set(self.statuses) - self.lost
+
+    def apply(self, reply: nfp.BrokerReply) -> bool:
+        """Take one reply into account; True when the job is now finished."""
+        self.last_heard = time.monotonic()
+        if self.mmi:
+            if reply.command == nfp.RESPONSE:
+                payload = json.loads(reply.payload) if reply.payload else None
+                if reply.status == nfp.ST_OK:
+                    self.results = {"result": payload}
+                else:
+                    self.refused = BadRequestError(f"MMI request refused: {payload}", uuid=self.uuid)
+                return True
+            return False
+        status = reply.status
+        try:
+            payload = json.loads(reply.payload) if reply.payload else {}
+        except ValueError:
+            payload = {}
+        if not isinstance(payload, dict):
+            payload = {}
+        if status == nfp.ST_DISPATCHED:
+            workers = payload.get("workers")
+            if isinstance(workers, list) and self.expected is None:
+                self.expected = {str(w) for w in workers}
+                self.future.timings.setdefault("dispatched", time.time())
+            return False
+        if status in (nfp.ST_WORKER_ACCEPTED, nfp.ST_PENDING, nfp.ST_WAITING_INPUT):
+            return False
+        if status == nfp.ST_WORKER_LOST:
+            self.lost.add(str(payload.get("worker", "")))
+            return self._done()
+        if "workers" in payload and "errors" in payload and payload.get("workers") is None:
+            # A refusal from the broker itself: no worker matched, or the fabric is full.
+            errors = "; ".join(str(e) for e in payload.get("errors") or []) or "refused by broker"
+            cls: type[JobError] = BusyError if status == nfp.ST_BUSY else NoWorkersError
+            self.refused = cls(errors, uuid=self.uuid)
+            return True
+        if status == nfp.ST_BUSY:
+            worker = str(payload.get("worker", ""))
+            self.statuses[worker] = status
+            errors = "; ".join(str(e) for e in payload.get("errors") or []) or "worker busy"
+            self.refused = BusyError(f"worker '{worker}': {errors}", uuid=self.uuid)
+            if self.expected is None:
+                self.expected = {worker}
+            return self._done()
+        if status == nfp.ST_NOT_FOUND and "worker" in payload:
+            self.statuses[str(payload["worker"])] = status
+            if self.expected is None:
+                self.expected = {str(payload["worker"])}
+            return self._done()
+        # 200, 400, 500 from a worker: {worker_name: result entry}
+        for worker, entry in payload.items():
+            self.results[str(worker)] = entry
+            self.statuses[str(worker)] = status
+            if self.expected is None:
+                self.expected = {str(worker)}
+        return self._done()
+
+    def _done(self) -> bool:
+        return self.expected is not None and not self.pending
+
+    def outcome(self) -> tuple[dict[str, Any] | None, JobError | None]:
+        """The finished job's result dictionary, or the error to raise."""
+        if self.mmi:
+            return (self.results if self.refused is None else None), self.refused
+        if self.refused is not None and not self.results:
+            return None, self.refused
+        if self.lost:
+            names = ", ".join(sorted(self.lost))
+            return None, WorkerLostError(
+                f"worker {names} was lost while running job {self.uuid}", uuid=self.uuid, results=self.results
+            )
+        if self.statuses and all(s == nfp.ST_NOT_FOUND for s in self.statuses.values()):
+            return None, JobNotFoundError(f"no worker knows job {self.uuid}", uuid=self.uuid)
+        if self.results and all(s == nfp.ST_BAD_REQUEST for s in self.statuses.values()):
+            errors = "; ".join(
+                str(e) for entry in self.results.values() if isinstance(entry, dict) for e in entry.get("errors") or []
+            )
+            return None, BadRequestError(errors or "bad request", uuid=self.uuid, results=self.results)
+        if self.refused is not None:
+            return None, self.refused
+        return self.results, None

@@ -1,0 +1,271 @@
+"""A worker's durable job store: SQLite in WAL mode, written by one thread in batches.
+
+The owner loop and job threads never wait on the disk: they hand operations to the
+writer thread through a bounded queue; the writer commits a whole batch in one
+transaction (group commit) and then runs each operation's follow-up (such as
+sending 201 once the job is stored). WAL with synchronous=NORMAL does not fsync
+per commit, so durability does not cap throughput.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .job import Job
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    uuid TEXT PRIMARY KEY,
+    client BLOB NOT NULL,
+    task TEXT NOT NULL,
+    request TEXT NOT NULL,
+    state TEXT NOT NULL,
+    received_at REAL NOT NULL,
+    started_at REAL,
+    completed_at REAL,
+    status_code TEXT,
+    result TEXT
+);
+CREATE INDEX IF NOT EXISTS jobs_received ON jobs(received_at);
+CREATE TABLE IF NOT EXISTS events (
+    uuid TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    payload TEXT NOT NULL,
+    PRIMARY KEY (uuid, seq)
+);
+"""
+
+
+@dataclass(slots=True)
+class StoredJob:
+    uuid: str
+    client: bytes
+    task: str
+    state: str
+    status_code: str | None
+    result: str | None
+
+
+Op = Callable[[sqlite3.Connection], None]
+After = Callable[[], None]
+
+
+class JobStore:
+    """Single-writer SQLite store. `submit` is thread-safe; `read` runs on the writer thread."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        queue_size: int = 10_000,
+        batch: int = 512,
+        retention_seconds: float = 7 * 86400,
+        retention_count: int = 100_000,
+        max_events_per_job: int = 1000,
+    ) -> None:
+        self.path = path
+        self.batch = batch
+        self.retention_seconds = retention_seconds
+        self.retention_count = retention_count
+        self.max_events_per_job = max_events_per_job
+        self.queue_size = queue_size
+        self._q: queue.Queue[tuple[Op, After | None] | None] = queue.Queue(maxsize=queue_size)
+        self._thread: threading.Thread | None = None
+        self._inserts_since_prune = 0
+        self.commits = 0
+        self.errors = 0
+        self.interrupted_on_open = 0
+
+    def open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(ready,), name="zfab-jobstore", daemon=True)
+        self._thread.start()
+        if not ready.wait(30):
+            raise TimeoutError(f"job store {self.path} did not open within 30 s")
+
+    def close(self, timeout: float = 10.0) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            self._q.put(None)
+            self._thread.join(timeout)
+
+    def depth(self) -> int:
+        return self._q.qsize()
+
+    def submit(self, op: Op, after: After | None = None, timeout: float = 1.0) -> None:
+        """Queue a write; `after` runs on the writer thread once it is committed. Raises queue.Full."""
+        self._q.put((op, after), timeout=timeout)
+
+    # ---- writer thread ----------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=True)
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        has_tables = conn.execute("SELECT count(*) FROM sqlite_master WHERE name='jobs'").fetchone()[0]
+        if has_tables and version != SCHEMA_VERSION:
+            # A store from another zfab version: keep it aside rather than misread it.
+            conn.close()
+            aside = self.path.with_name(f"{self.path.name}.v{version}.{int(time.time())}")
+            self.path.rename(aside)
+            log.warning("job store %s has schema v%d; moved aside to %s", self.path, version, aside)
+            conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=True)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.executescript(SCHEMA)
+        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        return conn
+
+    def _run(self, ready: threading.Event) -> None:
+        conn = self._connect()
+        self._recover(conn)
+        self._prune(conn)
+        ready.set()
+        try:
+            while True:
+                first = self._q.get()
+                if first is None:
+                    return
+                items = [first]
+                stop = False
+                while len(items) < self.batch:
+                    try:
+                        nxt = self._q.get_nowait()
+                    except queue.Empty:
+                        break
+                    if nxt is None:
+                        stop = True
+                        break
+                    items.append(nxt)
+                self._commit(conn, items)
+                if stop:
+                    return
+        finally:
+            conn.close()
+
+    def _commit(self, conn: sqlite3.Connection, items: list[tuple[Op, After | None]]) -> None:
+        conn.execute("BEGIN")
+        for op, _ in items:
+            try:
+                op(conn)
+            except Exception:
+                self.errors += 1
+                if self.errors <= 3 or self.errors % 1000 == 0:
+                    log.exception("job store: an operation failed and was skipped (%d so far)", self.errors)
+        conn.execute("COMMIT")
+        self.commits += 1
+        for _, after in items:
+            if after is not None:
+                try:
+                    after()
+                except Exception:
+                    self.errors += 1
+                    log.exception("job store: a follow-up failed")
+        if self._inserts_since_prune >= 1000:
+            self._prune(conn)
+
+    def _recover(self, conn: sqlite3.Connection) -> None:
+        """Jobs left unfinished by a previous run end as failed: interrupted."""
+        rows = conn.execute("SELECT uuid, task FROM jobs WHERE state IN ('received', 'running')").fetchall()
+        now = time.time()
+        for uuid, task_name in rows:
+            result = {
+                "result": None,
+                "failed": True,
+                "errors": ["interrupted: the worker stopped while the job was queued or running"],
+                "messages": [],
+                "juuid": uuid,
+                "task": task_name,
+                "status": "error",
+            }
+            conn.execute(
+                "UPDATE jobs SET state='interrupted', completed_at=?, status_code='200', result=? WHERE uuid=?",
+                (now, json.dumps(result), uuid),
+            )
+        self.interrupted_on_open = len(rows)
+
+    def _prune(self, conn: sqlite3.Connection) -> None:
+        self._inserts_since_prune = 0
+        cutoff = time.time() - self.retention_seconds
+        conn.execute("BEGIN")
+        conn.execute("DELETE FROM jobs WHERE received_at < ? AND state NOT IN ('received','running')", (cutoff,))
+        conn.execute(
+            "DELETE FROM jobs WHERE uuid IN (SELECT uuid FROM jobs WHERE state NOT IN ('received','running') "
+            "ORDER BY received_at DESC LIMIT -1 OFFSET ?)",
+            (self.retention_count,),
+        )
+        conn.execute("DELETE FROM events WHERE uuid NOT IN (SELECT uuid FROM jobs)")
+        conn.execute("COMMIT")
+
+    # ---- operations (built by callers, run on the writer thread) ----------------
+
+    def insert_op(self, rows: list[tuple[str, bytes, str, bytes, float]]) -> Op:
+        """Record received jobs: (uuid, client, task, raw request body, received_at) each."""
+        self._inserts_since_prune += len(rows)
+        params = [(u, c, t, body.decode(errors="replace"), ts) for u, c, t, body, ts in rows]
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "INSERT OR IGNORE INTO jobs(uuid, client, task, request, state, received_at) "
+                "VALUES (?,?,?,?,'received',?)",
+                params,
+            )
+
+        return op
+
+    def result_op(self, job: Job, status_code: str) -> Op:
+        # An upsert: the job's result may be written before its receive batch is.
+        row = (
+            job.uuid, job.client, job.task, job.request.decode(errors="replace"), job.state.value,
+            job.received_at, job.started_at, job.completed_at, status_code, job.result_payload.decode(),
+        )
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO jobs(uuid, client, task, request, state, received_at, started_at, completed_at,"
+                " status_code, result) VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT(uuid) DO UPDATE SET"
+                " state=excluded.state, started_at=excluded.started_at, completed_at=excluded.completed_at,"
+                " status_code=excluded.status_code, result=excluded.result",
+                row,
+            )
+
+        return op
+
+    def event_op(self, uuid: str, seq: int, payload: bytes) -> Op:
+        text = payload.decode()
+        limit = self.max_events_per_job
+
+        def op(conn: sqlite3.Connection) -> None:
+            if seq < limit:
+                conn.execute("INSERT OR REPLACE INTO events(uuid, seq, payload) VALUES (?,?,?)", (uuid, seq, text))
+
+        return op
+
+    def read(self, uuid: str, reply: Callable[[StoredJob | None, list[str]], None], timeout: float = 0.0) -> None:
+        """Look a job (and its events) up on the writer thread; `reply` gets the answer there."""
+        found: list[StoredJob | None] = [None]
+        events: list[str] = []
+
+        def op(conn: sqlite3.Connection) -> None:
+            row = conn.execute(
+                "SELECT uuid, client, task, state, status_code, result FROM jobs WHERE uuid=?", (uuid,)
+            ).fetchone()
+            if row is not None:
+                found[0] = StoredJob(*row)
+                events.extend(
+                    r[0] for r in conn.execute("SELECT payload FROM events WHERE uuid=? ORDER BY seq", (uuid,))
+                )
+
+        self.submit(op, lambda: reply(found[0], events), timeout=timeout)

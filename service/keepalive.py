@@ -1,0 +1,81 @@
+"""Passive keepalive state. The owner loop that holds the socket sends the frames.
+
+All times come from a clock (monotonic by default) so tests can drive it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+Clock = Callable[[], float]
+
+DEFAULT_INTERVAL = 2.5
+DEFAULT_MULTIPLIER = 6
+
+
+@dataclass(slots=True)
+class KeepAlive:
+    """When to send the next keepalive and when the peer's hold time runs out.
+
+    hold-time expiry = last heard from the peer + interval × multiplier.
+    """
+
+    interval: float = DEFAULT_INTERVAL
+    multiplier: int = DEFAULT_MULTIPLIER
+    clock: Clock = time.monotonic
+    started_at: float = field(init=False)
+    next_due: float = field(init=False)
+    expires_at: float = field(init=False)
+    sent: int = field(default=0, init=False)
+    received: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        if self.interval <= 0:
+            raise ValueError("keepalive interval must be positive")
+        if self.multiplier < 1:
+            raise ValueError("keepalive multiplier must be at least 1")
+        self.reset()
+
+    @property
+    def hold_time(self) -> float:
+        return self.interval * self.multiplier
+
+    def reset(self) -> None:
+        """Start afresh, as after a (re)connect: counters to zero, timers from now."""
+        now = self.clock()
+        self.started_at = now
+        self.next_due = now + self.interval
+        self.expires_at = now + self.hold_time
+        self.sent = 0
+        self.received = 0
+
+    def due(self) -> bool:
+        return self.clock() >= self.next_due
+
+    def mark_sent(self) -> None:
+        self.sent += 1
+        self.next_due = self.clock() + self.interval
+
+    def heard(self, keepalive: bool = True) -> None:
+        """Any frame from the peer proves it alive; only keepalive frames are counted."""
+        self.expires_at = self.clock() + self.hold_time
+        if keepalive:
+            self.received += 1
+
+    def expired(self) -> bool:
+        return self.clock() >= self.expires_at
+
+    def is_alive(self) -> bool:
+        return not self.expired()
+
+    def hold_time_left(self) -> float:
+        return max(0.0, self.expires_at - self.clock())
+
+    def alive_for(self) -> float:
+        return max(0.0, self.clock() - self.started_at)
+
+    def next_deadline(self) -> float:
+        """The earliest moment the owner must act: send a keepalive or check expiry."""
+        return min(self.next_due, self.expires_at)

@@ -1,0 +1,458 @@
+"""The single-owner socket loop shared by broker, worker and client.
+
+One thread, the owner, creates, polls, sends on, receives from and closes one ZeroMQ
+socket. Other threads hand it frames (or small callables) through a bounded queue
+and wake it through an OS eventfd registered in its poller, so the loop sleeps until
+its next timer or a wake-up: no fixed polling tick.
+
+Loop shape: send a bounded batch of queued items → role timers (keepalives, expiry)
+→ poll until the next deadline or a wake → receive and dispatch a bounded batch →
+reconnect or stop if asked.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+import zmq
+
+from .errors import BackpressureError, ClosedError
+
+log = logging.getLogger(__name__)
+
+Frames = list[bytes]
+Item = Frames | Callable[[], None]
+T = TypeVar("T")
+
+_NOBLOCK = int(zmq.NOBLOCK)
+_SNDMORE = int(zmq.SNDMORE)
+_RCVMORE = int(zmq.RCVMORE)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+_COPY_LIMIT = 65536  # larger frames go zero-copy
+
+
+class Wire:
+    """Multipart send/recv with the socket's methods looked up once.
+
+    pyzmq's send_multipart/recv_multipart re-check every frame and build flag enums
+    on each call; on the hot path this halves the cost per message. ZeroMQ takes a
+    multipart message atomically, so Again or EHOSTUNREACH can only come from the
+    first frame.
+    """
+
+    __slots__ = ("_get", "_recv", "_send")
+
+    def __init__(self, sock: zmq.Socket[bytes]) -> None:
+        self._send = sock.send
+        self._recv = sock.recv
+        self._get = sock.getsockopt
+
+    def send(self, frames: Frames) -> None:
+        send = self._send
+        last = len(frames) - 1
+        for i in range(last):
+            send(frames[i], _SNDMORE | _NOBLOCK)
+        send(frames[last], _NOBLOCK, copy=len(frames[last]) < _COPY_LIMIT)
+
+    def recv(self) -> Frames:
+        recv = self._recv
+        get = self._get
+        frames: Frames = [recv(_NOBLOCK)]
+        while get(_RCVMORE):
+            frames.append(recv(_NOBLOCK))
+        return frames
+
+    def readable(self) -> bool:
+        return bool(int(self._get(_EVENTS)) & _POLLIN)
+
+
+class Role(Protocol):
+    """What a broker, worker or client plugs into the loop. Every method runs on the owner."""
+
+    def open_socket(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
+        """Create, configure and bind/connect the socket (also on every reconnect)."""
+
+    def on_connected(self) -> None:
+        """Called right after open_socket: send READY and the like."""
+
+    def on_frames(self, frames: Frames) -> None:
+        """One received multipart message."""
+
+    def on_batch_end(self) -> None:
+        """After a batch of on_frames calls: flush work gathered across the batch."""
+
+    def on_timer(self, now: float) -> float | None:
+        """Do what is due; return the next monotonic deadline, or None for none."""
+
+    def on_closing(self) -> None:
+        """The loop is about to close the socket: last words such as DISCONNECT."""
+
+
+@dataclass(slots=True)
+class LoopStats:
+    sent: int = 0
+    received: int = 0
+    send_dropped: int = 0
+    handler_errors: int = 0
+    wakeups: int = 0
+    reconnects: int = 0
+
+
+class _Waker:
+    """An OS-level wake descriptor: eventfd where there is one, else a socketpair."""
+
+    def __init__(self) -> None:
+        self._efd = -1
+        if hasattr(os, "eventfd"):
+            self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            self.fd = self._efd
+        else:  # pragma: no cover - non-Linux
+            import socket
+
+            self._r, self._w = socket.socketpair()
+            self._r.setblocking(False)
+            self._w.setblocking(False)
+            self.fd = self._r.fileno()
+
+    def wake(self) -> None:
+        try:
+            if self._efd >= 0:
+                os.eventfd_write(self._efd, 1)
+            else:  # pragma: no cover
+                self._w.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass  # already signalled or closing: a wake is pending either way
+
+    def clear(self) -> None:
+        try:
+            if self._efd >= 0:
+                os.eventfd_read(self._efd)
+            else:  # pragma: no cover
+                while self._r.recv(4096):
+                    pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def close(self) -> None:
+        if self._efd >= 0:
+            os.close(self._efd)
+            self._efd = -1
+        else:  # pragma: no cover
+            self._r.close()
+            self._w.close()
+
+
+class OwnerLoop:
+    """Runs a Role on its own thread; the only code that touches the role's socket."""
+
+    def __init__(
+        self,
+        role: Role,
+        *,
+        name: str,
+        outbound_size: int = 10_000,
+        submit_timeout: float = 1.0,
+        batch: int = 256,
+        linger: float = 1.0,
+        context: zmq.Context[zmq.Socket[bytes]] | None = None,
+    ) -> None:
+        if outbound_size < 1 or batch < 1:
+            raise ValueError("outbound_size and batch must be at least 1")
+        self.role = role
+        self.name = name
+        self.outbound_size = outbound_size
+        self.submit_timeout = submit_timeout
+        self.batch = batch
+        self.linger = linger
+        self.stats = LoopStats()
+        self._queue: queue.Queue[Item] = queue.Queue(maxsize=outbound_size)
+        self._waker = _Waker()
+        self._own_context = context is None
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = context if context is not None else zmq.Context()
+        self._sock: zmq.Socket[bytes] | None = None
+        self._wire: Wire | None = None
+        self._poller = zmq.Poller()
+        self._stalled: Frames | None = None  # a frame the socket would not take yet
+        self._sleeping = False
+        self._closing = False
+        self._reconnect = False
+        self._thread: threading.Thread | None = None
+        self.owner_ident: int | None = None
+        self.started = threading.Event()
+        self.stopped = threading.Event()
+        self._start_error: BaseException | None = None
+
+    # ---- any thread ----------------------------------------------------------
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Start the owner thread; raise if the socket could not be opened in time."""
+        self._thread = threading.Thread(target=self._run, name=f"zfab-{self.name}", daemon=True)
+        self._thread.start()
+        if not self.started.wait(timeout):
+            raise TimeoutError(f"{self.name}: owner loop did not start within {timeout} s")
+        if self._start_error is not None:
+            raise self._start_error
+
+    def submit(self, item: Item, timeout: float | None = None) -> None:
+        """Hand a frame (or a callable to run on the owner) to the loop.
+
+        Returns once accepted. Raises ClosedError after shutdown began, and
+        BackpressureError when the queue stays full past the timeout.
+        """
+        if self._closing:
+            raise ClosedError(f"{self.name} is shutting down; nothing more is accepted")
+        try:
+            self._queue.put(item, timeout=self.submit_timeout if timeout is None else timeout)
+        except queue.Full:
+            raise BackpressureError(
+                f"{self.name}: outbound queue full ({self.outbound_size} frames) for "
+                f"{self.submit_timeout if timeout is None else timeout} s; the peer is slow or unreachable"
+            ) from None
+        if self._sleeping:
+            self._waker.wake()
+
+    def call(self, fn: Callable[[], T], timeout: float = 5.0) -> T:
+        """Run fn on the owner thread and return its result (for snapshots of owner state)."""
+        if threading.get_ident() == self.owner_ident:
+            return fn()
+        fut: Future[T] = Future()
+
+        def run() -> None:
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:  # handed to the caller, not swallowed
+                fut.set_exception(exc)
+
+        self.submit(run, timeout=timeout)
+        return fut.result(timeout)
+
+    def queue_depth(self) -> int:
+        return self._queue.qsize() + (1 if self._stalled is not None else 0)
+
+    def request_reconnect(self) -> None:
+        self._reconnect = True
+        self._waker.wake()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop accepting, flush within the linger bound, close the socket in its owner."""
+        self._closing = True
+        self._waker.wake()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout if timeout is not None else self.linger + 5.0)
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    # ---- owner only -----------------------------------------------------------
+
+    @property
+    def socket(self) -> zmq.Socket[bytes]:
+        assert self._sock is not None, "socket used before the loop opened it"  # programming error only
+        return self._sock
+
+    def send_now(self, frames: Frames) -> bool:
+        """Owner-direct send. False (and counted) when the peer cannot take it now."""
+        wire = self._wire
+        if wire is None:
+            self.stats.send_dropped += 1
+            return False
+        try:
+            wire.send(frames)
+        except zmq.Again:
+            self.stats.send_dropped += 1
+            return False
+        except zmq.ZMQError as exc:
+            # EHOSTUNREACH from a ROUTER_MANDATORY socket: the peer has gone.
+            self.stats.send_dropped += 1
+            log.debug("%s: send failed: %s", self.name, exc)
+            return False
+        self.stats.sent += 1
+        return True
+
+    def _open(self) -> None:
+        self._sock = self.role.open_socket(self._ctx)
+        self._wire = Wire(self._sock)
+        self._poller.register(self._sock, zmq.POLLIN)
+        self.role.on_connected()
+
+    def _close_socket(self, linger_ms: int) -> None:
+        if self._sock is not None:
+            try:
+                self._poller.unregister(self._sock)
+            except KeyError:
+                pass
+            self._sock.close(linger=linger_ms)
+            self._sock = None
+            self._wire = None
+
+    def _run(self) -> None:
+        self.owner_ident = threading.get_ident()
+        try:
+            self._poller.register(self._waker.fd, zmq.POLLIN)
+            self._open()
+        except BaseException as exc:
+            self._start_error = exc
+            self._closing = True
+            self.started.set()
+            self._teardown(0)
+            return
+        self.started.set()
+        try:
+            while not self._closing:
+                self._loop_once()
+            self._shutdown()
+        except BaseException:  # the loop must never die silently
+            log.exception("%s: owner loop crashed", self.name)
+            self._teardown(0)
+            raise
+
+    def _loop_once(self) -> None:
+        more = self._drain()
+        deadline = self._timers()
+        if more and self._stalled is None:
+            # Work is queued: do not sleep. Checking readiness through ZMQ_EVENTS is
+            # cheaper than a poll, and every avoided GIL release counts on a busy loop.
+            assert self._wire is not None
+            if self._wire.readable():
+                self._receive()
+            if self._reconnect and not self._closing:
+                self._do_reconnect()
+            return
+        if deadline is None:
+            timeout_ms: int | None = None
+        else:
+            timeout_ms = max(0, int((deadline - time.monotonic()) * 1000) + 1)
+        if self._stalled is not None:
+            self._poller.modify(self.socket, zmq.POLLIN | zmq.POLLOUT)
+            if timeout_ms is None or timeout_ms > 100:
+                timeout_ms = 100  # a stalled peer: re-check at a bounded pace
+        self._sleeping = True
+        if timeout_ms != 0 and not self._queue.empty() and self._stalled is None:
+            timeout_ms = 0  # something arrived between drain and sleep
+        try:
+            events = dict(self._poller.poll(timeout_ms))
+        finally:
+            self._sleeping = False
+        if self._waker.fd in events:
+            self.stats.wakeups += 1
+            self._waker.clear()
+        ev = events.get(self._sock, 0) if self._sock is not None else 0
+        if self._stalled is not None:
+            self._poller.modify(self.socket, zmq.POLLIN)
+        if ev & zmq.POLLIN:
+            self._receive()
+        if self._reconnect and not self._closing:
+            self._do_reconnect()
+
+    def _drain(self) -> bool:
+        """Send up to one batch of queued items. True when more remain."""
+        if self._stalled is not None:
+            if not self._try_send(self._stalled):
+                return True
+            self._stalled = None
+        for _ in range(self.batch):
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return False
+            if isinstance(item, list):
+                if not self._try_send(item):
+                    self._stalled = item
+                    return True
+            else:
+                try:
+                    item()
+                except Exception:
+                    self.stats.handler_errors += 1
+                    log.exception("%s: queued call failed", self.name)
+        return not self._queue.empty()
+
+    def _try_send(self, frames: Frames) -> bool:
+        assert self._wire is not None  # only called while the socket is open
+        try:
+            self._wire.send(frames)
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as exc:
+            self.stats.send_dropped += 1
+            log.warning("%s: dropped a queued frame: %s", self.name, exc)
+            return True
+        self.stats.sent += 1
+        return True
+
+    def _timers(self) -> float | None:
+        try:
+            return self.role.on_timer(time.monotonic())
+        except Exception:
+            self.stats.handler_errors += 1
+            log.exception("%s: timer handler failed", self.name)
+            return time.monotonic() + 1.0
+
+    def _receive(self) -> None:
+        sock = self.socket
+        wire = self._wire
+        assert wire is not None
+        for _ in range(self.batch):
+            try:
+                frames = wire.recv()
+            except zmq.Again:
+                break
+            self.stats.received += 1
+            try:
+                self.role.on_frames(frames)
+            except Exception:
+                self.stats.handler_errors += 1
+                log.exception("%s: handler failed on a %d-frame message", self.name, len(frames))
+            if self._reconnect or self._sock is not sock:
+                break
+        try:
+            self.role.on_batch_end()
+        except Exception:
+            self.stats.handler_errors += 1
+            log.exception("%s: batch handler failed", self.name)
+
+    def _do_reconnect(self) -> None:
+        self._reconnect = False
+        self.stats.reconnects += 1
+        # A stalled frame stays in self._stalled and is retried first on the new socket.
+        self._close_socket(0)
+        try:
+            self._open()
+        except Exception:
+            self.stats.handler_errors += 1
+            log.exception("%s: reconnect failed; retrying", self.name)
+            self._reconnect = True
+            time.sleep(0.1)  # bounded back-off before the next attempt
+
+    def _shutdown(self) -> None:
+        deadline = time.monotonic() + self.linger
+        while time.monotonic() < deadline:
+            more = self._drain()
+            if not more and self._stalled is None:
+                break
+            if self._sock is not None:
+                self._poller.poll(10)
+        try:
+            if self._sock is not None:
+                self.role.on_closing()
+        except Exception:
+            log.exception("%s: closing handler failed", self.name)
+        self._teardown(int(max(0.0, deadline - time.monotonic()) * 1000))
+
+    def _teardown(self, linger_ms: int) -> None:
+        self._close_socket(linger_ms)
+        self._waker.close()
+        if self._own_context:
+            self._ctx.term()
+        self.stopped.set()

@@ -1,0 +1,320 @@
+"""NFP, the NorFab protocol, as zfab speaks it: frame constants, encoders and decoders.
+
+Pure code: no sockets, no threads, nothing of ours imported. `docs/protocol.md` is the
+spec this module implements; every decoder raises `ProtocolError` with a short,
+bounded `reason` (used as a metric label) and never anything else.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Final
+
+CLIENT: Final = b"NFPC01"
+WORKER: Final = b"NFPW01"
+BROKER: Final = b"NFPB01"
+
+OPEN: Final = b"0x00"
+READY: Final = b"0x01"
+KEEPALIVE: Final = b"0x02"
+DISCONNECT: Final = b"0x03"
+POST: Final = b"0x04"
+RESPONSE: Final = b"0x05"
+GET: Final = b"0x06"
+DELETE: Final = b"0x07"
+EVENT: Final = b"0x08"
+STREAM: Final = b"0x09"
+PUT: Final = b"0x10"
+MMI: Final = b"0x11"
+
+COMMAND_NAMES: Final[dict[bytes, str]] = {
+    OPEN: "OPEN",
+    READY: "READY",
+    KEEPALIVE: "KEEPALIVE",
+    DISCONNECT: "DISCONNECT",
+    POST: "POST",
+    RESPONSE: "RESPONSE",
+    GET: "GET",
+    DELETE: "DELETE",
+    EVENT: "EVENT",
+    STREAM: "STREAM",
+    PUT: "PUT",
+    MMI: "MMI",
+}
+
+# Commands a client may send. KEEPALIVE is a zfab extension (the broker answers it
+# so clients know the broker is alive); NorFab clients never send it.
+CLIENT_COMMANDS: Final = frozenset({OPEN, DISCONNECT, POST, GET, DELETE, PUT, MMI, KEEPALIVE})
+# Commands a worker may send that carry a job reply.
+WORKER_REPLY_COMMANDS: Final = frozenset({RESPONSE, EVENT, STREAM, MMI})
+WORKER_CONTROL_COMMANDS: Final = frozenset({READY, KEEPALIVE, DISCONNECT})
+# Commands the broker routes to a worker with a client envelope.
+BROKER_JOB_COMMANDS: Final = frozenset({POST, GET, DELETE, PUT, MMI})
+BROKER_TO_CLIENT_COMMANDS: Final = frozenset({RESPONSE, EVENT, STREAM, MMI, KEEPALIVE})
+
+MMI_SERVICE: Final = b"mmi.service.broker"
+
+# Status codes (ASCII digits on the wire).
+ST_OK: Final = b"200"
+ST_WORKER_ACCEPTED: Final = b"201"
+ST_DISPATCHED: Final = b"202"
+ST_WAITING_INPUT: Final = b"102"
+ST_PENDING: Final = b"300"
+ST_BAD_REQUEST: Final = b"400"
+ST_NOT_FOUND: Final = b"404"
+ST_WORKER_LOST: Final = b"410"  # zfab: the worker running the job was purged
+ST_ERROR: Final = b"500"
+ST_BUSY: Final = b"503"  # zfab: no capacity; retry later
+ST_CANCELLED: Final = b"499"  # zfab: the job was cancelled by DELETE
+KNOWN_STATUSES: Final = frozenset(
+    {
+        ST_OK,
+        ST_WORKER_ACCEPTED,
+        ST_DISPATCHED,
+        ST_WAITING_INPUT,
+        ST_PENDING,
+        ST_BAD_REQUEST,
+        ST_NOT_FOUND,
+        ST_WORKER_LOST,
+        ST_ERROR,
+        ST_BUSY,
+        ST_CANCELLED,
+    }
+)
+FINAL_STATUSES: Final = frozenset({ST_OK, ST_ERROR, ST_NOT_FOUND, ST_BAD_REQUEST, ST_CANCELLED})
+
+DEFAULT_MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
+MAX_NAME_BYTES: Final = 256
+MAX_UUID_BYTES: Final = 128
+
+
+class ProtocolError(Exception):
+    """A frame list that is not valid NFP. `reason` is a short fixed token for metrics."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(slots=True)
+class ClientRequest:
+    """client → broker: [b"", NFPC01, CMD, service, target, uuid, body, (flags)]."""
+
+    command: bytes
+    service: bytes
+    target: bytes
+    uuid: bytes
+    body: bytes
+    flags: dict[str, Any]
+
+
+@dataclass(slots=True)
+class WorkerControl:
+    """worker → broker: [b"", NFPW01, READY|KEEPALIVE|DISCONNECT, service, (stats)]."""
+
+    command: bytes
+    service: bytes
+    stats: dict[str, Any] | None
+
+
+@dataclass(slots=True)
+class WorkerReply:
+    """worker → broker: [b"", NFPW01, RESPONSE|EVENT|STREAM|MMI, client, b"", uuid, status, payload]."""
+
+    command: bytes
+    client: bytes
+    uuid: bytes
+    status: bytes
+    payload: bytes
+
+
+@dataclass(slots=True)
+class BrokerJob:
+    """broker → worker, as the worker's DEALER sees it: [b"", NFPB01, CMD, client, b"", uuid, body]."""
+
+    command: bytes
+    client: bytes
+    uuid: bytes
+    body: bytes
+
+
+@dataclass(slots=True)
+class BrokerControl:
+    """broker → worker: [b"", NFPB01, KEEPALIVE|DISCONNECT, service]."""
+
+    command: bytes
+    service: bytes
+
+
+@dataclass(slots=True)
+class BrokerReply:
+    """broker → client, as the client's DEALER sees it: [b"", NFPB01, CMD, service, uuid, status, payload]."""
+
+    command: bytes
+    service: bytes
+    uuid: bytes
+    status: bytes
+    payload: bytes
+
+
+def _check_sizes(frames: list[bytes], max_bytes: int) -> None:
+    total = 0
+    for f in frames:
+        if not isinstance(f, bytes | bytearray | memoryview):
+            raise ProtocolError("type", f"frame of type {type(f).__name__}")
+        total += len(f)
+    if total > max_bytes:
+        raise ProtocolError("oversize", f"{total} bytes > limit {max_bytes}")
+
+
+def _check_head(frames: list[bytes], header: bytes, min_len: int, max_len: int, max_bytes: int) -> None:
+    n = len(frames)
+    if n < 3:
+        raise ProtocolError("frame_count", f"{n} frames, need at least 3")
+    _check_sizes(frames, max_bytes)
+    if frames[0] != b"":
+        raise ProtocolError("delimiter", "first frame must be empty")
+    if frames[1] != header:
+        raise ProtocolError("header", f"header {bytes(frames[1][:16])!r}, expected {header!r}")
+    if frames[2] not in COMMAND_NAMES:
+        raise ProtocolError("command", f"unknown command {bytes(frames[2][:16])!r}")
+    if not min_len <= n <= max_len:
+        raise ProtocolError("frame_count", f"{COMMAND_NAMES[frames[2]]} with {n} frames, need {min_len}..{max_len}")
+
+
+def _check_name(value: bytes, what: str, limit: int = MAX_NAME_BYTES) -> None:
+    if len(value) > limit:
+        raise ProtocolError("field", f"{what} longer than {limit} bytes")
+
+
+def _json_object(raw: bytes, what: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError("json", f"{what} is not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("json", f"{what} must be a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def decode_client(frames: list[bytes], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> ClientRequest:
+    """Decode what a client sent, without the ROUTER identity frame."""
+    _check_head(frames, CLIENT, 7, 8, max_bytes)
+    command = frames[2]
+    if command not in CLIENT_COMMANDS:
+        raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not a client command")
+    service, target, uuid, body = frames[3], frames[4], frames[5], frames[6]
+    _check_name(service, "service")
+    _check_name(uuid, "uuid", MAX_UUID_BYTES)
+    flags = _json_object(frames[7], "flags frame") if len(frames) == 8 else {}
+    return ClientRequest(command, bytes(service), bytes(target), bytes(uuid), bytes(body), flags)
+
+
+def decode_worker(frames: list[bytes], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> WorkerControl | WorkerReply:
+    """Decode what a worker sent, without the ROUTER identity frame."""
+    _check_head(frames, WORKER, 4, 8, max_bytes)
+    command = frames[2]
+    if command in WORKER_CONTROL_COMMANDS:
+        if len(frames) > 5:
+            raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {len(frames)} frames")
+        _check_name(frames[3], "service")
+        stats = _json_object(frames[4], "keepalive stats") if len(frames) == 5 else None
+        return WorkerControl(command, bytes(frames[3]), stats)
+    if command in WORKER_REPLY_COMMANDS:
+        if len(frames) != 8:
+            raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {len(frames)} frames, need 8")
+        if frames[4] != b"":
+            raise ProtocolError("delimiter", "frame 4 must be empty")
+        _check_name(frames[5], "uuid", MAX_UUID_BYTES)
+        return WorkerReply(command, bytes(frames[3]), bytes(frames[5]), bytes(frames[6]), bytes(frames[7]))
+    raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not a worker command")
+
+
+def decode_broker_to_worker(frames: list[bytes], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> BrokerJob | BrokerControl:
+    """Decode what the broker sent to a worker (the worker's DEALER strips nothing)."""
+    _check_head(frames, BROKER, 4, 7, max_bytes)
+    command = frames[2]
+    if command in (KEEPALIVE, DISCONNECT):
+        if len(frames) != 4:
+            raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {len(frames)} frames, need 4")
+        return BrokerControl(command, bytes(frames[3]))
+    if command in BROKER_JOB_COMMANDS:
+        if len(frames) != 7:
+            raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {len(frames)} frames, need 7")
+        if frames[4] != b"":
+            raise ProtocolError("delimiter", "frame 4 must be empty")
+        return BrokerJob(command, bytes(frames[3]), bytes(frames[5]), bytes(frames[6]))
+    raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not sent by a broker to a worker")
+
+
+def decode_broker_to_client(frames: list[bytes], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> BrokerReply:
+    """Decode what the broker sent to a client."""
+    _check_head(frames, BROKER, 7, 7, max_bytes)
+    command = frames[2]
+    if command not in BROKER_TO_CLIENT_COMMANDS:
+        raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not sent by a broker to a client")
+    status = bytes(frames[5])
+    if command != STREAM and status not in KNOWN_STATUSES:
+        raise ProtocolError("status", f"unknown status {status[:8]!r}")
+    return BrokerReply(command, bytes(frames[3]), bytes(frames[4]), status, bytes(frames[6]))
+
+
+# --- encoders: each returns the frames a DEALER sends, or (for the broker) the
+# frames a ROUTER sends with the peer identity first.
+
+
+def client_request(
+    command: bytes, service: bytes, target: bytes, uuid: bytes, body: bytes, flags: bytes = b""
+) -> list[bytes]:
+    frames = [b"", CLIENT, command, service, target, uuid, body]
+    if flags:
+        frames.append(flags)
+    return frames
+
+
+def worker_control(command: bytes, service: bytes, stats: bytes = b"") -> list[bytes]:
+    frames = [b"", WORKER, command, service]
+    if stats:
+        frames.append(stats)
+    return frames
+
+
+def worker_reply(command: bytes, client: bytes, uuid: bytes, status: bytes, payload: bytes) -> list[bytes]:
+    return [b"", WORKER, command, client, b"", uuid, status, payload]
+
+
+def broker_job(worker: bytes, command: bytes, client: bytes, uuid: bytes, body: bytes) -> list[bytes]:
+    return [worker, b"", BROKER, command, client, b"", uuid, body]
+
+
+def broker_control(worker: bytes, command: bytes, service: bytes) -> list[bytes]:
+    return [worker, b"", BROKER, command, service]
+
+
+def broker_reply(
+    client: bytes, command: bytes, service: bytes, uuid: bytes, status: bytes, payload: bytes
+) -> list[bytes]:
+    return [client, b"", BROKER, command, service, uuid, status, payload]
+
+
+def dumps(obj: Any) -> bytes:
+    """JSON as NFP carries it: compact UTF-8; anything not JSON-native becomes its str()."""
+    return json.dumps(obj, separators=(",", ":"), default=str).encode()
+
+
+def parse_target(target: bytes) -> str | list[str]:
+    """`any`, `all`, one worker name, or a JSON list of names."""
+    if target.startswith(b"["):
+        try:
+            names = json.loads(target)
+        except (ValueError, UnicodeDecodeError):
+            raise ProtocolError("target", "target list is not JSON") from None
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ProtocolError("target", "target list must be a JSON list of names")
+        return names
+    try:
+        return target.decode()
+    except UnicodeDecodeError:
+        raise ProtocolError("target", "target is not UTF-8") from None

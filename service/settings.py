@@ -1,0 +1,44 @@
+"""Settings for every role, from flags or `ZFAB_*` environment variables.
+
+Nothing is read at import time: `Settings()` reads the environment when called.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_data_dir() -> str:
+    return str(Path.home() / ".local" / "share" / "zfab")
+
+
+class Settings(BaseSettings):
+    """Each field is also the environment variable ZFAB_<FIELD> (upper case)."""
+
+    model_config = SettingsConfigDict(env_prefix="ZFAB_", extra="ignore")
+
+    broker: str = Field("tcp://127.0.0.1:5555", description="Endpoint clients and workers connect to")
+    endpoint: str | None = Field(None, description="Endpoint the broker binds (default: ZFAB_BROKER)")
+    keepalive_interval: float = Field(2.5, gt=0, description="Seconds between keepalives")
+    keepalive_multiplier: int = Field(6, ge=1, description="Missed keepalives before a peer is dead")
+    outbound_queue_size: int = Field(10_000, ge=1, description="Frames a loop queues before backpressure")
+    submit_timeout: float = Field(1.0, gt=0, description="Seconds a full outbound queue is waited on")
+    max_message_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="Largest accepted message")
+    max_inflight_per_worker: int = Field(1000, ge=1, description="Jobs the broker routes to one worker at once")
+    max_routes: int = Field(100_000, ge=1, description="Jobs in flight across the whole broker")
+    job_queue_size: int = Field(1000, ge=1, description="Jobs a worker holds waiting for its pool")
+    pool_size: int = Field(4, ge=1, description="Threads that run jobs in a worker")
+    job_retention_seconds: float = Field(7 * 86400, gt=0, description="How long a worker keeps job records")
+    job_retention_count: int = Field(100_000, ge=1, description="Most job records a worker keeps")
+    max_client_jobs: int = Field(10_000, ge=1, description="Jobs one client tracks at once")
+    data_dir: str = Field(default_factory=default_data_dir, description="Where workers keep job stores")
+    metrics_port: int = Field(0, ge=0, le=65535, description="Port for /metrics and /healthz (0 = off)")
+    metrics_host: str = Field("127.0.0.1", description="Address for the metrics port")
+    log_level: str = Field("INFO", description="Logging level")
+
+    @property
+    def bind_endpoint(self) -> str:
+        return self.endpoint or self.broker

@@ -1,0 +1,52 @@
+"""The `demo` service: small tasks that make a fresh fabric useful and serve tests and benchmarks."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..job import Job
+from ..task import task
+from ..worker import Worker
+
+
+class DemoWorker(Worker):
+    service = "demo"
+
+    @task
+    def echo(self, data: Any = None) -> Any:
+        """Return `data` unchanged."""
+        return data
+
+    @task
+    def add(self, a: float, b: float) -> float:
+        """Return a + b."""
+        return a + b
+
+    @task
+    def sleep(self, seconds: float, job: Job) -> float:
+        """Sleep for `seconds` (cancellable, honours the job's deadline); return the seconds slept."""
+        if seconds < 0:
+            raise ValueError("seconds must not be negative")
+        start = time.monotonic()
+        while (left := seconds - (time.monotonic() - start)) > 0:
+            job.check()
+            job.cancel_event.wait(min(0.05, left))
+        return round(time.monotonic() - start, 3)
+
+    @task
+    def fail(self, message: str = "demo failure") -> None:
+        """Raise RuntimeError(message): shows how a failed task reports."""
+        raise RuntimeError(message)
+
+    @task
+    def progress(self, job: Job, steps: int = 5, delay: float = 0.1) -> dict[str, int]:
+        """Emit `steps` progress events, `delay` seconds apart."""
+        if not 0 < steps <= 10_000:
+            raise ValueError("steps must be between 1 and 10000")
+        for i in range(1, steps + 1):
+            job.check()
+            job.event(f"step {i} of {steps}", progress=i / steps, data={"step": i})
+            if delay > 0:
+                job.cancel_event.wait(delay)
+        return {"steps": steps}

@@ -43,7 +43,9 @@ def _wait_for_signal() -> None:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--broker", help="broker endpoint to connect to (ZFAB_BROKER)")
-    p.add_argument("--keepalive-interval", dest="keepalive_interval", type=float, help="seconds (ZFAB_KEEPALIVE_INTERVAL)")
+    p.add_argument(
+        "--keepalive-interval", dest="keepalive_interval", type=float, help="seconds (ZFAB_KEEPALIVE_INTERVAL)"
+    )
     p.add_argument("--keepalive-multiplier", dest="keepalive_multiplier", type=int, help="(ZFAB_KEEPALIVE_MULTIPLIER)")
     p.add_argument("--log-level", dest="log_level", help="DEBUG, INFO, WARNING (ZFAB_LOG_LEVEL)")
 
@@ -140,8 +142,11 @@ def cmd_up(ns: argparse.Namespace) -> int:
     if ns.api_port:
         base = f"http://{ns.api_host}:{ns.api_port}"
         print(f"  API      {base}/docs   health {base}/healthz   metrics {base}/metrics", flush=True)
-        print(f"  try:     curl -s -XPOST '{base}/jobs?wait=5' -H 'content-type: application/json' "
-              f"-d '{{\"service\":\"demo\",\"task\":\"echo\",\"kwargs\":{{\"data\":\"hi\"}}}}'", flush=True)
+        print(
+            f"  try:     curl -s -XPOST '{base}/jobs?wait=5' -H 'content-type: application/json' "
+            f'-d \'{{"service":"demo","task":"echo","kwargs":{{"data":"hi"}}}}\'',
+            flush=True,
+        )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -214,6 +219,31 @@ def cmd_api(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_healthcheck(ns: argparse.Namespace) -> int:
+    """Exit 0 when healthy: for container HEALTHCHECKs (slim images have no curl)."""
+    if ns.url:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(ns.url, timeout=ns.timeout) as r:
+                return 0 if 200 <= r.status < 300 else 1
+        except Exception as exc:
+            print(f"unhealthy: {ns.url}: {exc}", file=sys.stderr)
+            return 1
+    from .client import Client
+    from .errors import ZfabError
+
+    s = _settings(ns)
+    logging.basicConfig(level=logging.ERROR)
+    with Client(settings=s, name="healthcheck") as c:
+        try:
+            c.mmi("show_broker", timeout=ns.timeout)
+        except ZfabError as exc:
+            print(f"unhealthy: broker {s.broker}: {exc}", file=sys.stderr)
+            return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zfab", description="zfab: a job fabric on ZeroMQ")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -264,6 +294,12 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--host", default=None)
     a.add_argument("--port", type=int, default=None)
     a.set_defaults(fn=cmd_api)
+
+    h = sub.add_parser("healthcheck", help="exit 0 if the broker answers MMI (or --url answers 2xx)")
+    _common(h)
+    h.add_argument("--url", help="check this HTTP URL instead, e.g. http://127.0.0.1:8000/readyz")
+    h.add_argument("--timeout", type=float, default=3.0)
+    h.set_defaults(fn=cmd_healthcheck)
     return p
 
 

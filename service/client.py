@@ -32,6 +32,16 @@ EventCallback = Callable[[dict[str, Any]], None]
 Workers = str | list[str]
 
 
+def outcome_of(result: dict[str, Any] | None, error: BaseException | None) -> str:
+    """A bounded label for how a job ended: completed, failed, or the error's kind."""
+    if error is not None:
+        name = type(error).__name__.removesuffix("Error")
+        return "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_") or "error"
+    if result and any(isinstance(v, dict) and v.get("failed") for v in result.values()):
+        return "failed"
+    return "completed"
+
+
 class Client:
     """Talk to a zfab (or NorFab) broker. Use as a context manager, or call start()/close().
 
@@ -69,6 +79,8 @@ class Client:
             self, name=f"client {name}", outbound_size=s.outbound_queue_size, submit_timeout=s.submit_timeout
         )
         self._started = False
+        # Called on the owner thread when a job ends: (future, service, outcome, results).
+        self.on_complete: Callable[[JobFuture, str, str, dict[str, Any] | None], None] | None = None
 
     # ---- lifecycle -----------------------------------------------------------
 
@@ -234,6 +246,11 @@ class Client:
         result: dict[str, Any] | None = None
         if error is None:
             result, error = job.outcome()
+        if self.on_complete is not None and not job.mmi:
+            try:
+                self.on_complete(job.future, job.service.decode(errors="replace"), outcome_of(result, error), result)
+            except Exception:
+                log.exception("client %s: completion hook failed", self.name)
         if job.future.done():
             return
         if error is not None:

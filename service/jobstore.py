@@ -228,8 +228,16 @@ class JobStore:
     def result_op(self, job: Job, status_code: str) -> Op:
         # An upsert: the job's result may be written before its receive batch is.
         row = (
-            job.uuid, job.client, job.task, job.request.decode(errors="replace"), job.state.value,
-            job.received_at, job.started_at, job.completed_at, status_code, job.result_payload.decode(),
+            job.uuid,
+            job.client,
+            job.task,
+            job.request.decode(errors="replace"),
+            job.state.value,
+            job.received_at,
+            job.started_at,
+            job.completed_at,
+            status_code,
+            job.result_payload.decode(),
         )
 
         def op(conn: sqlite3.Connection) -> None:

@@ -293,9 +293,7 @@ class Worker:
         rows = [(j.uuid, j.client, j.task, j.request, j.received_at) for j in batch]
         acks = [j for j in batch if j.ack]
         try:
-            self.store.submit(
-                self.store.insert_op(rows), (lambda: self._stored(acks)) if acks else None, timeout=0.5
-            )
+            self.store.submit(self.store.insert_op(rows), (lambda: self._stored(acks)) if acks else None, timeout=0.5)
         except queue.Full:
             log.error("worker %s: job store full; %d received jobs not recorded", self.name, len(rows))
 
@@ -373,7 +371,10 @@ class Worker:
         for job in jobs:
             self._send(
                 nfp.worker_reply(
-                    nfp.RESPONSE, job.client, job.uuid.encode(), nfp.ST_WORKER_ACCEPTED,
+                    nfp.RESPONSE,
+                    job.client,
+                    job.uuid.encode(),
+                    nfp.ST_WORKER_ACCEPTED,
                     nfp.dumps(self._status_payload(job.uuid, "ACCEPTED")),
                 )
             )

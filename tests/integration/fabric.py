@@ -1,0 +1,116 @@
+"""Helpers for integration tests: real zfab processes on 127.0.0.1 with ephemeral ports."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(cond: Callable[[], bool], timeout: float, interval: float = 0.05, what: str = "condition") -> None:
+    """Poll cond until it holds; fail the test with `what` after the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if cond():
+                return
+        except Exception:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+class Fabric:
+    """Starts broker/worker/api processes for one test and stops them all afterwards."""
+
+    def __init__(self, tmp: Path, *, interval: float = 0.3, multiplier: int = 3) -> None:
+        self.tmp = tmp
+        self.port = free_port()
+        self.endpoint = f"tcp://127.0.0.1:{self.port}"
+        self.env = dict(os.environ)
+        self.env.update(
+            ZFAB_BROKER=self.endpoint,
+            ZFAB_DATA_DIR=str(tmp / "data"),
+            ZFAB_KEEPALIVE_INTERVAL=str(interval),
+            ZFAB_KEEPALIVE_MULTIPLIER=str(multiplier),
+            ZFAB_LOG_LEVEL="INFO",
+            PYTHONUNBUFFERED="1",
+        )
+        self.interval = interval
+        self.multiplier = multiplier
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    @property
+    def hold_time(self) -> float:
+        return self.interval * self.multiplier
+
+    def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        e = dict(self.env)
+        e.update(env or {})
+        log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
+        p = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", *args],
+            env=e, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+        )
+        log.close()
+        self.procs[name] = p
+        return p
+
+    def broker(self, name: str = "broker", *extra: str) -> subprocess.Popen[bytes]:
+        return self.start(name, "broker", "--endpoint", self.endpoint, *extra)
+
+    def worker(self, name: str, service: str = "demo", *extra: str) -> subprocess.Popen[bytes]:
+        return self.start(name, "worker", "--service", service, "--name", name, *extra)
+
+    def log(self, name: str) -> str:
+        path = self.tmp / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def signal(self, name: str, sig: int) -> None:
+        os.killpg(self.procs[name].pid, sig)
+
+    def kill(self, name: str) -> None:
+        p = self.procs[name]
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGCONT)
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 10
+        for p in self.procs.values():
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(5)
+
+
+@contextmanager
+def fabric(tmp: Path, **kw: float) -> Iterator[Fabric]:
+    f = Fabric(tmp, **kw)  # type: ignore[arg-type]
+    try:
+        yield f
+    finally:
+        f.stop()

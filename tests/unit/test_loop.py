@@ -1,0 +1,187 @@
+"""The single-owner loop: only the owner thread touches the socket; bounded queue; wake without a tick."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+import zmq
+
+from service.errors import BackpressureError, ClosedError
+from service.loop import Frames, OwnerLoop
+
+
+class GuardedSocket(zmq.Socket):  # type: ignore[type-arg]
+    """Records the thread of every call a loop makes on its socket."""
+
+    touched: set[int]
+
+    def _note(self) -> None:
+        type(self).touched.add(threading.get_ident())
+
+    def send(self, *a: Any, **k: Any) -> Any:
+        self._note()
+        return super().send(*a, **k)
+
+    def recv(self, *a: Any, **k: Any) -> Any:
+        self._note()
+        return super().recv(*a, **k)
+
+    def setsockopt(self, *a: Any, **k: Any) -> Any:
+        self._note()
+        return super().setsockopt(*a, **k)
+
+    def getsockopt(self, *a: Any, **k: Any) -> Any:
+        self._note()
+        return super().getsockopt(*a, **k)
+
+    def close(self, *a: Any, **k: Any) -> Any:
+        self._note()
+        return super().close(*a, **k)
+
+
+class EchoRole:
+    """A DEALER role that records what it receives; the peer is a ROUTER in the test."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.received: list[Frames] = []
+        self.got = threading.Event()
+        self.timers = 0
+
+    def open_socket(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(self.endpoint)
+        return s
+
+    def on_connected(self) -> None:
+        pass
+
+    def on_frames(self, frames: Frames) -> None:
+        self.received.append(frames)
+        self.got.set()
+
+    def on_batch_end(self) -> None:
+        pass
+
+    def on_timer(self, now: float) -> float | None:
+        self.timers += 1
+        return None
+
+    def on_closing(self) -> None:
+        pass
+
+
+@pytest.fixture
+def router() -> Any:
+    ctx = zmq.Context()
+    r = ctx.socket(zmq.ROUTER)
+    r.setsockopt(zmq.LINGER, 0)
+    r.setsockopt(zmq.RCVTIMEO, 3000)
+    port = r.bind_to_random_port("tcp://127.0.0.1")
+    yield r, f"tcp://127.0.0.1:{port}"
+    r.close(0)
+    ctx.term()
+
+
+def test_only_the_owner_thread_touches_the_socket(router: Any) -> None:
+    # Given a loop whose context makes guarded sockets
+    r, ep = router
+    GuardedSocket.touched = set()
+    ctx: zmq.Context[Any] = zmq.Context()
+    ctx._socket_class = GuardedSocket  # type: ignore[attr-defined]
+    role = EchoRole(ep)
+    loop = OwnerLoop(role, name="t", context=ctx)
+    loop.start()
+    # When several other threads submit frames and the peer answers
+    senders = [threading.Thread(target=lambda i=i: [loop.submit([b"x", str(i).encode()]) for _ in range(50)]) for i in range(4)]
+    for t in senders:
+        t.start()
+    for t in senders:
+        t.join()
+    got = [r.recv_multipart() for _ in range(200)]
+    r.send_multipart([got[0][0], b"reply"])
+    assert role.got.wait(3)
+    loop.stop()
+    ctx.term()
+    # Then every socket call came from the owner thread, and nothing was lost
+    assert GuardedSocket.touched == {loop.owner_ident}
+    assert loop.owner_ident not in {t.ident for t in senders}
+    assert len(got) == 200
+    assert role.received == [[b"reply"]]
+
+
+def test_idle_loop_sleeps_without_a_tick(router: Any) -> None:
+    # Given a started loop with no timers due
+    _, ep = router
+    role = EchoRole(ep)
+    loop = OwnerLoop(role, name="idle")
+    loop.start()
+    before = role.timers
+    # When it idles for a while
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    # Then it ran its timers only a couple of times (no fixed polling tick)
+    assert role.timers - before <= 2
+    # And a submitted frame still goes out at once (woken through the eventfd)
+    r = router[0]
+    t0 = time.monotonic()
+    loop.submit([b"ping"])
+    assert r.recv_multipart()[1:] == [b"ping"]
+    assert time.monotonic() - t0 < 0.5
+    assert loop.stats.wakeups >= 1
+    loop.stop()
+
+
+def test_full_queue_raises_backpressure_and_closed_loop_rejects() -> None:
+    # Given a loop whose owner is blocked in a queued call, so nothing drains
+    role = EchoRole("tcp://127.0.0.1:1")
+    loop = OwnerLoop(role, name="bp", outbound_size=3, submit_timeout=0.05)
+    loop.start()
+    release = threading.Event()
+    loop.submit(lambda: release.wait(5) and None)
+    # When more frames are submitted than the queue holds
+    with pytest.raises(BackpressureError, match="outbound queue full"):
+        for _ in range(10):
+            loop.submit([b"x"])
+    release.set()
+    # Then after stop() begins, submit fails at once with ClosedError
+    loop.stop()
+    with pytest.raises(ClosedError):
+        loop.submit([b"y"])
+
+
+def test_call_runs_on_owner_and_returns_its_result(router: Any) -> None:
+    _, ep = router
+    loop = OwnerLoop(EchoRole(ep), name="call")
+    loop.start()
+    assert loop.call(threading.get_ident) == loop.owner_ident
+    with pytest.raises(ZeroDivisionError):
+        loop.call(lambda: 1 / 0)
+    loop.stop()
+
+
+def test_handler_error_does_not_kill_the_loop(router: Any) -> None:
+    r, ep = router
+
+    class Exploding(EchoRole):
+        def on_frames(self, frames: Frames) -> None:
+            if frames == [b"boom"]:
+                raise RuntimeError("handler bug")
+            super().on_frames(frames)
+
+    role = Exploding(ep)
+    loop = OwnerLoop(role, name="boom")
+    loop.start()
+    loop.submit([b"hello"])
+    ident = r.recv_multipart()[0]
+    r.send_multipart([ident, b"boom"])
+    r.send_multipart([ident, b"fine"])
+    assert role.got.wait(3)
+    assert role.received == [[b"fine"]]
+    assert loop.stats.handler_errors == 1
+    loop.stop()

@@ -1,0 +1,40 @@
+# zfab: `make run` starts a whole fabric locally; `make test` runs the suite.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PORT   ?= 8000
+WORKERS ?= 2
+
+.PHONY: run test lint bench bench-quick clean
+
+$(BIN)/.installed-run: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(BIN)/.installed-dev: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@ $(BIN)/.installed-run
+
+run: $(BIN)/.installed-run
+	$(BIN)/zfab up --workers $(WORKERS) --api-port $(PORT)
+
+test: $(BIN)/.installed-dev
+	$(BIN)/python -m pytest -q
+
+lint: $(BIN)/.installed-dev
+	$(BIN)/ruff check service api tests bench
+	$(BIN)/ruff format --check service api
+	$(BIN)/mypy service api
+
+bench: $(BIN)/.installed-dev
+	$(BIN)/python -m bench.run
+
+bench-quick: $(BIN)/.installed-dev
+	$(BIN)/python -m bench.run --quick
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

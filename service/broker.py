@@ -275,6 +275,11 @@ class Broker:
             if route is not None and not route.push:
                 # A NorFab client collects results with GET; the completion only frees the slot.
                 forward = False
+            elif route is None and msg.uuid in self.registry.routes:
+                # The job is in flight elsewhere now (this worker was purged and the job
+                # retried): a late result from the lost attempt is discarded.
+                self.counts["stale_results"] += 1
+                forward = False
         if forward:
             self.counts["forwarded"] += 1
             self.send(nfp.broker_reply(msg.client, msg.command, worker.service, msg.uuid, msg.status, msg.payload))

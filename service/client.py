@@ -11,17 +11,30 @@ from __future__ import annotations
 import heapq
 import json
 import logging
+import os
+import queue
 import threading
 import time
 import uuid as uuidlib
 from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import zmq
 
 from . import protocol as nfp
 from .clientjob import ClientJob, JobFuture
-from .errors import BrokerUnavailableError, BusyError, ClosedError, JobTimeoutError, ZfabError
+from .errors import (
+    BadRequestError,
+    BrokerUnavailableError,
+    BusyError,
+    ClosedError,
+    JobNotFoundError,
+    JobTimeoutError,
+    ZfabError,
+)
+from .filestream import FileStream, download
 from .keepalive import KeepAlive
 from .loop import Frames, OwnerLoop
 from .settings import Settings
@@ -30,6 +43,10 @@ log = logging.getLogger(__name__)
 
 EventCallback = Callable[[dict[str, Any]], None]
 Workers = str | list[str]
+
+
+def _has_news(fut: JobFuture, seen: int) -> bool:
+    return len(fut.events) > seen or fut.done()
 
 
 def outcome_of(result: dict[str, Any] | None, error: BaseException | None) -> str:
@@ -178,22 +195,112 @@ class Client:
         return True
 
     def events(self, fut: JobFuture, timeout: float = 60.0) -> Iterator[dict[str, Any]]:
-        """Yield the job's events as they arrive, until it finishes or the timeout passes."""
+        """Yield the job's events in order as they arrive, until it finishes or the timeout passes."""
         seen = 0
         deadline = time.monotonic() + timeout
         while True:
-            evs = list(fut.events)
-            while seen < len(evs):
-                yield evs[seen]
-                seen += 1
-            if fut.done() or time.monotonic() > deadline:
-                evs = list(fut.events)
-                yield from evs[seen:]
+            with fut.changed:
+                fut.changed.wait_for(partial(_has_news, fut, seen), max(0.0, deadline - time.monotonic()))
+                new = list(fut.events)[seen:]
+                finished = fut.done() or time.monotonic() >= deadline
+            yield from new
+            seen += len(new)
+            if finished and seen >= len(fut.events):
                 return
-            try:
-                fut.exception(timeout=0.05)
-            except TimeoutError:
-                pass
+
+    def job_events(self, service: str, uuid: str, worker: str, timeout: float = 10.0) -> list[dict[str, Any]]:
+        """Read back the events a (finished) job emitted, from the worker's job store."""
+        r = self.run_job(service, "job_events", kwargs={"uuid": uuid}, workers=worker, timeout=timeout)
+        events: list[dict[str, Any]] = r[worker]["result"] or []
+        return events
+
+    def send_input(self, uuid: str, value: Any, input_id: str | None = None, timeout: float = 10.0) -> None:
+        """Answer a job's input request (PUT). Raises BadRequestError if the worker refuses it."""
+        job = self._jobs.get(uuid)
+        if job is None:
+            raise JobNotFoundError(f"this client does not track job {uuid}", uuid=uuid)
+        fut = job.future
+        requests = [e for e in fut.events if e.get("event_type") == "input_request"]
+        if not requests:
+            raise BadRequestError(f"job {uuid} has not asked for input", uuid=uuid)
+        req = requests[-1]
+        rid = input_id or str(((req.get("extras") or {}).get("input_request") or {}).get("id", ""))
+        worker = str(req.get("worker", ""))
+        body = nfp.dumps({"input_id": rid, "value": value})
+        before = len(fut.events)
+        self.loop.submit(
+            nfp.client_request(nfp.PUT, job.service, worker.encode(), job.uuid.encode(), body, b'{"ack":false}')
+        )
+
+        def answered() -> dict[str, Any] | None:
+            for e in list(fut.events)[before:]:
+                resp = (e.get("extras") or {}).get("input_response") or {}
+                if e.get("event_type") == "input_response" and resp.get("input_id") == rid:
+                    return dict(resp)
+            return None
+
+        with fut.changed:
+            fut.changed.wait_for(lambda: answered() is not None or fut.done(), timeout)
+        resp = answered()
+        if resp is None:
+            if fut.done():
+                raise BadRequestError(f"job {uuid} ended before it took the input", uuid=uuid)
+            raise JobTimeoutError(f"worker {worker} did not answer the input within {timeout} s", uuid=uuid)
+        if not resp.get("accepted"):
+            raise BadRequestError("; ".join(resp.get("errors") or ["input refused"]), uuid=uuid)
+
+    def open_stream(
+        self,
+        service: str,
+        path: str,
+        *,
+        workers: str = "any",
+        offset: int = 0,
+        chunk_size: int = 256 * 1024,
+        window: int = 8,
+        timeout: float = 600.0,
+    ) -> FileStream:
+        """Start streaming a file from a files-service worker; iterate the result for its chunks."""
+        if workers == "all" or workers.startswith("["):
+            raise ValueError("a stream comes from one worker: use 'any' or a worker name")
+        body = nfp.dumps(
+            {
+                "task": "fetch_file",
+                "args": [],
+                "timeout": timeout,
+                "push": True,
+                "ack": True,
+                "kwargs": {"path": path, "offset": offset, "chunk_size": chunk_size, "window": window},
+            }
+        )
+        # Acknowledgements on: credits go to the worker the broker names in its 202.
+        fut = self._submit(service.encode(), workers.encode(), body, timeout, stream_window=window)
+        return FileStream(self.loop, fut, service)
+
+    def fetch_file(
+        self,
+        service: str,
+        path: str,
+        dest: str | os.PathLike[str],
+        *,
+        workers: str = "any",
+        resume: bool = False,
+        chunk_size: int = 256 * 1024,
+        window: int = 8,
+        timeout: float = 600.0,
+    ) -> dict[str, Any]:
+        """Download a file to dest and verify its sha256. With resume, continue a partial dest."""
+        return download(
+            self,
+            service,
+            path,
+            Path(dest),
+            workers=workers,
+            resume=resume,
+            chunk_size=chunk_size,
+            window=window,
+            timeout=timeout,
+        )
 
     # ---- internals -------------------------------------------------------------
 
@@ -207,14 +314,16 @@ class Client:
         uuid: str | None = None,
         on_event: EventCallback | None = None,
         mmi: bool = False,
+        stream_window: int = 0,
     ) -> JobFuture:
         if not self._started:
             self.start()
         juuid = uuid or uuidlib.uuid4().hex
-        fut = JobFuture(juuid)
+        fut = JobFuture(juuid, stream_window)
         fut.timings["submitted"] = time.time()
         now = time.monotonic()
-        job = ClientJob(juuid, service, target, body, self._flags, fut, now + timeout, mmi=mmi)
+        flags = nfp.dumps({"push": True, "ack": True}) if stream_window else self._flags
+        job = ClientJob(juuid, service, target, body, flags, fut, now + timeout, mmi=mmi)
         with self._lock:
             if len(self._jobs) >= self.max_jobs:
                 raise BusyError(f"client tracks {self.max_jobs} jobs already; wait for some to finish")
@@ -363,6 +472,16 @@ class Client:
             self._event(job, reply)
             return
         if reply.command == nfp.STREAM:
+            job.last_heard = time.monotonic()
+            if job.future.chunks is None:
+                self.counts["rejected_frames"] += 1
+                return
+            try:
+                job.future.chunks.put_nowait(reply.payload)
+            except queue.Full:
+                # More chunks than the credits granted: the sender broke flow control.
+                self.counts["rejected_frames"] += 1
+                self._finish(job, BadRequestError(f"job {uuid}: stream overran its credit window", uuid=uuid))
             return
         try:
             done = job.apply(reply)
@@ -389,7 +508,9 @@ class Client:
         if not isinstance(payload, dict):
             return
         job.last_heard = time.monotonic()
-        job.future.events.append(payload)
+        if job.future.worker is None and isinstance(payload.get("worker"), str):
+            job.future.worker = payload["worker"]
+        job.future.add_event(payload)
         cb = self._callbacks.get(job.uuid)
         if cb is not None:
             try:

@@ -7,6 +7,8 @@ No sockets or threads: the client's owner loop calls `apply` for each reply and
 from __future__ import annotations
 
 import json
+import queue
+import threading
 import time
 from collections import deque
 from concurrent.futures import Future
@@ -27,13 +29,32 @@ MAX_EVENTS_PER_JOB = 10_000
 
 
 class JobFuture(Future[Any]):
-    """A submitted job: `result()` gives the dictionary keyed by worker name, or raises."""
+    """A submitted job: `result()` gives the dictionary keyed by worker name, or raises.
 
-    def __init__(self, uuid: str) -> None:
+    `events` holds the job's events as they arrive (bounded); `chunks` the stream chunks
+    of a streaming job, bounded by its credit window.
+    """
+
+    def __init__(self, uuid: str, stream_window: int = 0) -> None:
         super().__init__()
         self.uuid = uuid
         self.events: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS_PER_JOB)
         self.timings: dict[str, float] = {}
+        self.changed = threading.Condition()  # notified on each event and when the job ends
+        self.chunks: queue.Queue[bytes] | None = queue.Queue(maxsize=stream_window + 1) if stream_window else None
+        self.worker: str | None = None  # the one worker running it, once known (202 or first event)
+        self.add_done_callback(self._notify)
+
+    def add_event(self, event: dict[str, Any]) -> None:
+        with self.changed:
+            self.events.append(event)
+            self.changed.notify_all()
+
+    @staticmethod
+    def _notify(fut: Future[Any]) -> None:
+        assert isinstance(fut, JobFuture)
+        with fut.changed:
+            fut.changed.notify_all()
 
 
 @dataclass(slots=True, eq=False)
@@ -84,6 +105,8 @@ class ClientJob:
             if isinstance(workers, list) and self.expected is None:
                 self.expected = {str(w) for w in workers}
                 self.future.timings.setdefault("dispatched", time.time())
+                if len(workers) == 1:
+                    self.future.worker = str(workers[0])
             return False
         if status in (nfp.ST_WORKER_ACCEPTED, nfp.ST_PENDING, nfp.ST_WAITING_INPUT):
             return False
@@ -110,6 +133,8 @@ class ClientJob:
                 self.expected = {str(payload["worker"])}
             return self._done()
         # 200, 400, 500 from a worker: {worker_name: result entry}
+        if self.expected is not None and not set(payload) <= self.expected:
+            return False  # a late answer from a worker this job no longer waits on: discard it
         for worker, entry in payload.items():
             self.results[str(worker)] = entry
             self.statuses[str(worker)] = status

@@ -56,3 +56,7 @@ class JobCancelledError(JobError):
 
 class JobNotFoundError(JobError):
     """The worker does not know the job (expired from its store, or never received)."""
+
+
+class ChecksumError(JobError):
+    """A transferred file's checksum differs from the one its worker computed."""

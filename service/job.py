@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid as uuidlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -11,6 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 from .errors import JobCancelledError, JobTimeoutError
+from .schemacheck import check as check_schema
 
 _EVENT_LOCK = threading.Lock()
 
@@ -54,7 +56,13 @@ class Job:
     result_payload: bytes = b""
     event_seq: int = 0
     emit: Callable[[Job, dict[str, Any]], None] | None = None
+    stream_out: Callable[[Job, bytes], None] | None = None
     _cancel: threading.Event | None = None
+    _cond: threading.Condition | None = None  # guards credits and input; made on first use
+    _credits: int = 0
+    _input_request: dict[str, Any] | None = None
+    _input_value: Any = None
+    _input_ready: bool = False
 
     @property
     def cancel_event(self) -> threading.Event:
@@ -71,6 +79,22 @@ class Job:
     @property
     def deadline(self) -> float | None:
         return self.received_at + self.timeout if self.timeout else None
+
+    @property
+    def cond(self) -> threading.Condition:
+        c = self._cond
+        if c is None:
+            with _EVENT_LOCK:
+                if self._cond is None:
+                    self._cond = threading.Condition()
+                c = self._cond
+        return c
+
+    def cancel(self) -> None:
+        """Ask the task to stop: sets cancel_event and wakes a task blocked on credits or input."""
+        self.cancel_event.set()
+        with self.cond:
+            self.cond.notify_all()
 
     @property
     def cancelled(self) -> bool:
@@ -113,3 +137,66 @@ class Job:
             payload["extras"] = data
         if self.emit is not None:
             self.emit(self, payload)
+
+    # ---- streaming (credit-based flow control) ----------------------------------
+
+    def grant(self, credits: int) -> None:
+        """The client may take `credits` more chunks (it wrote what it had)."""
+        with self.cond:
+            self._credits += max(0, credits)
+            self.cond.notify_all()
+
+    def stream(self, data: bytes, timeout: float = 60.0) -> None:
+        """Send one chunk to the client, waiting for a credit first: a slow reader throttles the task."""
+        with self.cond:
+            if not self.cond.wait_for(lambda: self._credits > 0 or self.cancelled, timeout):
+                raise JobTimeoutError(f"job {self.uuid}: the client granted no stream credit for {timeout} s")
+            if self.cancelled:
+                raise JobCancelledError(f"job {self.uuid} was cancelled", uuid=self.uuid)
+            self._credits -= 1
+        if self.stream_out is not None:
+            self.stream_out(self, data)
+
+    # ---- interactive input ----------------------------------------------------------
+
+    def request_input(self, question: str, schema: dict[str, Any] | None = None, timeout: float = 300.0) -> Any:
+        """Ask the client for input and wait for it (status 102 meanwhile).
+
+        `schema` is a small JSON schema the answer must match (type, enum, required,
+        properties, items, bounds). Raises JobTimeoutError when no valid answer comes.
+        """
+        request = {"id": uuidlib.uuid4().hex, "question": question, "schema": schema or {}, "timeout": timeout}
+        with self.cond:
+            self._input_request = request
+            self._input_ready = False
+        previous, self.state = self.state, JobState.WAITING_INPUT
+        self.event(question, event_type="input_request", status="waiting", data={"input_request": request})
+        try:
+            with self.cond:
+                got = self.cond.wait_for(lambda: self._input_ready or self.cancelled, timeout)
+                self._input_request = None
+                if self.cancelled:
+                    raise JobCancelledError(f"job {self.uuid} was cancelled while waiting for input", uuid=self.uuid)
+                if not got:
+                    raise JobTimeoutError(f"job {self.uuid}: no input for {question!r} within {timeout} s")
+                return self._input_value
+        finally:
+            self.state = previous
+
+    @property
+    def input_request(self) -> dict[str, Any] | None:
+        return self._input_request
+
+    def deliver_input(self, input_id: str, value: Any) -> str | None:
+        """Hand the task its input. Returns why it was refused, or None when accepted."""
+        with self.cond:
+            req = self._input_request
+            if req is None or req["id"] != input_id:
+                return f"job {self.uuid} is not waiting for input {input_id!r}"
+            problem = check_schema(value, req["schema"])
+            if problem is not None:
+                return f"input does not match the schema: {problem}"
+            self._input_value = value
+            self._input_ready = True
+            self.cond.notify_all()
+        return None

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .job import Job
@@ -260,6 +260,15 @@ class JobStore:
                 conn.execute("INSERT OR REPLACE INTO events(uuid, seq, payload) VALUES (?,?,?)", (uuid, seq, text))
 
         return op
+
+    def events_of(self, uuid: str) -> list[dict[str, Any]]:
+        """A job's stored events, read on the calling thread through its own connection (WAL allows it)."""
+        conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+        try:
+            rows = conn.execute("SELECT payload FROM events WHERE uuid=? ORDER BY seq", (uuid,)).fetchall()
+        finally:
+            conn.close()
+        return [json.loads(r[0]) for r in rows]
 
     def read(self, uuid: str, reply: Callable[[StoredJob | None, list[str]], None], timeout: float = 0.0) -> None:
         """Look a job (and its events) up on the writer thread; `reply` gets the answer there."""

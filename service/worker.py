@@ -1,8 +1,8 @@
 """Worker: a service class whose `@task` methods run jobs sent by the broker.
 
-The DEALER socket belongs to the owner loop. A POST is validated on the loop, stored
-by the job store's writer thread (201 goes out once it is committed), run by a pool
-thread, and its result is pushed back at once and stored in the same batched way.
+The DEALER socket belongs to the owner loop, which admits jobs (cheap checks, dedupe by
+uuid, bounds) and answers GET/DELETE/PUT. Pool threads run the jobs (runner.py); the
+job store's writer thread records them in batches, and 201 follows each commit.
 """
 
 from __future__ import annotations
@@ -12,9 +12,6 @@ import logging
 import os
 import queue
 import socket
-import threading
-import time
-import traceback
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, ClassVar
@@ -22,14 +19,14 @@ from typing import Any, ClassVar
 import zmq
 
 from . import protocol as nfp
-from .errors import BackpressureError, ClosedError, JobCancelledError, JobTimeoutError
-from .job import Job, JobState, iso
+from .job import Job, JobState
 from .jobstore import JobStore, StoredJob
 from .keepalive import KeepAlive
 from .loop import Frames, OwnerLoop
 from .pool import JobPool
+from .runner import JobRunner
 from .settings import Settings
-from .task import TaskArgumentsError, TaskSpec, build_spec, is_task, task
+from .task import TaskSpec, build_spec, is_task, task
 
 log = logging.getLogger(__name__)
 
@@ -67,23 +64,24 @@ class Worker:
         self.jobs: OrderedDict[str, Job] = OrderedDict()  # owner thread only
         self._received = 0  # owner thread only
         self._unstored: list[Job] = []  # owner thread only: received in this batch, not yet stored
-        self._finished = 0
-        self._finished_lock = threading.Lock()
-        self.counts: dict[str, int] = {"completed": 0, "failed": 0, "rejected_frames": 0, "busy": 0}
+        self.counts: dict[str, int] = {"rejected_frames": 0, "busy": 0}
         self.store = JobStore(
             Path(s.data_dir) / "workers" / f"{self.name}.sqlite",
             queue_size=s.job_queue_size * 4 + 64,
             retention_seconds=s.job_retention_seconds,
             retention_count=s.job_retention_count,
         )
-        self.pool: JobPool[Job] = JobPool(
-            self._run_job, size=s.pool_size, capacity=s.job_queue_size, name=f"{self.name}-job"
-        )
         self.loop = OwnerLoop(
             self,
             name=f"worker {self.name}",
             outbound_size=s.outbound_queue_size,
             submit_timeout=s.submit_timeout,
+        )
+        self.runner = JobRunner(
+            name=self.name, service=self.service_name, tasks=self.tasks, store=self.store, loop=self.loop
+        )
+        self.pool: JobPool[Job] = JobPool(
+            self.runner.run, size=s.pool_size, capacity=s.job_queue_size, name=f"{self.name}-job"
         )
 
     # ---- lifecycle -------------------------------------------------------------
@@ -112,6 +110,11 @@ class Worker:
     def list_tasks(self) -> list[dict[str, Any]]:
         """List this service's tasks with the JSON schema of their arguments."""
         return [spec.schema() for spec in self.tasks.values()]
+
+    @task
+    def job_events(self, uuid: str) -> list[dict[str, Any]]:
+        """The events a job emitted on this worker, read back from its job store."""
+        return self.store.events_of(uuid)
 
     # ---- Role: owner thread --------------------------------------------------------
 
@@ -168,8 +171,10 @@ class Worker:
             self.handle_get(msg)
         elif msg.command == nfp.DELETE:
             self.handle_delete(msg)
+        elif msg.command == nfp.PUT:
+            self.handle_put(msg)
         else:
-            self._reply(msg, nfp.ST_BAD_REQUEST, self._status_payload(msg.uuid.decode(), "UNSUPPORTED"))
+            self._reply(msg, nfp.ST_BAD_REQUEST, self.runner.status(msg.uuid.decode(), "UNSUPPORTED"))
 
     # ---- job handling (owner) ------------------------------------------------------
 
@@ -184,8 +189,8 @@ class Worker:
             "outbound_queue_capacity": self.loop.outbound_size,
             "store_queue_depth": self.store.depth(),
             "store_queue_capacity": self.store.queue_size,
-            "jobs_completed": self.counts["completed"],
-            "jobs_failed": self.counts["failed"],
+            "jobs_completed": self.runner.counts["completed"],
+            "jobs_failed": self.runner.counts["failed"],
             "jobs_busy": self.counts["busy"],
             "frames_rejected": self.counts["rejected_frames"],
             "reconnects": self.loop.stats.reconnects,
@@ -193,43 +198,6 @@ class Worker:
 
     def _reply(self, msg: nfp.BrokerJob, status: bytes, payload: Any, command: bytes = nfp.RESPONSE) -> None:
         self.loop.send_now(nfp.worker_reply(command, msg.client, msg.uuid, status, nfp.dumps(payload)))
-
-    def _status_payload(self, uuid: str, status: str, **extra: Any) -> dict[str, Any]:
-        return {"worker": self.name, "uuid": uuid, "service": self.service_name, "status": status, **extra}
-
-    def _failure(self, uuid: str, task_name: str, status: str, errors: list[str]) -> dict[str, Any]:
-        return {self.name: self._entry(uuid, task_name, None, True, status, errors, [], None, None, None)}
-
-    def _entry(
-        self,
-        uuid: str,
-        task_name: str,
-        result: Any,
-        failed: bool,
-        status: str,
-        errors: list[str],
-        messages: list[str],
-        received: float | None,
-        started: float | None,
-        completed: float | None,
-    ) -> dict[str, Any]:
-        # NorFab's Result keys, then zfab's per-hop timestamps (epoch seconds).
-        return {
-            "result": result,
-            "failed": failed,
-            "errors": errors,
-            "messages": messages,
-            "juuid": uuid,
-            "task": f"{self.name}:{task_name}",
-            "status": status,
-            "resources": [],
-            "resources_failed": [],
-            "task_started": iso(started),
-            "task_completed": iso(completed),
-            "service": self.service_name,
-            "worker": self.name,
-            "timestamps": {"received": received, "started": started, "completed": completed},
-        }
 
     def handle_post(self, msg: nfp.BrokerJob) -> None:
         """Admit a job: cheap checks here, validation and the run on a pool thread."""
@@ -252,18 +220,18 @@ class Worker:
             if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
                 raise ValueError("timeout must be a positive number of seconds")
         except ValueError as exc:
-            self._reply(msg, nfp.ST_BAD_REQUEST, self._failure(uuid, "", "error", [f"bad request body: {exc}"]))
+            self._reply(msg, nfp.ST_BAD_REQUEST, self.runner.failure(uuid, "", [f"bad request body: {exc}"]))
             return
         if task_name not in self.tasks:
             why = (
                 f"task '{task_name}' is not a task of service '{self.service_name}'; "
                 f"its tasks are: {', '.join(sorted(self.tasks))}"
             )
-            self._reply(msg, nfp.ST_BAD_REQUEST, self._failure(uuid, task_name, "error", [why]))
+            self._reply(msg, nfp.ST_BAD_REQUEST, self.runner.failure(uuid, task_name, [why]))
             return
-        if self._received - self._finished >= self.pool.capacity:
+        if self._received - self.runner.finished >= self.pool.capacity:
             self.counts["busy"] += 1
-            self._reply(msg, nfp.ST_BUSY, self._status_payload(uuid, "BUSY", errors=["worker job queue is full"]))
+            self._reply(msg, nfp.ST_BUSY, self.runner.status(uuid, "BUSY", errors=["worker job queue is full"]))
             return
         job = Job(
             uuid=uuid,
@@ -275,7 +243,8 @@ class Worker:
             push=bool(body.get("push", False)),
             ack=bool(body.get("ack", True)),
             request=msg.body,
-            emit=self._emit,
+            emit=self.runner.emit,
+            stream_out=self.runner.stream_out,
         )
         # The job runs as soon as a pool thread is free; the store records the whole
         # receive batch in one write (see on_batch_end), and 201 follows that commit.
@@ -293,7 +262,9 @@ class Worker:
         rows = [(j.uuid, j.client, j.task, j.request, j.received_at) for j in batch]
         acks = [j for j in batch if j.ack]
         try:
-            self.store.submit(self.store.insert_op(rows), (lambda: self._stored(acks)) if acks else None, timeout=0.5)
+            self.store.submit(
+                self.store.insert_op(rows), (lambda: self.runner.acknowledge(acks)) if acks else None, timeout=0.5
+            )
         except queue.Full:
             log.error("worker %s: job store full; %d received jobs not recorded", self.name, len(rows))
 
@@ -315,7 +286,7 @@ class Worker:
             status = nfp.ST_WAITING_INPUT if job.state == JobState.WAITING_INPUT else nfp.ST_PENDING
             state = "STARTED" if job.state != JobState.RECEIVED else "PENDING"
             frames = nfp.worker_reply(
-                nfp.RESPONSE, client, job.uuid.encode(), status, nfp.dumps(self._status_payload(job.uuid, state))
+                nfp.RESPONSE, client, job.uuid.encode(), status, nfp.dumps(self.runner.status(job.uuid, state))
             )
         self.loop.send_now(frames)
 
@@ -328,125 +299,60 @@ class Worker:
 
         def reply(found: StoredJob | None, events: list[str]) -> None:
             if found is None:
-                status, payload = nfp.ST_NOT_FOUND, nfp.dumps(self._status_payload(uuid, "JOB NOT FOUND"))
+                status, payload = nfp.ST_NOT_FOUND, nfp.dumps(self.runner.status(uuid, "JOB NOT FOUND"))
             elif found.result is not None:
                 status, payload = (found.status_code or "200").encode(), found.result.encode()
             else:
-                status, payload = nfp.ST_PENDING, nfp.dumps(self._status_payload(uuid, "PENDING"))
-            self._send(nfp.worker_reply(nfp.RESPONSE, msg.client, msg.uuid, status, payload))
+                status, payload = nfp.ST_PENDING, nfp.dumps(self.runner.status(uuid, "PENDING"))
+            self.runner.send(nfp.worker_reply(nfp.RESPONSE, msg.client, msg.uuid, status, payload))
 
         try:
             self.store.read(uuid, reply)
         except queue.Full:
-            self._reply(msg, nfp.ST_BUSY, self._status_payload(uuid, "BUSY", errors=["worker job store is busy"]))
+            self._reply(msg, nfp.ST_BUSY, self.runner.status(uuid, "BUSY", errors=["worker job store is busy"]))
 
     def handle_delete(self, msg: nfp.BrokerJob) -> None:
         uuid = msg.uuid.decode(errors="replace")
         job = self.jobs.get(uuid)
         if job is None:
-            self._reply(msg, nfp.ST_NOT_FOUND, self._status_payload(uuid, "JOB NOT FOUND"))
+            self._reply(msg, nfp.ST_NOT_FOUND, self.runner.status(uuid, "JOB NOT FOUND"))
             return
         if not job.state.final:
-            job.cancel_event.set()
+            job.cancel()
         self._reply(
-            msg, nfp.ST_DISPATCHED, self._status_payload(uuid, "CANCELLING" if not job.state.final else job.state.value)
+            msg, nfp.ST_DISPATCHED, self.runner.status(uuid, "CANCELLING" if not job.state.final else job.state.value)
         )
 
-    # ---- other threads -------------------------------------------------------------
-
-    def _send(self, frames: Frames) -> None:
-        """Hand a frame to the owner loop from a pool or store thread; results are not dropped lightly."""
-        for _ in range(30):
-            try:
-                self.loop.submit(frames)
-                return
-            except BackpressureError:
-                continue  # the broker is slow or away; the stored result stays readable by GET
-            except ClosedError:
-                return
-        log.error("worker %s: outbound queue full for 30 s; a frame was dropped (the job store keeps it)", self.name)
-
-    def _stored(self, jobs: list[Job]) -> None:
-        """Writer thread: the jobs are committed; acknowledge them (NorFab's 201)."""
-        for job in jobs:
-            self._send(
-                nfp.worker_reply(
-                    nfp.RESPONSE,
-                    job.client,
-                    job.uuid.encode(),
-                    nfp.ST_WORKER_ACCEPTED,
-                    nfp.dumps(self._status_payload(job.uuid, "ACCEPTED")),
-                )
-            )
-
-    def _emit(self, job: Job, payload: dict[str, Any]) -> None:
-        payload.update(worker=self.name, service=self.service_name, uuid=job.uuid)
-        raw = nfp.dumps(payload)
-        seq = job.event_seq
-        job.event_seq += 1
-        self._send(nfp.worker_reply(nfp.EVENT, job.client, job.uuid.encode(), nfp.ST_OK, raw))
+    def handle_put(self, msg: nfp.BrokerJob) -> None:
+        """Client data for a running job: stream credits, or the answer to an input request."""
+        uuid = msg.uuid.decode(errors="replace")
+        job = self.jobs.get(uuid)
         try:
-            self.store.submit(self.store.event_op(job.uuid, seq, raw), timeout=1.0)
-        except queue.Full:
-            log.warning("worker %s: job store busy; event %d of job %s not stored", self.name, seq, job.uuid)
-
-    def _run_job(self, job: Job) -> None:
-        """Pool thread: validate, run the task, push the result, then store it."""
-        spec = self.tasks[job.task]
-        job.started_at = time.time()
-        errors: list[str] = []
-        result: Any = None
-        status, code = "completed", nfp.ST_OK
-        if job.cancelled:
-            status, errors = "cancelled", ["cancelled before it started"]
-        elif job.expired():
-            status, errors = "timeout", [f"deadline of {job.timeout} s passed before the job started"]
+            body = json.loads(msg.body)
+            if not isinstance(body, dict):
+                raise ValueError("PUT body must be a JSON object")
+        except ValueError as exc:
+            self.counts["rejected_frames"] += 1
+            log.warning("worker %s: bad PUT for job %s: %s", self.name, uuid, exc)
+            return
+        if "credit" in body:
+            if job is not None and isinstance(body["credit"], int):
+                job.grant(body["credit"])
+            return
+        input_id = str(body.get("input_id", ""))
+        problem = "job not found" if job is None or job.state.final else job.deliver_input(input_id, body.get("value"))
+        response = {"input_id": input_id, "accepted": problem is None, "errors": [problem] if problem else []}
+        payload = {
+            "event_type": "input_response",
+            "message": "input accepted" if problem is None else problem,
+            "severity": "INFO" if problem is None else "WARNING",
+            "status": "running",
+            "task": job.task if job else "",
+            "juuid": uuid,
+            "extras": {"input_response": response},
+        }
+        if job is not None:
+            self.runner.emit(job, payload)
         else:
-            try:
-                kwargs = spec.bind(job.args, job.kwargs)
-            except TaskArgumentsError as exc:
-                status, code, errors = "error", nfp.ST_BAD_REQUEST, [str(exc)]
-            else:
-                # Kept in memory only: a restart marks every unfinished stored job
-                # interrupted, so a per-job "running" write would buy nothing.
-                job.state = JobState.RUNNING
-                if spec.job_param:
-                    kwargs[spec.job_param] = job
-                try:
-                    result = spec.fn(**kwargs)
-                except JobCancelledError:
-                    status, errors = "cancelled", ["cancelled while running"]
-                except JobTimeoutError as exc:
-                    status, errors = "timeout", [str(exc)]
-                except Exception as exc:
-                    status, errors = "error", [traceback.format_exc()]
-                    log.debug("worker %s: task %s raised %r", self.name, job.task, exc)
-        self._complete(job, code, result, status, errors)
-
-    def _complete(self, job: Job, code: bytes, result: Any, status: str, errors: list[str]) -> None:
-        job.completed_at = time.time()
-        failed = status != "completed"
-        entry = self._entry(
-            job.uuid, job.task, result, failed, status, errors, [], job.received_at, job.started_at, job.completed_at
-        )
-        try:
-            payload = nfp.dumps({self.name: entry})
-        except (TypeError, ValueError) as exc:  # a result JSON cannot carry
-            entry.update(result=None, failed=True, status="error", errors=[f"result is not JSON-serialisable: {exc}"])
-            payload = nfp.dumps({self.name: entry})
-        job.result_payload = payload
-        job.status_code = code
-        job.state = JobState.FAILED if entry["failed"] else JobState.COMPLETED
-        with self._finished_lock:
-            self._finished += 1
-            self.counts["failed" if entry["failed"] else "completed"] += 1
-        # The completion always goes to the broker (it frees the job's slot there); the broker
-        # forwards it to clients that asked for pushed results. NorFab clients learn from
-        # result_ready and collect with GET.
-        self._send(nfp.worker_reply(nfp.RESPONSE, job.client, job.uuid.encode(), code, payload))
-        if not job.push:
-            job.event("completed", event_type="result_ready", status="completed")
-        try:
-            self.store.submit(self.store.result_op(job, code.decode()), timeout=5.0)
-        except queue.Full:
-            log.error("worker %s: job store busy for 5 s; result of %s kept in memory only", self.name, job.uuid)
+            payload.update(worker=self.name, service=self.service_name, uuid=uuid)
+            self.loop.send_now(nfp.worker_reply(nfp.EVENT, msg.client, msg.uuid, nfp.ST_OK, nfp.dumps(payload)))

@@ -1,0 +1,187 @@
+"""Running jobs on a worker's pool threads, and everything they send back.
+
+The runner validates a job's arguments, calls the task, shapes the result entry
+(NorFab's Result keys plus zfab's timestamps), pushes it to the broker and stores it.
+Events and stream chunks leave through the same outbound queue. Nothing here touches
+the socket: frames go to the owner loop through `send`.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import traceback
+from typing import Any
+
+from . import protocol as nfp
+from .errors import BackpressureError, ClosedError, JobCancelledError, JobTimeoutError
+from .job import Job, JobState, iso
+from .jobstore import JobStore
+from .loop import Frames, OwnerLoop
+from .task import TaskArgumentsError, TaskSpec
+
+log = logging.getLogger(__name__)
+
+
+class JobRunner:
+    def __init__(
+        self, *, name: str, service: str, tasks: dict[str, TaskSpec], store: JobStore, loop: OwnerLoop
+    ) -> None:
+        self.name = name
+        self.service = service
+        self.tasks = tasks
+        self.store = store
+        self.loop = loop
+        self.finished = 0
+        self.counts: dict[str, int] = {"completed": 0, "failed": 0}
+        self._lock = threading.Lock()
+
+    # ---- shapes ------------------------------------------------------------------
+
+    def entry(
+        self,
+        uuid: str,
+        task_name: str,
+        result: Any,
+        failed: bool,
+        status: str,
+        errors: list[str],
+        received: float | None = None,
+        started: float | None = None,
+        completed: float | None = None,
+    ) -> dict[str, Any]:
+        """One worker's result: NorFab's Result keys, then zfab's per-hop timestamps (epoch seconds)."""
+        return {
+            "result": result,
+            "failed": failed,
+            "errors": errors,
+            "messages": [],
+            "juuid": uuid,
+            "task": f"{self.name}:{task_name}",
+            "status": status,
+            "resources": [],
+            "resources_failed": [],
+            "task_started": iso(started),
+            "task_completed": iso(completed),
+            "service": self.service,
+            "worker": self.name,
+            "timestamps": {"received": received, "started": started, "completed": completed},
+        }
+
+    def failure(self, uuid: str, task_name: str, errors: list[str]) -> dict[str, Any]:
+        return {self.name: self.entry(uuid, task_name, None, True, "error", errors)}
+
+    def status(self, uuid: str, status: str, **extra: Any) -> dict[str, Any]:
+        return {"worker": self.name, "uuid": uuid, "service": self.service, "status": status, **extra}
+
+    # ---- sending from pool and store threads ------------------------------------------
+
+    def send(self, frames: Frames) -> None:
+        """Hand a frame to the owner loop; a result is not dropped lightly (the store keeps it anyway)."""
+        for _ in range(30):
+            try:
+                self.loop.submit(frames)
+                return
+            except BackpressureError:
+                continue  # the broker is slow or away: keep trying for a while
+            except ClosedError:
+                return
+        log.error("worker %s: outbound queue full for 30 s; a frame was dropped (the job store keeps it)", self.name)
+
+    def acknowledge(self, jobs: list[Job]) -> None:
+        """Writer thread: the jobs are committed; acknowledge them (NorFab's 201)."""
+        for job in jobs:
+            payload = nfp.dumps(self.status(job.uuid, "ACCEPTED"))
+            self.send(nfp.worker_reply(nfp.RESPONSE, job.client, job.uuid.encode(), nfp.ST_WORKER_ACCEPTED, payload))
+
+    def emit(self, job: Job, payload: dict[str, Any]) -> None:
+        """An event, as it happens, to the client; kept in the job store (bounded per job)."""
+        payload.update(worker=self.name, service=self.service, uuid=job.uuid)
+        raw = nfp.dumps(payload)
+        seq = job.event_seq
+        job.event_seq += 1
+        self.send(nfp.worker_reply(nfp.EVENT, job.client, job.uuid.encode(), nfp.ST_OK, raw))
+        try:
+            self.store.submit(self.store.event_op(job.uuid, seq, raw), timeout=1.0)
+        except queue.Full:
+            log.warning("worker %s: job store busy; event %d of job %s not stored", self.name, seq, job.uuid)
+
+    def stream_out(self, job: Job, data: bytes) -> None:
+        self.send(nfp.worker_reply(nfp.STREAM, job.client, job.uuid.encode(), nfp.ST_OK, data))
+
+    # ---- running --------------------------------------------------------------------------
+
+    def run(self, job: Job) -> None:
+        """Pool thread: validate, run the task, push the result, then store it."""
+        spec = self.tasks[job.task]
+        job.started_at = time.time()
+        errors: list[str] = []
+        messages: list[str] = []
+        result: Any = None
+        status, code = "completed", nfp.ST_OK
+        if job.cancelled:
+            status, errors = "cancelled", ["cancelled before it started"]
+        elif job.expired():
+            status, errors = "timeout", [f"deadline of {job.timeout} s passed before the job started"]
+        else:
+            try:
+                kwargs = spec.bind(job.args, job.kwargs)
+            except TaskArgumentsError as exc:
+                status, code, errors = "error", nfp.ST_BAD_REQUEST, [str(exc)]
+            else:
+                # Kept in memory only: a restart marks every unfinished stored job
+                # interrupted, so a per-job "running" write would buy nothing.
+                job.state = JobState.RUNNING
+                if spec.job_param:
+                    kwargs[spec.job_param] = job
+                try:
+                    result = spec.fn(**kwargs)
+                except JobCancelledError:
+                    status, errors = "cancelled", ["cancelled while running"]
+                except JobTimeoutError as exc:
+                    status, errors = "timeout", [str(exc)]
+                except Exception as exc:
+                    status, errors = "error", [traceback.format_exc()]
+                    messages.append(f"{type(exc).__name__}: {exc}")
+                    log.debug("worker %s: task %s raised %r", self.name, job.task, exc)
+        self.complete(job, code, result, status, errors, messages)
+
+    def complete(
+        self, job: Job, code: bytes, result: Any, status: str, errors: list[str], messages: list[str] | None = None
+    ) -> None:
+        job.completed_at = time.time()
+        entry = self.entry(
+            job.uuid,
+            job.task,
+            result,
+            status != "completed",
+            status,
+            errors,
+            job.received_at,
+            job.started_at,
+            job.completed_at,
+        )
+        entry["messages"] = messages or []
+        try:
+            payload = nfp.dumps({self.name: entry})
+        except (TypeError, ValueError) as exc:  # a result JSON cannot carry
+            entry.update(result=None, failed=True, status="error", errors=[f"result is not JSON-serialisable: {exc}"])
+            payload = nfp.dumps({self.name: entry})
+        job.result_payload = payload
+        job.status_code = code
+        job.state = JobState.FAILED if entry["failed"] else JobState.COMPLETED
+        with self._lock:
+            self.finished += 1
+            self.counts["failed" if entry["failed"] else "completed"] += 1
+        # The completion always goes to the broker (it frees the job's slot there); the broker
+        # forwards it to clients that asked for pushed results. NorFab clients learn from
+        # result_ready and collect with GET.
+        self.send(nfp.worker_reply(nfp.RESPONSE, job.client, job.uuid.encode(), code, payload))
+        if not job.push:
+            job.event("completed", event_type="result_ready", status="completed")
+        try:
+            self.store.submit(self.store.result_op(job, code.decode()), timeout=5.0)
+        except queue.Full:
+            log.error("worker %s: job store busy for 5 s; result of %s kept in memory only", self.name, job.uuid)

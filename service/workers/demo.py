@@ -50,3 +50,9 @@ class DemoWorker(Worker):
             if delay > 0:
                 job.cancel_event.wait(delay)
         return {"steps": steps}
+
+    @task
+    def ask(self, job: Job, question: str = "What is your name?", timeout: float = 60.0) -> dict[str, Any]:
+        """Ask the client a question (status 102 while waiting) and return its answer."""
+        answer = job.request_input(question, {"type": "string", "minLength": 1}, timeout=timeout)
+        return {"question": question, "answer": answer}

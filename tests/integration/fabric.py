@@ -65,7 +65,11 @@ class Fabric:
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
         p = subprocess.Popen(
             [sys.executable, "-m", "service.cli", *args],
-            env=e, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+            env=e,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            start_new_session=True,
         )
         log.close()
         self.procs[name] = p

@@ -179,7 +179,9 @@ def test_malformed_frames_never_stop_the_broker(tmp_path: Path) -> None:
                 raw.send_multipart(frames)
             with client_for(f) as c:
                 ready(f, c, {"w1"})
-                assert c.run_job("demo", "echo", kwargs={"data": "still here"}, timeout=10)["w1"]["result"] == "still here"
+                assert (
+                    c.run_job("demo", "echo", kwargs={"data": "still here"}, timeout=10)["w1"]["result"] == "still here"
+                )
                 rejected = c.mmi("show_broker")["frames_rejected"]
                 assert sum(rejected.values()) >= 100
                 assert {"header", "command", "json", "target", "frame_count"} <= set(rejected)
@@ -230,8 +232,9 @@ def test_malformed_frames_never_stop_a_worker(tmp_path: Path) -> None:
 
 def test_full_outbound_queue_gives_backpressure_and_closed_client_rejects() -> None:
     # Nobody listens: ZeroMQ's own pipe fills to its high-water mark, then ours.
-    s = Settings(broker=f"tcp://127.0.0.1:{free_port()}", outbound_queue_size=10, submit_timeout=0.05,
-                 max_client_jobs=100_000)
+    s = Settings(
+        broker=f"tcp://127.0.0.1:{free_port()}", outbound_queue_size=10, submit_timeout=0.05, max_client_jobs=100_000
+    )
     c = Client(settings=s, name="bp").start()
     try:
         with pytest.raises(BackpressureError, match="outbound queue full"):
@@ -251,20 +254,43 @@ def test_cli_run_and_mmi_print_json(tmp_path: Path) -> None:
             ready(f, c, {"w1"})
         env = dict(f.env)
         run = subprocess.run(
-            [sys.executable, "-m", "service.cli", "run", "demo", "echo", "--kwargs", '{"data": "cli"}', "--workers", "all"],
-            env=env, cwd=ROOT, capture_output=True, text=True, timeout=60,
+            [
+                sys.executable,
+                "-m",
+                "service.cli",
+                "run",
+                "demo",
+                "echo",
+                "--kwargs",
+                '{"data": "cli"}',
+                "--workers",
+                "all",
+            ],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert run.returncode == 0, run.stderr
         assert json.loads(run.stdout)["w1"]["result"] == "cli"
         mmi = subprocess.run(
             [sys.executable, "-m", "service.cli", "mmi", "show_workers"],
-            env=env, cwd=ROOT, capture_output=True, text=True, timeout=60,
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert mmi.returncode == 0, mmi.stderr
         assert [w["name"] for w in json.loads(mmi.stdout)] == ["w1"]
         bad = subprocess.run(
             [sys.executable, "-m", "service.cli", "run", "nope", "echo"],
-            env=env, cwd=ROOT, capture_output=True, text=True, timeout=60,
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert bad.returncode == 1 and "NoWorkersError" in bad.stderr
 

@@ -97,7 +97,9 @@ def test_only_the_owner_thread_touches_the_socket(router: Any) -> None:
     loop = OwnerLoop(role, name="t", context=ctx)
     loop.start()
     # When several other threads submit frames and the peer answers
-    senders = [threading.Thread(target=lambda i=i: [loop.submit([b"x", str(i).encode()]) for _ in range(50)]) for i in range(4)]
+    senders = [
+        threading.Thread(target=lambda i=i: [loop.submit([b"x", str(i).encode()]) for _ in range(50)]) for i in range(4)
+    ]
     for t in senders:
         t.start()
     for t in senders:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from typing import Any
 
 import zmq
@@ -17,6 +17,7 @@ from . import protocol as nfp
 from .loop import Frames, OwnerLoop
 from .mmi import MmiService
 from .registry import Registry, WorkerRecord
+from .security import SecurityError, ZapHandler, curve_server, is_loopback
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,8 @@ class Broker:
         self._next_timer = 0.0
         self.bound_endpoint = ""
         self.mmi = MmiService(self)
+        self.zap: ZapHandler | None = None
+        self._told_to_leave: OrderedDict[bytes, float] = OrderedDict()  # unknown worker -> last DISCONNECT
         self.loop = OwnerLoop(
             self,
             name="broker",
@@ -57,11 +60,26 @@ class Broker:
     # ---- lifecycle (any thread) ------------------------------------------------
 
     def start(self) -> Broker:
+        s = self.settings
+        curve = bool(s.curve_secret)
+        if curve != bool(s.curve_clients):
+            raise SecurityError("CURVE needs both curve_secret (the broker's key) and curve_clients (accepted keys)")
+        if not curve and not s.insecure and not is_loopback(self.endpoint):
+            raise SecurityError(
+                f"refusing to bind {self.endpoint} without CURVE: anyone who reaches it could submit jobs. "
+                "Set ZFAB_CURVE_SECRET and ZFAB_CURVE_CLIENTS (see `zfab keys`), or pass --insecure."
+            )
+        if curve:
+            assert s.curve_clients is not None
+            self.zap = ZapHandler(self.loop.context, s.curve_clients)
+            self.zap.start()
         self.loop.start()
-        log.info("broker listening on %s", self.bound_endpoint)
+        log.info("broker listening on %s%s", self.bound_endpoint, " (CURVE)" if curve else "")
         return self
 
     def stop(self) -> None:
+        if self.zap is not None:
+            self.zap.stop()  # first: the context cannot terminate while the ZAP socket is open
         self.loop.stop()
 
     def __enter__(self) -> Broker:
@@ -86,6 +104,8 @@ class Broker:
         sock.setsockopt(zmq.MAXMSGSIZE, self.settings.max_message_bytes)
         sock.setsockopt(zmq.SNDHWM, 10_000)
         sock.setsockopt(zmq.RCVHWM, 10_000)
+        if self.settings.curve_secret:
+            curve_server(sock, self.settings.curve_secret)
         sock.bind(self.endpoint)
         self.bound_endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         return sock
@@ -121,6 +141,9 @@ class Broker:
             if header == nfp.CLIENT:
                 self.process_client(sender, nfp.decode_client(body, self.settings.max_message_bytes))
             elif header == nfp.WORKER:
+                if self.zap is not None and not self.zap.may_register(sender, self.loop.user_id):
+                    self.reject("auth", f"worker frame from {sender[:64]!r} with a key not issued for that name")
+                    return
                 self.process_worker(sender, nfp.decode_worker(body, self.settings.max_message_bytes))
             else:
                 raise nfp.ProtocolError("header", f"unknown header {bytes(header[:16])!r}")
@@ -176,6 +199,13 @@ class Broker:
             for w in workers:
                 self.send(nfp.broker_job(w.name, req.command, sender, req.uuid, req.body))
             return
+        done_on = reg.finished_on(req.uuid) if req.command == nfp.POST else None
+        if done_on is not None:
+            # Finished already: the worker answers with the stored result instead of a rerun.
+            self.counts["post_retried"] += 1
+            self._dispatched(sender, req, [done_on])
+            self.send(nfp.broker_job(done_on.name, req.command, sender, req.uuid, req.body))
+            return
         workers = reg.select(req.service, target)
         if not workers:
             self.counts["no_workers"] += 1
@@ -203,7 +233,8 @@ class Broker:
             self.counts["post"] += 1
         else:
             self.counts[nfp.COMMAND_NAMES[req.command].lower()] += 1
-        if req.command in (nfp.POST, nfp.GET) and req.flags.get("ack", True):
+        # Without a 202 a client can only wait for one worker: ack=false skips it for one worker only.
+        if req.command in (nfp.POST, nfp.GET) and (req.flags.get("ack", True) or len(workers) > 1):
             self._dispatched(sender, req, workers)
         for w in workers:
             self.send(nfp.broker_job(w.name, req.command, sender, req.uuid, req.body))
@@ -246,6 +277,9 @@ class Broker:
         worker = reg.workers.get(sender)
         if isinstance(msg, nfp.WorkerControl):
             if msg.command == nfp.READY:
+                if worker is not None:
+                    # Same identity, fresh start (restart or reconnect): its jobs in flight are gone.
+                    self._lose(worker, "re-registered")
                 rec = reg.register_worker(sender, msg.service)
                 self._next_timer = 0.0
                 log.info("worker %s ready for service %s", rec.label, msg.service.decode(errors="replace"))
@@ -286,7 +320,17 @@ class Broker:
 
     def _disconnect_unknown(self, sender: bytes, service: bytes) -> None:
         # After a broker restart workers learn at their next frame that they must re-register.
+        # Once per keepalive interval per identity: a burst of frames from before the worker
+        # re-registers must not make it reconnect again (and lose what it was sent meanwhile).
         self.counts["unknown_worker"] += 1
+        now = time.monotonic()
+        last = self._told_to_leave.get(sender)
+        if last is not None and now - last < self.settings.keepalive_interval:
+            return
+        self._told_to_leave[sender] = now
+        self._told_to_leave.move_to_end(sender)
+        if len(self._told_to_leave) > 10_000:
+            self._told_to_leave.popitem(last=False)
         self.send(nfp.broker_control(sender, nfp.DISCONNECT, service))
 
     def _lose(self, worker: WorkerRecord, why: str) -> None:

@@ -50,6 +50,17 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", dest="log_level", help="DEBUG, INFO, WARNING (ZFAB_LOG_LEVEL)")
 
 
+def _curve_flags(p: argparse.ArgumentParser, broker: bool = False) -> None:
+    p.add_argument("--curve-secret", dest="curve_secret", help="own CURVE secret certificate (ZFAB_CURVE_SECRET)")
+    if broker:
+        p.add_argument("--curve-clients", dest="curve_clients", help="directory of accepted public certificates")
+        p.add_argument(
+            "--insecure", action="store_const", const=True, help="allow a non-loopback endpoint without CURVE"
+        )
+    else:
+        p.add_argument("--curve-server-key", dest="curve_server_key", help="the broker's public certificate")
+
+
 def _metrics_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", dest="metrics_port", type=int, help="port for /metrics and /healthz, 0 = off")
     p.add_argument("--metrics-host", dest="metrics_host", help="address for the metrics port")
@@ -244,6 +255,17 @@ def cmd_healthcheck(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_keys(ns: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .security import create_keys
+
+    public, secret = create_keys(Path(ns.dir), ns.name, ns.worker)
+    print(f"public key:  {public}   (copy into the broker's ZFAB_CURVE_CLIENTS directory)")
+    print(f"secret key:  {secret}   (keep private: ZFAB_CURVE_SECRET of the process it belongs to)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zfab", description="zfab: a job fabric on ZeroMQ")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -252,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(b)
     _metrics_flags(b)
     b.add_argument("--endpoint", help="endpoint to bind (ZFAB_ENDPOINT; default ZFAB_BROKER)")
+    _curve_flags(b, broker=True)
     b.set_defaults(fn=cmd_broker)
 
     w = sub.add_parser("worker", help="run a worker")
@@ -262,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--name", help="worker name (default: SERVICE-HOST-PID)")
     w.add_argument("--root", help="files service: directory to serve")
     w.add_argument("--data-dir", dest="data_dir", help="where the job store lives (ZFAB_DATA_DIR)")
+    _curve_flags(w)
     w.set_defaults(fn=cmd_worker)
 
     u = sub.add_parser("up", help="broker + N demo workers (+ API) in one command")
@@ -280,6 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--args", help="JSON list")
     r.add_argument("--workers", default="any", help="any, all, a worker name, or a JSON list of names")
     r.add_argument("--timeout", type=float, default=60.0)
+    _curve_flags(r)
     r.set_defaults(fn=cmd_run)
 
     m = sub.add_parser("mmi", help="ask the broker's management interface (show_workers, show_broker, ...)")
@@ -287,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("task")
     m.add_argument("--kwargs", help="JSON object")
     m.add_argument("--timeout", type=float, default=5.0)
+    _curve_flags(m)
     m.set_defaults(fn=cmd_mmi)
 
     a = sub.add_parser("api", help="run the HTTP control plane")
@@ -295,8 +321,15 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--port", type=int, default=None)
     a.set_defaults(fn=cmd_api)
 
+    k = sub.add_parser("keys", help="create a CURVE key pair (NAME.key public, NAME.key_secret secret)")
+    k.add_argument("--dir", required=True, help="directory for the certificates")
+    k.add_argument("--name", required=True, help="certificate name (the ZAP user id)")
+    k.add_argument("--worker", help="bind this worker name to the key: only it may register as that worker")
+    k.set_defaults(fn=cmd_keys)
+
     h = sub.add_parser("healthcheck", help="exit 0 if the broker answers MMI (or --url answers 2xx)")
     _common(h)
+    _curve_flags(h)
     h.add_argument("--url", help="check this HTTP URL instead, e.g. http://127.0.0.1:8000/readyz")
     h.add_argument("--timeout", type=float, default=3.0)
     h.set_defaults(fn=cmd_healthcheck)
@@ -305,12 +338,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
+    from .security import SecurityError
+
     if os.environ.get("ZFAB_SWITCH"):
         sys.setswitchinterval(float(os.environ["ZFAB_SWITCH"]))
     try:
         code: int = ns.fn(ns)
     except KeyboardInterrupt:
         code = 130
+    except SecurityError as exc:
+        print(f"zfab: {exc}", file=sys.stderr)
+        code = 2
     return code
 
 

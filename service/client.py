@@ -37,10 +37,12 @@ from .errors import (
 from .filestream import FileStream, download
 from .keepalive import KeepAlive
 from .loop import Frames, OwnerLoop
+from .security import SecurityError, curve_client
 from .settings import Settings
 
 log = logging.getLogger(__name__)
 
+_NO_ACK = b'{"ack":false}'
 EventCallback = Callable[[dict[str, Any]], None]
 Workers = str | list[str]
 
@@ -144,8 +146,13 @@ class Client:
         *,
         on_event: EventCallback | None = None,
         uuid: str | None = None,
+        retries: int = 0,
     ) -> JobFuture:
-        """Queue a job; the returned future resolves to {worker name: result entry}."""
+        """Queue a job; the returned future resolves to {worker name: result entry}.
+
+        With `retries` (target "any" only), a job whose worker is lost runs again on
+        another worker, with its attempt number; a late result of the lost attempt is dropped.
+        """
         if timeout <= 0:
             raise ValueError("timeout must be positive")
         body = nfp.dumps(
@@ -159,7 +166,7 @@ class Client:
             }
         )
         target = (json.dumps(workers) if isinstance(workers, list) else workers).encode()
-        return self._submit(service.encode(), target, body, timeout, uuid=uuid, on_event=on_event)
+        return self._submit(service.encode(), target, body, timeout, uuid=uuid, on_event=on_event, retries=retries)
 
     def run_job(
         self,
@@ -174,6 +181,20 @@ class Client:
         fut = self.submit(service, task, args, kwargs, workers, timeout)
         result: dict[str, Any] = fut.result(timeout + 5.0)
         return result
+
+    def recover(self, service: str, uuid: str, workers: list[str], timeout: float = 30.0) -> JobFuture:
+        """Collect a job's result from its workers by GET (after a client or API restart).
+
+        The future resolves like submit()'s: the result dictionary once every worker has a
+        final answer (a job cut short by a worker restart reads as failed: interrupted), or
+        JobNotFoundError when no worker knows the job.
+        """
+        if not workers:
+            raise ValueError("recover needs the names of the workers that ran the job")
+        body = nfp.dumps({"task": "", "args": [], "kwargs": {}})
+        return self._submit(
+            service.encode(), nfp.dumps(sorted(workers)), body, timeout, uuid=uuid, expected=set(workers)
+        )
 
     def mmi(self, task: str, timeout: float = 5.0, **kwargs: Any) -> Any:
         """Ask the broker's management interface, e.g. mmi("show_workers")."""
@@ -228,9 +249,7 @@ class Client:
         worker = str(req.get("worker", ""))
         body = nfp.dumps({"input_id": rid, "value": value})
         before = len(fut.events)
-        self.loop.submit(
-            nfp.client_request(nfp.PUT, job.service, worker.encode(), job.uuid.encode(), body, b'{"ack":false}')
-        )
+        self.loop.submit(nfp.client_request(nfp.PUT, job.service, worker.encode(), job.uuid.encode(), body, _NO_ACK))
 
         def answered() -> dict[str, Any] | None:
             for e in list(fut.events)[before:]:
@@ -315,6 +334,8 @@ class Client:
         on_event: EventCallback | None = None,
         mmi: bool = False,
         stream_window: int = 0,
+        retries: int = 0,
+        expected: set[str] | None = None,
     ) -> JobFuture:
         if not self._started:
             self.start()
@@ -323,7 +344,8 @@ class Client:
         fut.timings["submitted"] = time.time()
         now = time.monotonic()
         flags = nfp.dumps({"push": True, "ack": True}) if stream_window else self._flags
-        job = ClientJob(juuid, service, target, body, flags, fut, now + timeout, mmi=mmi)
+        job = ClientJob(juuid, service, target, body, flags, fut, now + timeout, mmi=mmi, retries_left=retries)
+        job.expected = expected  # known already when recovering a job by GET
         with self._lock:
             if len(self._jobs) >= self.max_jobs:
                 raise BusyError(f"client tracks {self.max_jobs} jobs already; wait for some to finish")
@@ -334,9 +356,10 @@ class Client:
             heapq.heappush(self._timers, (now + self.poll_after, juuid))
             if on_event is not None:
                 self._callbacks[juuid] = on_event
-        cmd = nfp.MMI if mmi else nfp.POST
+        cmd = nfp.MMI if mmi else nfp.GET if expected else nfp.POST
+        flags = _NO_ACK if expected else job.flags
         try:
-            self.loop.submit(nfp.client_request(cmd, service, target, juuid.encode(), body, job.flags))
+            self.loop.submit(nfp.client_request(cmd, service, target, juuid.encode(), body, flags))
         except BaseException:
             self._forget(juuid)
             raise
@@ -378,6 +401,10 @@ class Client:
         sock.setsockopt(zmq.RCVHWM, 10_000)
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        if self.settings.curve_secret or self.settings.curve_server_key:
+            if not (self.settings.curve_secret and self.settings.curve_server_key):
+                raise SecurityError("CURVE needs both curve_secret (own key) and curve_server_key (the broker's)")
+            curve_client(sock, self.settings.curve_secret, self.settings.curve_server_key)
         sock.connect(self.broker)
         return sock
 
@@ -444,9 +471,7 @@ class Client:
             return
         body = nfp.dumps({"task": "", "args": [], "kwargs": {}})
         for worker in sorted(job.pending):
-            self.loop.send_now(
-                nfp.client_request(nfp.GET, job.service, worker.encode(), uuid_b, body, b'{"ack":false}')
-            )
+            self.loop.send_now(nfp.client_request(nfp.GET, job.service, worker.encode(), uuid_b, body, _NO_ACK))
 
     def on_frames(self, frames: Frames) -> None:
         try:
@@ -489,7 +514,10 @@ class Client:
             self.counts["rejected_frames"] += 1
             log.warning("client %s: unreadable reply for job %s: %s", self.name, uuid, exc)
             return
-        if done:
+        if done and job.retry():
+            log.info("client %s: job %s lost its worker; attempt %d", self.name, uuid, job.attempt)
+            self.loop.send_now(nfp.client_request(nfp.POST, job.service, job.target, reply.uuid, job.body, job.flags))
+        elif done:
             self._finish(job)
 
     def _broker_returned(self) -> None:

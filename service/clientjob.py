@@ -74,6 +74,23 @@ class ClientJob:
     refused: JobError | None = None
     last_heard: float = field(default_factory=time.monotonic)
     polls: int = 0
+    retries_left: int = 0
+    attempt: int = 1
+
+    def retry(self) -> bool:
+        """After a worker was lost: True (and the job reset for another attempt) if retries remain."""
+        if not self.lost or self.retries_left <= 0 or self.target != b"any":
+            return False
+        self.retries_left -= 1
+        self.attempt += 1
+        body = json.loads(self.body)
+        body["attempt"] = self.attempt
+        self.body = json.dumps(body, separators=(",", ":")).encode()
+        self.expected = None
+        self.results, self.statuses, self.lost, self.refused = {}, {}, set(), None
+        self.future.timings["retried"] = time.time()
+        self.future.worker = None
+        return True
 
     @property
     def pending(self) -> set[str]:
@@ -111,7 +128,10 @@ class ClientJob:
         if status in (nfp.ST_WORKER_ACCEPTED, nfp.ST_PENDING, nfp.ST_WAITING_INPUT):
             return False
         if status == nfp.ST_WORKER_LOST:
-            self.lost.add(str(payload.get("worker", "")))
+            worker = str(payload.get("worker", ""))
+            self.lost.add(worker)
+            if self.expected is None:  # results-only mode: the lost worker was the one running it
+                self.expected = {worker}
             return self._done()
         if "workers" in payload and "errors" in payload and payload.get("workers") is None:
             # A refusal from the broker itself: no worker matched, or the fabric is full.
@@ -164,5 +184,6 @@ class ClientJob:
             )
             return None, BadRequestError(errors or "bad request", uuid=self.uuid, results=self.results)
         if self.refused is not None:
+            self.refused.results = self.results  # what did arrive, as every JobError carries
             return None, self.refused
         return self.results, None

@@ -88,6 +88,8 @@ class JobStore:
         self.commits = 0
         self.errors = 0
         self.interrupted_on_open = 0
+        # The result an interrupted job reads as (the worker sets it: {worker: entry}).
+        self.failure_payload: Callable[[str, str, str], bytes] | None = None
 
     def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -180,19 +182,15 @@ class JobStore:
         """Jobs left unfinished by a previous run end as failed: interrupted."""
         rows = conn.execute("SELECT uuid, task FROM jobs WHERE state IN ('received', 'running')").fetchall()
         now = time.time()
+        why = "interrupted: the worker stopped while the job was queued or running"
         for uuid, task_name in rows:
-            result = {
-                "result": None,
-                "failed": True,
-                "errors": ["interrupted: the worker stopped while the job was queued or running"],
-                "messages": [],
-                "juuid": uuid,
-                "task": task_name,
-                "status": "error",
-            }
+            if self.failure_payload is not None:
+                result = self.failure_payload(uuid, task_name, why)
+            else:
+                result = json.dumps({"failed": True, "errors": [why], "juuid": uuid, "task": task_name}).encode()
             conn.execute(
                 "UPDATE jobs SET state='interrupted', completed_at=?, status_code='200', result=? WHERE uuid=?",
-                (now, json.dumps(result), uuid),
+                (now, result.decode(), uuid),
             )
         self.interrupted_on_open = len(rows)
 

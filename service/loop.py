@@ -49,12 +49,14 @@ class Wire:
     first frame.
     """
 
-    __slots__ = ("_get", "_recv", "_send")
+    __slots__ = ("_get", "_recv", "_send", "meta", "user_id")
 
-    def __init__(self, sock: zmq.Socket[bytes]) -> None:
+    def __init__(self, sock: zmq.Socket[bytes], meta: bool = False) -> None:
         self._send = sock.send
         self._recv = sock.recv
         self._get = sock.getsockopt
+        self.meta = meta  # read the ZAP user id of each message (CURVE brokers)
+        self.user_id: bytes | None = None
 
     def send(self, frames: Frames) -> None:
         send = self._send
@@ -66,7 +68,13 @@ class Wire:
     def recv(self) -> Frames:
         recv = self._recv
         get = self._get
-        frames: Frames = [recv(_NOBLOCK)]
+        if self.meta:
+            first = recv(_NOBLOCK, copy=False)
+            user = first.get("User-Id")
+            self.user_id = user.encode() if isinstance(user, str) else None
+            frames: Frames = [first.bytes]
+        else:
+            frames = [recv(_NOBLOCK)]
         while get(_RCVMORE):
             frames.append(recv(_NOBLOCK))
         return frames
@@ -112,6 +120,7 @@ class _Waker:
 
     def __init__(self) -> None:
         self._efd = -1
+        self._closed = False
         if hasattr(os, "eventfd"):
             self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             self.fd = self._efd
@@ -124,6 +133,8 @@ class _Waker:
             self.fd = self._r.fileno()
 
     def wake(self) -> None:
+        if self._closed:
+            return
         try:
             if self._efd >= 0:
                 os.eventfd_write(self._efd, 1)
@@ -133,6 +144,8 @@ class _Waker:
             pass  # already signalled or closing: a wake is pending either way
 
     def clear(self) -> None:
+        if self._closed:
+            return
         try:
             if self._efd >= 0:
                 os.eventfd_read(self._efd)
@@ -143,6 +156,9 @@ class _Waker:
             pass
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         if self._efd >= 0:
             os.close(self._efd)
             self._efd = -1
@@ -254,6 +270,15 @@ class OwnerLoop:
     def closing(self) -> bool:
         return self._closing
 
+    @property
+    def context(self) -> zmq.Context[zmq.Socket[bytes]]:
+        return self._ctx
+
+    @property
+    def user_id(self) -> bytes | None:
+        """Owner only: the ZAP user id of the message being handled (CURVE sockets)."""
+        return self._wire.user_id if self._wire is not None else None
+
     # ---- owner only -----------------------------------------------------------
 
     @property
@@ -282,7 +307,7 @@ class OwnerLoop:
 
     def _open(self) -> None:
         self._sock = self.role.open_socket(self._ctx)
-        self._wire = Wire(self._sock)
+        self._wire = Wire(self._sock, meta=bool(self._sock.getsockopt(zmq.CURVE_SERVER)))
         self._poller.register(self._sock, zmq.POLLIN)
         self.role.on_connected()
 

@@ -169,7 +169,7 @@ def _check_sizes(frames: list[bytes], max_bytes: int) -> None:
         raise ProtocolError("oversize", f"{total} bytes > limit {max_bytes}")
 
 
-def _check_head(frames: list[bytes], header: bytes, min_len: int, max_len: int, max_bytes: int) -> None:
+def _check_head(frames: list[bytes], header: bytes, min_len: int, max_len: int, max_bytes: int) -> bytes:
     n = len(frames)
     if n < 3:
         raise ProtocolError("frame_count", f"{n} frames, need at least 3")
@@ -178,10 +178,12 @@ def _check_head(frames: list[bytes], header: bytes, min_len: int, max_len: int, 
         raise ProtocolError("delimiter", "first frame must be empty")
     if frames[1] != header:
         raise ProtocolError("header", f"header {bytes(frames[1][:16])!r}, expected {header!r}")
-    if frames[2] not in COMMAND_NAMES:
-        raise ProtocolError("command", f"unknown command {bytes(frames[2][:16])!r}")
+    command = bytes(frames[2])  # bytearray and writable memoryview frames are not hashable
+    if command not in COMMAND_NAMES:
+        raise ProtocolError("command", f"unknown command {command[:16]!r}")
     if not min_len <= n <= max_len:
-        raise ProtocolError("frame_count", f"{COMMAND_NAMES[frames[2]]} with {n} frames, need {min_len}..{max_len}")
+        raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {n} frames, need {min_len}..{max_len}")
+    return command
 
 
 def _check_name(value: bytes, what: str, limit: int = MAX_NAME_BYTES) -> None:
@@ -192,7 +194,7 @@ def _check_name(value: bytes, what: str, limit: int = MAX_NAME_BYTES) -> None:
 def _json_object(raw: bytes, what: str) -> dict[str, Any]:
     try:
         obj = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested too deep
         raise ProtocolError("json", f"{what} is not JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise ProtocolError("json", f"{what} must be a JSON object, got {type(obj).__name__}")
@@ -201,8 +203,7 @@ def _json_object(raw: bytes, what: str) -> dict[str, Any]:
 
 def decode_client(frames: list[bytes], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> ClientRequest:
     """Decode what a client sent, without the ROUTER identity frame."""
-    _check_head(frames, CLIENT, 7, 8, max_bytes)
-    command = frames[2]
+    command = _check_head(frames, CLIENT, 7, 8, max_bytes)
     if command not in CLIENT_COMMANDS:
         raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not a client command")
     service, target, uuid, body = frames[3], frames[4], frames[5], frames[6]
@@ -214,8 +215,7 @@ def decode_client(frames: list[bytes], max_bytes: int = DEFAULT_MAX_FRAME_BYTES)
 
 def decode_worker(frames: list[bytes], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> WorkerControl | WorkerReply:
     """Decode what a worker sent, without the ROUTER identity frame."""
-    _check_head(frames, WORKER, 4, 8, max_bytes)
-    command = frames[2]
+    command = _check_head(frames, WORKER, 4, 8, max_bytes)
     if command in WORKER_CONTROL_COMMANDS:
         if len(frames) > 5:
             raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {len(frames)} frames")
@@ -234,8 +234,7 @@ def decode_worker(frames: list[bytes], max_bytes: int = DEFAULT_MAX_FRAME_BYTES)
 
 def decode_broker_to_worker(frames: list[bytes], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> BrokerJob | BrokerControl:
     """Decode what the broker sent to a worker (the worker's DEALER strips nothing)."""
-    _check_head(frames, BROKER, 4, 7, max_bytes)
-    command = frames[2]
+    command = _check_head(frames, BROKER, 4, 7, max_bytes)
     if command in (KEEPALIVE, DISCONNECT):
         if len(frames) != 4:
             raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {len(frames)} frames, need 4")
@@ -251,8 +250,7 @@ def decode_broker_to_worker(frames: list[bytes], max_bytes: int = DEFAULT_MAX_FR
 
 def decode_broker_to_client(frames: list[bytes], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> BrokerReply:
     """Decode what the broker sent to a client."""
-    _check_head(frames, BROKER, 7, 7, max_bytes)
-    command = frames[2]
+    command = _check_head(frames, BROKER, 7, 7, max_bytes)
     if command not in BROKER_TO_CLIENT_COMMANDS:
         raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not sent by a broker to a client")
     status = bytes(frames[5])
@@ -309,7 +307,7 @@ def parse_target(target: bytes) -> str | list[str]:
     if target.startswith(b"["):
         try:
             names = json.loads(target)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             raise ProtocolError("target", "target list is not JSON") from None
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise ProtocolError("target", "target list must be a JSON list of names")

@@ -79,6 +79,10 @@ class Registry:
         self.services: dict[bytes, ServiceRecord] = {}
         self.clients: OrderedDict[bytes, ClientRecord] = OrderedDict()
         self.routes: dict[bytes, Route] = {}
+        # Jobs finished recently and where they ran, so a POST retried after its result
+        # was missed goes back to that worker instead of running again (LRU-bounded).
+        self.finished: OrderedDict[bytes, bytes] = OrderedDict()
+        self.max_finished = max_routes
 
     # ---- workers -------------------------------------------------------------
 
@@ -155,8 +159,8 @@ class Registry:
         start = svc.rr % n
         for i in range(n):
             w = workers[(start + i) % n]
-            if not w.keepalive.is_alive():
-                continue
+            if not w.keepalive.is_alive() or w.stats.get("draining"):
+                continue  # a stopping worker finishes what it has but takes nothing new
             if best is None or len(w.inflight) < len(best.inflight):
                 best = w
         svc.rr = (start + 1) % n
@@ -186,7 +190,15 @@ class Registry:
         route.workers.discard(worker.name)
         if not route.workers:
             del self.routes[uuid]
+        self.finished[uuid] = worker.name
+        if len(self.finished) > self.max_finished:
+            self.finished.popitem(last=False)
         return route
+
+    def finished_on(self, uuid: bytes) -> WorkerRecord | None:
+        """The live worker that recently finished this job, if any."""
+        name = self.finished.get(uuid)
+        return self.workers.get(name) if name is not None else None
 
     def inflight_for_client(self, identity: bytes) -> int:
         return sum(1 for r in self.routes.values() if r.client == identity)

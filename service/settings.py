@@ -31,6 +31,7 @@ class Settings(BaseSettings):
     max_routes: int = Field(100_000, ge=1, description="Jobs in flight across the whole broker")
     job_queue_size: int = Field(1000, ge=1, description="Jobs a worker holds waiting for its pool")
     pool_size: int = Field(4, ge=1, description="Threads that run jobs in a worker")
+    drain_timeout: float = Field(30.0, ge=0, description="Seconds a stopping worker lets admitted jobs finish")
     job_retention_seconds: float = Field(7 * 86400, gt=0, description="How long a worker keeps job records")
     job_retention_count: int = Field(100_000, ge=1, description="Most job records a worker keeps")
     max_client_jobs: int = Field(10_000, ge=1, description="Jobs one client tracks at once")
@@ -38,6 +39,10 @@ class Settings(BaseSettings):
     metrics_port: int = Field(0, ge=0, le=65535, description="Port for /metrics and /healthz (0 = off)")
     metrics_host: str = Field("127.0.0.1", description="Address for the metrics port")
     log_level: str = Field("INFO", description="Logging level")
+    curve_secret: str | None = Field(None, description="This process's CURVE secret certificate (.key_secret)")
+    curve_server_key: str | None = Field(None, description="Clients/workers: the broker's public certificate")
+    curve_clients: str | None = Field(None, description="Broker: directory of accepted public certificates")
+    insecure: bool = Field(False, description="Broker: allow a non-loopback endpoint without CURVE")
 
     @property
     def bind_endpoint(self) -> str:

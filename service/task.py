@@ -79,6 +79,8 @@ def build_spec(name: str, fn: Callable[..., Any], job_type: type) -> TaskSpec:
             continue
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             raise TypeError(f"task '{name}': *args/**kwargs cannot be validated; name each parameter")
+        if p.kind is p.POSITIONAL_ONLY:
+            raise TypeError(f"task '{name}': positional-only parameter '{pname}'; tasks are called by keyword")
         default = ... if p.default is inspect.Parameter.empty else p.default
         fields[pname] = (ann, default)
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):

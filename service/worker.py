@@ -12,6 +12,8 @@ import logging
 import os
 import queue
 import socket
+import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, ClassVar
@@ -25,6 +27,7 @@ from .keepalive import KeepAlive
 from .loop import Frames, OwnerLoop
 from .pool import JobPool
 from .runner import JobRunner
+from .security import SecurityError, curve_client
 from .settings import Settings
 from .task import TaskSpec, build_spec, is_task, task
 
@@ -65,6 +68,7 @@ class Worker:
         self._received = 0  # owner thread only
         self._unstored: list[Job] = []  # owner thread only: received in this batch, not yet stored
         self.counts: dict[str, int] = {"rejected_frames": 0, "busy": 0}
+        self._draining = False  # set by stop(): new jobs are answered busy, admitted ones finish
         self.store = JobStore(
             Path(s.data_dir) / "workers" / f"{self.name}.sqlite",
             queue_size=s.job_queue_size * 4 + 64,
@@ -80,6 +84,7 @@ class Worker:
         self.runner = JobRunner(
             name=self.name, service=self.service_name, tasks=self.tasks, store=self.store, loop=self.loop
         )
+        self.store.failure_payload = lambda uuid, task, why: nfp.dumps(self.runner.failure(uuid, task, [why]))
         self.pool: JobPool[Job] = JobPool(
             self.runner.run, size=s.pool_size, capacity=s.job_queue_size, name=f"{self.name}-job"
         )
@@ -93,8 +98,20 @@ class Worker:
         log.info("worker %s serving '%s' via %s", self.name, self.service_name, self.broker)
         return self
 
-    def stop(self) -> None:
-        self.loop.stop()
+    def stop(self, drain: float | None = None) -> None:
+        """Refuse new jobs (busy), let admitted ones finish and send their results for up to
+        `drain` seconds (ZFAB_DRAIN_TIMEOUT), then disconnect and close the job store."""
+        self._draining = True
+        try:
+            # Tell the broker now (not at the next keepalive) so it stops picking this worker.
+            self.loop.call(self._send_keepalive, timeout=2.0)
+        except Exception:
+            log.debug("worker %s: could not announce draining", self.name)
+        deadline = time.monotonic() + (self.settings.drain_timeout if drain is None else drain)
+        pause = threading.Event()
+        while self.pool.depth() + self.pool.running > 0 and time.monotonic() < deadline:
+            pause.wait(0.05)
+        self.loop.stop()  # flushes the results still queued, within the linger bound
         self.pool.stop()
         self.store.close()
 
@@ -127,6 +144,10 @@ class Worker:
         sock.setsockopt(zmq.RCVHWM, 10_000)
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        if self.settings.curve_secret or self.settings.curve_server_key:
+            if not (self.settings.curve_secret and self.settings.curve_server_key):
+                raise SecurityError("CURVE needs both curve_secret (own key) and curve_server_key (the broker's)")
+            curve_client(sock, self.settings.curve_secret, self.settings.curve_server_key)
         sock.connect(self.broker)
         return sock
 
@@ -145,9 +166,12 @@ class Worker:
             self.loop.request_reconnect()
             return now + ka.interval
         if ka.due():
-            self.loop.send_now(nfp.worker_control(nfp.KEEPALIVE, self._service_b, nfp.dumps(self.stats())))
-            ka.mark_sent()
+            self._send_keepalive()
         return ka.next_deadline()
+
+    def _send_keepalive(self) -> None:
+        self.loop.send_now(nfp.worker_control(nfp.KEEPALIVE, self._service_b, nfp.dumps(self.stats())))
+        self.keepalive.mark_sent()
 
     def on_frames(self, frames: Frames) -> None:
         try:
@@ -194,6 +218,7 @@ class Worker:
             "jobs_busy": self.counts["busy"],
             "frames_rejected": self.counts["rejected_frames"],
             "reconnects": self.loop.stats.reconnects,
+            "draining": self._draining,
         }
 
     def _reply(self, msg: nfp.BrokerJob, status: bytes, payload: Any, command: bytes = nfp.RESPONSE) -> None:
@@ -228,6 +253,10 @@ class Worker:
                 f"its tasks are: {', '.join(sorted(self.tasks))}"
             )
             self._reply(msg, nfp.ST_BAD_REQUEST, self.runner.failure(uuid, task_name, [why]))
+            return
+        if self._draining:
+            self.counts["busy"] += 1
+            self._reply(msg, nfp.ST_BUSY, self.runner.status(uuid, "BUSY", errors=["worker is stopping"]))
             return
         if self._received - self.runner.finished >= self.pool.capacity:
             self.counts["busy"] += 1

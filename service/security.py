@@ -1,0 +1,191 @@
+"""CURVE encryption with authentication: key pairs, socket setup, and the broker's ZAP handler.
+
+The broker accepts only peers whose public keys sit in its `curve_clients` directory
+(certificates made by `zfab keys`). A certificate made with `--worker NAME` binds that
+worker name to its key: a peer may register as worker NAME only with that key, and
+nobody else may connect under that identity.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import zmq
+import zmq.auth
+from zmq.utils import z85
+
+from .loop import _Waker
+
+log = logging.getLogger(__name__)
+
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+
+
+class SecurityError(ValueError):
+    """A key or endpoint setting that would leave the fabric open or broken."""
+
+
+def create_keys(key_dir: Path, name: str, worker: str | None = None) -> tuple[Path, Path]:
+    """Write NAME.key (public) and NAME.key_secret; with `worker`, bind that worker name to the key."""
+    key_dir.mkdir(parents=True, exist_ok=True)
+    meta = {"worker": worker} if worker else None
+    public, secret = zmq.auth.create_certificates(key_dir, name, metadata=meta)
+    Path(secret).chmod(0o600)
+    if worker:
+        # pyzmq writes metadata into the secret file only; the broker reads public files.
+        pub = Path(public)
+        pub.write_text(pub.read_text().replace("metadata\n", f'metadata\n    worker = "{worker}"\n', 1))
+    return Path(public), Path(secret)
+
+
+def load_secret(path: str) -> tuple[bytes, bytes]:
+    public, secret = zmq.auth.load_certificate(path)
+    if secret is None:
+        raise SecurityError(f"{path} holds no secret key: give the .key_secret file")
+    return public, secret
+
+
+def load_public(path: str) -> bytes:
+    public, _ = zmq.auth.load_certificate(path)
+    return public
+
+
+def is_loopback(endpoint: str) -> bool:
+    """True for tcp endpoints on 127.0.0.0/8, ::1 or localhost, and for ipc/inproc."""
+    if not endpoint.startswith("tcp://"):
+        return True
+    host = urlsplit(endpoint).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name or a wildcard such as *: reachable from elsewhere
+
+
+def curve_client(sock: zmq.Socket[bytes], secret_file: str, server_key_file: str) -> None:
+    """Configure a client or worker socket to talk CURVE to the broker."""
+    public, secret = load_secret(secret_file)
+    sock.curve_secretkey = secret
+    sock.curve_publickey = public
+    sock.curve_serverkey = load_public(server_key_file)
+
+
+def curve_server(sock: zmq.Socket[bytes], secret_file: str) -> None:
+    public, secret = load_secret(secret_file)
+    sock.curve_secretkey = secret
+    sock.curve_publickey = public
+    sock.curve_server = True
+
+
+@dataclass(slots=True)
+class Peer:
+    name: str
+    worker: str | None
+
+
+class ZapHandler:
+    """Answers ZAP requests for the broker's context on a thread that owns the ZAP socket.
+
+    A key must be in the clients directory. The user id of an accepted connection is its
+    certificate's name, which the broker reads from each worker frame to check that the
+    worker name was issued to that key.
+    """
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], clients_dir: str) -> None:
+        self.ctx = ctx
+        self.keys: dict[bytes, Peer] = {}
+        for cert in sorted(Path(clients_dir).glob("*.key")):
+            public, _ = zmq.auth.load_certificate(cert)
+            meta = _metadata(cert)
+            # Certificates hold Z85 text; ZAP hands over the raw 32-byte key.
+            self.keys[z85.decode(public)] = Peer(cert.stem, meta.get("worker"))
+        if not self.keys:
+            raise SecurityError(f"no public keys (*.key) in {clients_dir}: nobody could connect")
+        self.refused = 0
+        self._sock = ctx.socket(zmq.REP)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.bind(ZAP_ENDPOINT)
+        self.by_name = {p.name.encode(): p for p in self.keys.values()}
+        self._stop = threading.Event()
+        self._waker = _Waker()
+        self._thread = threading.Thread(target=self._run, name="zfab-zap", daemon=True)
+
+    def start(self) -> None:
+        # The socket was made and bound on this thread before the thread starts; from
+        # here on only the ZAP thread touches it.
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._waker.wake()
+        self._thread.join(2)
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._waker.fd, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                try:
+                    events = dict(poller.poll())
+                except zmq.ContextTerminated:
+                    return
+                if self._sock not in events:
+                    continue
+                try:
+                    self._sock.send_multipart(self.decide(self._sock.recv_multipart()))
+                except zmq.ZMQError as exc:
+                    log.warning("ZAP handler: %s", exc)
+        finally:
+            self._sock.close(0)
+            self._waker.close()
+
+    def may_register(self, identity: bytes, user_id: bytes | None) -> bool:
+        """True when the key a worker frame came with was issued for this worker name."""
+        peer = self.by_name.get(user_id or b"")
+        return peer is not None and peer.worker is not None and peer.worker.encode() == identity
+
+    def decide(self, req: list[bytes]) -> list[bytes]:
+        """One ZAP request (RFC 27) → its reply frames."""
+        if len(req) < 6:
+            return [b"1.0", b"", b"500", b"malformed ZAP request", b"", b""]
+        version, request_id, _domain, address, _identity, mechanism = req[:6]
+        creds = req[6:]
+
+        def reply(code: bytes, text: str, user: bytes = b"") -> list[bytes]:
+            if code != b"200":
+                self.refused += 1
+                log.warning("refused %s from %s: %s", mechanism.decode(errors="replace"), address.decode(), text)
+            return [version, request_id, code, text.encode(), user, b""]
+
+        if mechanism != b"CURVE" or not creds:
+            return reply(b"400", "CURVE required")
+        peer = self.keys.get(creds[0])
+        if peer is None:
+            return reply(b"400", "unknown public key")
+        # ZAP does not see the peer's identity: the broker checks worker names per frame
+        # against the user id returned here (see may_register).
+        return reply(b"200", "OK", peer.name.encode())
+
+
+def _metadata(cert: Path) -> dict[str, str]:
+    """The metadata section of a ZeroMQ certificate file (zmq.auth does not return it)."""
+    out: dict[str, str] = {}
+    section = ""
+    for raw in cert.read_text().splitlines():
+        line = raw.split("#", 1)[0].rstrip()
+        if not line.strip():
+            continue
+        if not line.startswith((" ", "\t")):
+            section = line.strip()
+            continue
+        if section == "metadata" and "=" in line:
+            key, value = line.split("=", 1)
+            out[key.strip()] = value.strip().strip('"')
+    return out

@@ -1,0 +1,348 @@
+"""A job as its client tracks it: the broker's replies in, a result dictionary or a specific error out."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from service import protocol as nfp
+from service.clientjob import ClientJob, JobFuture
+from service.errors import (
+    BadRequestError,
+    BusyError,
+    JobNotFoundError,
+    NoWorkersError,
+    WorkerLostError,
+)
+
+UUID = "job-1"
+
+
+def make_job(*, target: bytes = b"any", mmi: bool = False) -> ClientJob:
+    return ClientJob(
+        UUID,
+        nfp.MMI_SERVICE if mmi else b"demo",
+        target,
+        b"{}",
+        b"",
+        JobFuture(UUID),
+        time.monotonic() + 60,
+        mmi=mmi,
+    )
+
+
+def reply(status: bytes, payload: Any, command: bytes = nfp.RESPONSE) -> nfp.BrokerReply:
+    raw = payload if isinstance(payload, bytes) else nfp.dumps(payload)
+    return nfp.BrokerReply(command, b"demo", UUID.encode(), status, raw)
+
+
+def dispatched(*workers: str) -> nfp.BrokerReply:
+    return reply(
+        nfp.ST_DISPATCHED,
+        {"workers": list(workers), "uuid": UUID, "target": "any", "status": "DISPATCHED", "service": "demo"},
+    )
+
+
+def entry(result: Any = None, *, failed: bool = False, errors: list[str] | None = None) -> dict[str, Any]:
+    return {
+        "result": result,
+        "failed": failed,
+        "errors": errors or [],
+        "messages": [],
+        "juuid": UUID,
+        "task": "echo",
+        "status": "error" if failed else "completed",
+        "task_started": None,
+        "task_completed": None,
+        "service": "demo",
+    }
+
+
+def result(worker: str, status: bytes = nfp.ST_OK, **kw: Any) -> nfp.BrokerReply:
+    return reply(status, {worker: entry(**kw)})
+
+
+def status_only(status: bytes, worker: str, state: str, **extra: Any) -> nfp.BrokerReply:
+    return reply(status, {"worker": worker, "uuid": UUID, "service": "demo", "status": state, **extra})
+
+
+def refusal(status: bytes, why: str) -> nfp.BrokerReply:
+    state = "BUSY" if status == nfp.ST_BUSY else "FAILED"
+    return reply(
+        status,
+        {"workers": None, "uuid": UUID, "target": "any", "status": state, "service": "demo", "errors": [why]},
+    )
+
+
+# ---- acknowledgements ----------------------------------------------------------------
+
+
+def test_dispatch_ack_sets_the_expected_workers_without_finishing() -> None:
+    job = make_job(target=b"all")
+
+    assert job.apply(dispatched("w1", "w2")) is False
+
+    assert job.expected == {"w1", "w2"}
+    assert job.pending == {"w1", "w2"}
+    assert "dispatched" in job.future.timings
+
+
+def test_a_second_dispatch_ack_does_not_change_the_expected_workers() -> None:
+    # A retried POST is acknowledged again; the first answer stands
+    job = make_job()
+    job.apply(dispatched("w1"))
+
+    job.apply(dispatched("w2"))
+
+    assert job.expected == {"w1"}
+
+
+@pytest.mark.parametrize("status", [nfp.ST_WORKER_ACCEPTED, nfp.ST_PENDING, nfp.ST_WAITING_INPUT])
+def test_progress_statuses_do_not_finish_the_job(status: bytes) -> None:
+    job = make_job()
+    job.apply(dispatched("w1"))
+
+    assert job.apply(status_only(status, "w1", "PENDING")) is False
+    assert job.pending == {"w1"}
+    assert job.results == {}
+
+
+# ---- results -------------------------------------------------------------------------
+
+
+def test_result_from_the_dispatched_worker_finishes_the_job_with_a_dict_keyed_by_worker() -> None:
+    # Given a job dispatched to w1 and accepted by it
+    job = make_job()
+    job.apply(dispatched("w1"))
+    job.apply(status_only(nfp.ST_WORKER_ACCEPTED, "w1", "ACCEPTED"))
+
+    # When w1's result arrives
+    done = job.apply(result("w1", result={"echo": 42}))
+
+    # Then the job is finished with w1's entry
+    assert done is True
+    results, error = job.outcome()
+    assert error is None
+    assert results is not None and list(results) == ["w1"]
+    assert results["w1"]["result"] == {"echo": 42}
+    assert results["w1"]["failed"] is False
+
+
+def test_job_for_all_needs_a_result_from_every_dispatched_worker() -> None:
+    job = make_job(target=b"all")
+    job.apply(dispatched("w1", "w2"))
+
+    assert job.apply(result("w1", result=1)) is False
+    assert job.pending == {"w2"}
+    assert job.apply(result("w2", result=2)) is True
+
+    results, error = job.outcome()
+    assert error is None
+    assert results is not None
+    assert {w: e["result"] for w, e in results.items()} == {"w1": 1, "w2": 2}
+
+
+def test_result_without_a_dispatch_ack_finishes_a_single_worker_job() -> None:
+    # Given a client in results-only mode: the broker sends no 202
+    job = make_job()
+
+    # When the worker's result arrives
+    done = job.apply(result("w1", result="ok"))
+
+    # Then the job finishes with it
+    assert done is True
+    assert job.expected == {"w1"}
+    results, error = job.outcome()
+    assert error is None and results is not None and results["w1"]["result"] == "ok"
+
+
+def test_failed_entries_are_data_not_exceptions() -> None:
+    # Given two workers, one of which ran the task and failed
+    job = make_job(target=b"all")
+    job.apply(dispatched("w1", "w2"))
+    job.apply(result("w1", result=1))
+
+    done = job.apply(result("w2", failed=True, errors=["ZeroDivisionError"]))
+
+    # Then the dictionary comes back with the failure in it
+    assert done is True
+    results, error = job.outcome()
+    assert error is None
+    assert results is not None
+    assert results["w2"]["failed"] is True and results["w2"]["errors"] == ["ZeroDivisionError"]
+
+
+def test_one_bad_request_among_good_results_still_returns_the_dict() -> None:
+    job = make_job(target=b"all")
+    job.apply(dispatched("w1", "w2"))
+    job.apply(result("w1", result=1))
+    job.apply(result("w2", nfp.ST_BAD_REQUEST, failed=True, errors=["unknown task 'nope'"]))
+
+    results, error = job.outcome()
+
+    assert error is None
+    assert results is not None and set(results) == {"w1", "w2"}
+
+
+# ---- refusals and failures -----------------------------------------------------------
+
+
+def test_broker_refusal_when_no_worker_matches_raises_no_workers_error() -> None:
+    job = make_job()
+    why = "service 'demo' is unknown: no worker has registered it"
+
+    done = job.apply(refusal(nfp.ST_BAD_REQUEST, why))
+
+    assert done is True
+    results, error = job.outcome()
+    assert results is None
+    assert isinstance(error, NoWorkersError)
+    assert str(error) == why
+    assert error.uuid == UUID
+
+
+def test_broker_refusal_when_full_raises_busy_error() -> None:
+    job = make_job()
+
+    done = job.apply(refusal(nfp.ST_BUSY, "broker is at its bound of jobs in flight; retry later"))
+
+    assert done is True
+    results, error = job.outcome()
+    assert results is None
+    assert isinstance(error, BusyError)
+    assert "retry later" in str(error)
+
+
+def test_busy_worker_raises_busy_error_naming_the_worker() -> None:
+    job = make_job()
+    job.apply(dispatched("w1"))
+
+    done = job.apply(status_only(nfp.ST_BUSY, "w1", "BUSY", errors=["worker job queue is full"]))
+
+    assert done is True
+    _, error = job.outcome()
+    assert isinstance(error, BusyError)
+    assert "w1" in str(error) and "queue is full" in str(error)
+
+
+def test_busy_worker_among_several_keeps_the_others_results_on_the_error() -> None:
+    # Given a job for two workers where w1 answered and w2 was too busy to take it
+    job = make_job(target=b"all")
+    job.apply(dispatched("w1", "w2"))
+    job.apply(result("w1", result="done"))
+    job.apply(status_only(nfp.ST_BUSY, "w2", "BUSY", errors=["worker job queue is full"]))
+
+    # Then the error says busy and, like every JobError, holds what did arrive
+    _, error = job.outcome()
+    assert isinstance(error, BusyError)
+    assert error.results == {"w1": entry(result="done")}
+
+
+def test_lost_worker_raises_worker_lost_error_with_partial_results() -> None:
+    # Given a job for two workers where one answered
+    job = make_job(target=b"all")
+    job.apply(dispatched("w1", "w2"))
+    job.apply(result("w1", result="done"))
+
+    # When the broker reports the other lost
+    done = job.apply(status_only(nfp.ST_WORKER_LOST, "w2", "LOST", errors=["worker 'w2' was lost"]))
+
+    # Then the job ends with WorkerLostError carrying what did arrive
+    assert done is True
+    results, error = job.outcome()
+    assert results is None
+    assert isinstance(error, WorkerLostError)
+    assert "w2" in str(error)
+    assert error.results == {"w1": entry(result="done")}
+
+
+def test_lost_worker_before_the_other_answers_waits_for_the_other() -> None:
+    job = make_job(target=b"all")
+    job.apply(dispatched("w1", "w2"))
+
+    assert job.apply(status_only(nfp.ST_WORKER_LOST, "w1", "LOST")) is False
+    assert job.pending == {"w2"}
+    assert job.apply(result("w2", result=2)) is True
+    assert isinstance(job.outcome()[1], WorkerLostError)
+
+
+def test_lost_worker_without_a_dispatch_ack_finishes_the_job() -> None:
+    # Given a results-only client: no 202, so the client does not yet know who runs the job
+    job = make_job()
+
+    # When the broker reports the worker lost
+    done = job.apply(status_only(nfp.ST_WORKER_LOST, "w1", "LOST"))
+
+    # Then the job ends at once with WorkerLostError, as it does with acks
+    assert done is True
+    assert isinstance(job.outcome()[1], WorkerLostError)
+
+
+def test_bad_request_from_every_worker_raises_bad_request_error_naming_the_error() -> None:
+    job = make_job()
+    job.apply(dispatched("w1"))
+
+    done = job.apply(result("w1", nfp.ST_BAD_REQUEST, failed=True, errors=["task 'nope' is not a task of demo"]))
+
+    assert done is True
+    results, error = job.outcome()
+    assert results is None
+    assert isinstance(error, BadRequestError)
+    assert str(error) == "task 'nope' is not a task of demo"
+    assert set(error.results) == {"w1"}
+
+
+def test_job_unknown_to_its_worker_raises_job_not_found() -> None:
+    job = make_job()
+    job.apply(dispatched("w1"))
+
+    done = job.apply(status_only(nfp.ST_NOT_FOUND, "w1", "JOB NOT FOUND"))
+
+    assert done is True
+    results, error = job.outcome()
+    assert results is None
+    assert isinstance(error, JobNotFoundError)
+    assert UUID in str(error)
+
+
+def test_unreadable_payload_is_not_taken_as_a_result() -> None:
+    job = make_job()
+    job.apply(dispatched("w1"))
+
+    assert job.apply(reply(nfp.ST_OK, b"\xff not json")) is False
+    assert job.apply(reply(nfp.ST_OK, b"[1, 2]")) is False
+    assert job.results == {} and job.pending == {"w1"}
+
+
+# ---- MMI -----------------------------------------------------------------------------
+
+
+def test_mmi_job_finishes_on_response_and_ignores_the_mmi_duplicate() -> None:
+    # Given an MMI request: the broker answers with RESPONSE and a NorFab-style MMI copy
+    job = make_job(mmi=True)
+    answer = {"workers": ["w1"]}
+
+    # When the MMI copy arrives first it does not finish the job
+    assert job.apply(reply(nfp.ST_OK, answer, command=nfp.MMI)) is False
+    assert job.results == {}
+
+    # When the RESPONSE arrives the job finishes with the broker's answer
+    assert job.apply(reply(nfp.ST_OK, answer)) is True
+    assert job.outcome() == ({"result": answer}, None)
+
+    # And a late MMI copy changes nothing
+    assert job.apply(reply(nfp.ST_OK, {"other": 1}, command=nfp.MMI)) is False
+    assert job.outcome() == ({"result": answer}, None)
+
+
+def test_refused_mmi_request_raises_bad_request_error() -> None:
+    job = make_job(mmi=True)
+
+    assert job.apply(reply(nfp.ST_BAD_REQUEST, "Unsupported task 'nope'")) is True
+
+    results, error = job.outcome()
+    assert results is None
+    assert isinstance(error, BadRequestError)
+    assert "Unsupported task 'nope'" in str(error)

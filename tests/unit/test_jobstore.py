@@ -1,0 +1,330 @@
+"""The worker's durable job store: one writer thread, SQLite in tmp_path, no sleeps — events with deadlines."""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from service.job import Job, JobState
+from service.jobstore import SCHEMA_VERSION, JobStore, StoredJob
+
+WAIT = 10.0  # seconds; a deadline, never a sleep
+
+
+def open_store(path: Path, **kw: int | float) -> JobStore:
+    store = JobStore(path, **kw)  # type: ignore[arg-type]
+    store.open()
+    return store
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "jobs" / "store.db"
+
+
+@pytest.fixture
+def store(path: Path) -> Iterator[JobStore]:
+    s = open_store(path)
+    yield s
+    s.close()
+
+
+def read_now(store: JobStore, uuid: str) -> tuple[StoredJob | None, list[str]]:
+    """Read on the writer thread and wait for the answer."""
+    done = threading.Event()
+    answer: list[tuple[StoredJob | None, list[str]]] = []
+
+    def reply(job: StoredJob | None, events: list[str]) -> None:
+        answer.append((job, list(events)))
+        done.set()
+
+    store.read(uuid, reply, timeout=WAIT)
+    assert done.wait(WAIT), "the job store did not answer a read in time"
+    return answer[0]
+
+
+def flush(store: JobStore) -> None:
+    """Wait until everything submitted so far is committed."""
+    done = threading.Event()
+    store.submit(lambda conn: None, done.set, timeout=WAIT)
+    assert done.wait(WAIT), "the job store did not commit in time"
+
+
+def finished_job(uuid: str, *, received_at: float | None = None, result: object = "ok") -> Job:
+    now = time.time()
+    job = Job(
+        uuid=uuid,
+        client=b"client-a",
+        task="echo",
+        args=[],
+        kwargs={},
+        timeout=None,
+        push=True,
+        ack=True,
+        request=b'{"task":"echo"}',
+        received_at=received_at if received_at is not None else now,
+    )
+    job.started_at, job.completed_at = job.received_at, now
+    job.state = JobState.COMPLETED
+    job.result_payload = json.dumps({"w1": {"result": result, "failed": False}}).encode()
+    return job
+
+
+def insert_row(uuid: str, received_at: float | None = None) -> tuple[str, bytes, str, bytes, float]:
+    return (uuid, b"client-a", "echo", b'{"task":"echo"}', received_at if received_at is not None else time.time())
+
+
+# ---- writes and reads ----------------------------------------------------------------
+
+
+def test_received_job_is_stored_without_a_result(store: JobStore) -> None:
+    store.submit(store.insert_op([insert_row("job-1")]))
+
+    job, events = read_now(store, "job-1")
+
+    assert job == StoredJob("job-1", b"client-a", "echo", "received", None, None)
+    assert events == []
+
+
+def test_result_after_insert_completes_the_row(store: JobStore) -> None:
+    # Given a received job
+    store.submit(store.insert_op([insert_row("job-1")]))
+
+    # When its result is written
+    store.submit(store.result_op(finished_job("job-1", result=42), "200"))
+
+    # Then the row carries the state, status and result
+    job, _ = read_now(store, "job-1")
+    assert job is not None
+    assert (job.state, job.status_code) == ("completed", "200")
+    assert job.result is not None and json.loads(job.result) == {"w1": {"result": 42, "failed": False}}
+
+
+def test_result_written_before_its_insert_still_leaves_a_complete_row(store: JobStore) -> None:
+    # Given a fast job whose result reaches the store before its receive batch
+    store.submit(store.result_op(finished_job("job-1"), "200"))
+
+    # When the late insert arrives
+    store.submit(store.insert_op([insert_row("job-1")]))
+
+    # Then the insert does not overwrite the finished row
+    job, _ = read_now(store, "job-1")
+    assert job is not None
+    assert (job.state, job.status_code, job.client, job.task) == ("completed", "200", b"client-a", "echo")
+    assert job.result is not None
+
+
+def test_unknown_job_reads_as_none(store: JobStore) -> None:
+    assert read_now(store, "never-stored") == (None, [])
+
+
+def test_after_callback_runs_once_the_write_is_committed(store: JobStore) -> None:
+    seen: list[int] = []
+    done = threading.Event()
+
+    def after() -> None:
+        # On the writer thread, after COMMIT: another connection already sees the row
+        with sqlite3.connect(store.path) as other:
+            seen.append(other.execute("SELECT count(*) FROM jobs WHERE uuid='job-1'").fetchone()[0])
+        other.close()
+        done.set()
+
+    store.submit(store.insert_op([insert_row("job-1")]), after)
+
+    assert done.wait(WAIT)
+    assert seen == [1]
+
+
+def test_a_failing_operation_is_skipped_and_counted_while_others_commit(store: JobStore) -> None:
+    def broken(conn: sqlite3.Connection) -> None:
+        conn.execute("INSERT INTO no_such_table VALUES (1)")
+
+    store.submit(broken)
+    store.submit(store.insert_op([insert_row("job-1")]))
+
+    job, _ = read_now(store, "job-1")
+    assert job is not None
+    assert store.errors == 1
+
+
+# ---- events --------------------------------------------------------------------------
+
+
+def test_events_are_read_back_in_sequence_order(store: JobStore) -> None:
+    store.submit(store.insert_op([insert_row("job-1")]))
+    for seq in (2, 0, 1):
+        store.submit(store.event_op("job-1", seq, json.dumps({"seq": seq}).encode()))
+
+    _, events = read_now(store, "job-1")
+
+    assert [json.loads(e)["seq"] for e in events] == [0, 1, 2]
+
+
+def test_events_beyond_the_per_job_bound_are_dropped(path: Path) -> None:
+    store = open_store(path, max_events_per_job=3)
+    try:
+        store.submit(store.insert_op([insert_row("job-1")]))
+        for seq in range(6):
+            store.submit(store.event_op("job-1", seq, f'{{"seq":{seq}}}'.encode()))
+
+        _, events = read_now(store, "job-1")
+    finally:
+        store.close()
+
+    assert events == ['{"seq":0}', '{"seq":1}', '{"seq":2}']
+
+
+# ---- recovery and retention ----------------------------------------------------------
+
+
+def test_reopening_marks_unfinished_jobs_interrupted_with_a_failed_result(path: Path) -> None:
+    # Given a store closed with two jobs received but never finished, and one finished
+    first = open_store(path)
+    first.submit(first.insert_op([insert_row("queued-1"), insert_row("queued-2")]))
+    first.submit(first.result_op(finished_job("done-1"), "200"))
+    flush(first)
+    first.close()
+
+    # When the worker starts again on the same store
+    second = open_store(path)
+    try:
+        queued, _ = read_now(second, "queued-1")
+        done, _ = read_now(second, "done-1")
+    finally:
+        second.close()
+
+    # Then the unfinished jobs end as failed, interrupted; the finished one is untouched
+    assert second.interrupted_on_open == 2
+    assert queued is not None
+    assert (queued.state, queued.status_code) == ("interrupted", "200")
+    assert queued.result is not None
+    entry = json.loads(queued.result)
+    assert entry["failed"] is True and entry["juuid"] == "queued-1" and entry["task"] == "echo"
+    assert "interrupted" in entry["errors"][0]
+    assert done is not None and done.state == "completed"
+
+
+def test_reopening_a_clean_store_interrupts_nothing(path: Path) -> None:
+    first = open_store(path)
+    first.submit(first.result_op(finished_job("done-1"), "200"))
+    first.close()
+
+    second = open_store(path)
+    try:
+        done, _ = read_now(second, "done-1")
+    finally:
+        second.close()
+
+    assert second.interrupted_on_open == 0
+    assert done is not None and done.state == "completed"
+    assert not [p.name for p in path.parent.iterdir() if ".v" in p.name]  # nothing moved aside
+
+
+def test_retention_by_count_prunes_the_oldest_finished_jobs_and_their_events(path: Path) -> None:
+    # Given a store that keeps two finished jobs, holding four, the oldest with events
+    store = open_store(path, retention_count=2)
+    try:
+        base = time.time() - 100
+        for i in range(4):
+            store.submit(store.result_op(finished_job(f"done-{i}", received_at=base + i), "200"))
+        store.submit(store.event_op("done-0", 0, b'{"progress":1}'))
+
+        # When enough new jobs arrive to trigger a prune (a prune runs every 1000 inserts)
+        store.submit(store.insert_op([insert_row(f"new-{i}") for i in range(1000)]))
+        flush(store)
+
+        # Then only the two newest finished jobs remain; received jobs are never pruned
+        remaining = {u: read_now(store, u)[0] is not None for u in ("done-0", "done-1", "done-2", "done-3")}
+        assert remaining == {"done-0": False, "done-1": False, "done-2": True, "done-3": True}
+        assert read_now(store, "new-0")[0] is not None
+        assert read_now(store, "new-999")[0] is not None
+    finally:
+        store.close()
+
+    with sqlite3.connect(path) as conn:
+        orphans = conn.execute("SELECT count(*) FROM events WHERE uuid='done-0'").fetchone()[0]
+    conn.close()
+    assert orphans == 0
+
+
+def test_retention_by_age_prunes_old_finished_jobs_on_open(path: Path) -> None:
+    first = open_store(path)
+    first.submit(first.result_op(finished_job("old", received_at=time.time() - 7200), "200"))
+    first.submit(first.result_op(finished_job("recent"), "200"))
+    first.close()
+
+    second = open_store(path, retention_seconds=3600)
+    try:
+        assert read_now(second, "old")[0] is None
+        assert read_now(second, "recent")[0] is not None
+    finally:
+        second.close()
+
+
+# ---- schema versions -----------------------------------------------------------------
+
+
+def test_store_with_another_schema_version_is_moved_aside_not_misread(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a store file written by another zfab version
+    path.parent.mkdir(parents=True)
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE jobs (uuid TEXT PRIMARY KEY, payload TEXT)")
+        conn.execute("INSERT INTO jobs VALUES ('old-job', 'old format')")
+        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    conn.close()
+
+    # When the store opens
+    with caplog.at_level(logging.WARNING, logger="service.jobstore"):
+        store = open_store(path)
+    try:
+        found, _ = read_now(store, "old-job")
+    finally:
+        store.close()
+
+    # Then the old file is kept aside intact and the new store starts empty at the current version
+    assert found is None
+    aside = [p for p in path.parent.iterdir() if p.name.startswith(f"store.db.v{SCHEMA_VERSION + 1}.")]
+    assert len(aside) == 1
+    with sqlite3.connect(aside[0]) as old:
+        assert old.execute("SELECT payload FROM jobs").fetchall() == [("old format",)]
+    old.close()
+    with sqlite3.connect(path) as new:
+        assert new.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    new.close()
+    assert "moved aside" in caplog.text
+
+
+# ---- backpressure --------------------------------------------------------------------
+
+
+def test_submit_on_a_full_queue_raises_queue_full(path: Path) -> None:
+    # Given a store with room for one queued operation, whose writer is stuck on another
+    store = open_store(path, queue_size=1)
+    started, release = threading.Event(), threading.Event()
+
+    def stuck(conn: sqlite3.Connection) -> None:
+        started.set()
+        release.wait(WAIT)
+
+    try:
+        store.submit(stuck)
+        assert started.wait(WAIT)
+        store.submit(lambda conn: None)  # fills the queue
+
+        # When one more operation is submitted
+        with pytest.raises(queue.Full):
+            store.submit(lambda conn: None, timeout=0.05)
+        assert store.depth() == 1
+    finally:
+        release.set()
+        store.close()

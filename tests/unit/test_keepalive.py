@@ -1,0 +1,165 @@
+"""Keepalive arithmetic, driven by a fake clock: when to send, when the peer's hold time runs out."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.keepalive import DEFAULT_INTERVAL, DEFAULT_MULTIPLIER, KeepAlive
+
+
+class FakeClock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = [start]
+
+    def __call__(self) -> float:
+        return self.now[0]
+
+    def advance(self, seconds: float) -> None:
+        self.now[0] += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def ka(clock: FakeClock) -> KeepAlive:
+    return KeepAlive(interval=2.0, multiplier=3, clock=clock)
+
+
+def test_defaults_are_two_and_a_half_seconds_times_six() -> None:
+    ka = KeepAlive()
+
+    assert (ka.interval, ka.multiplier) == (DEFAULT_INTERVAL, DEFAULT_MULTIPLIER) == (2.5, 6)
+    assert ka.hold_time == 15.0
+
+
+def test_keepalive_is_not_due_until_one_interval_has_passed(ka: KeepAlive, clock: FakeClock) -> None:
+    clock.advance(1.75)
+    assert not ka.due()
+
+    clock.advance(0.25)
+    assert ka.due()
+
+
+def test_marking_a_keepalive_sent_counts_it_and_schedules_the_next_one(ka: KeepAlive, clock: FakeClock) -> None:
+    # Given a keepalive that became due late
+    clock.advance(2.5)
+    assert ka.due()
+
+    # When the owner sends it
+    ka.mark_sent()
+
+    # Then the next one is one interval from now, not from when it was due
+    assert ka.sent == 1
+    assert not ka.due()
+    assert ka.next_due == clock() + 2.0
+    clock.advance(2.0)
+    assert ka.due()
+
+
+def test_peer_expires_after_the_hold_time_without_hearing_from_it(ka: KeepAlive, clock: FakeClock) -> None:
+    assert ka.hold_time == 6.0
+
+    clock.advance(5.75)
+    assert ka.is_alive() and not ka.expired()
+
+    clock.advance(0.25)
+    assert ka.expired() and not ka.is_alive()
+
+
+def test_hearing_from_the_peer_extends_expiry_by_interval_times_multiplier(ka: KeepAlive, clock: FakeClock) -> None:
+    # Given a peer heard four seconds in
+    clock.advance(4.0)
+    ka.heard()
+
+    # Then it stays alive for a full hold time from that moment
+    assert ka.expires_at == clock() + 6.0
+    clock.advance(5.75)
+    assert ka.is_alive()
+    clock.advance(0.25)
+    assert ka.expired()
+
+
+def test_only_keepalive_frames_are_counted_as_received(ka: KeepAlive, clock: FakeClock) -> None:
+    ka.heard()
+    ka.heard(keepalive=False)
+    ka.heard(keepalive=False)
+
+    assert ka.received == 1
+
+
+def test_any_frame_from_the_peer_keeps_it_alive_even_when_not_counted(ka: KeepAlive, clock: FakeClock) -> None:
+    clock.advance(5.0)
+    ka.heard(keepalive=False)
+
+    clock.advance(5.0)
+
+    assert ka.is_alive()
+    assert ka.received == 0
+
+
+def test_reset_zeroes_counters_and_restarts_timers_from_now(ka: KeepAlive, clock: FakeClock) -> None:
+    # Given a keepalive that has traffic behind it and an expired peer
+    ka.heard()
+    ka.mark_sent()
+    clock.advance(30.0)
+    assert ka.expired()
+
+    # When the connection starts afresh
+    ka.reset()
+
+    # Then
+    assert (ka.sent, ka.received) == (0, 0)
+    assert ka.is_alive()
+    assert ka.alive_for() == 0.0
+    assert ka.next_due == clock() + 2.0
+    assert ka.hold_time_left() == 6.0
+
+
+def test_hold_time_left_counts_down_and_stops_at_zero(ka: KeepAlive, clock: FakeClock) -> None:
+    assert ka.hold_time_left() == 6.0
+
+    clock.advance(2.5)
+    assert ka.hold_time_left() == 3.5
+
+    clock.advance(100.0)
+    assert ka.hold_time_left() == 0.0
+
+
+def test_alive_for_measures_time_since_the_last_reset(ka: KeepAlive, clock: FakeClock) -> None:
+    clock.advance(7.0)
+    ka.heard()
+    assert ka.alive_for() == 7.0
+
+    ka.reset()
+    clock.advance(1.5)
+    assert ka.alive_for() == 1.5
+
+
+def test_next_deadline_is_the_next_send_while_the_peer_is_fresh(ka: KeepAlive, clock: FakeClock) -> None:
+    assert ka.next_deadline() == clock() + 2.0
+
+
+def test_next_deadline_is_the_expiry_when_it_comes_before_the_next_send(clock: FakeClock) -> None:
+    # Given a multiplier of one, expiry and send coincide; after a send, expiry comes first
+    ka = KeepAlive(interval=2.0, multiplier=1, clock=clock)
+    clock.advance(1.0)
+    ka.mark_sent()  # next send at +3.0; expiry still at +2.0
+
+    assert ka.next_deadline() == ka.expires_at == clock() + 1.0
+
+
+@pytest.mark.parametrize("interval", [0.0, -1.0])
+def test_non_positive_interval_is_rejected(interval: float) -> None:
+    with pytest.raises(ValueError, match="interval"):
+        KeepAlive(interval=interval)
+
+
+@pytest.mark.parametrize("multiplier", [0, -3])
+def test_multiplier_below_one_is_rejected(multiplier: int) -> None:
+    with pytest.raises(ValueError, match="multiplier"):
+        KeepAlive(multiplier=multiplier)

@@ -1,0 +1,510 @@
+"""NFP frames: every encoder round-trips through its decoder; bad input is a ProtocolError, never a crash."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import PurePosixPath
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service import protocol as nfp
+
+REASONS = {"frame_count", "delimiter", "header", "command", "json", "oversize", "field", "status", "type"}
+
+POST_BODY = nfp.dumps({"task": "echo", "args": [1], "kwargs": {"x": "y"}})
+
+
+def reason_of(decoder: Any, frames: list[Any], **kw: Any) -> str:
+    with pytest.raises(nfp.ProtocolError) as info:
+        decoder(frames, **kw)
+    return info.value.reason
+
+
+# ---- round trips -------------------------------------------------------------------
+
+
+def test_client_request_without_flags_round_trips_with_empty_flags() -> None:
+    # Given a POST as a NorFab client sends it: seven frames, no flags frame
+    frames = nfp.client_request(nfp.POST, b"demo", b"any", b"job-1", POST_BODY)
+
+    # When the broker decodes it
+    req = nfp.decode_client(frames)
+
+    # Then every field comes back and the flags are empty
+    assert len(frames) == 7
+    assert req == nfp.ClientRequest(nfp.POST, b"demo", b"any", b"job-1", POST_BODY, {})
+
+
+def test_client_request_with_flags_round_trips_the_flags_object() -> None:
+    frames = nfp.client_request(nfp.POST, b"demo", b"all", b"job-2", POST_BODY, nfp.dumps({"push": True, "ack": False}))
+
+    req = nfp.decode_client(frames)
+
+    assert len(frames) == 8
+    assert req.flags == {"push": True, "ack": False}
+    assert (req.command, req.service, req.target, req.uuid, req.body) == (
+        nfp.POST,
+        b"demo",
+        b"all",
+        b"job-2",
+        POST_BODY,
+    )
+
+
+@pytest.mark.parametrize("command", [nfp.READY, nfp.KEEPALIVE, nfp.DISCONNECT])
+def test_worker_control_without_stats_round_trips_with_no_stats(command: bytes) -> None:
+    msg = nfp.decode_worker(nfp.worker_control(command, b"demo"))
+
+    assert msg == nfp.WorkerControl(command, b"demo", None)
+
+
+def test_worker_keepalive_with_stats_round_trips_the_stats_object() -> None:
+    frames = nfp.worker_control(nfp.KEEPALIVE, b"demo", nfp.dumps({"queued": 3, "running": 1}))
+
+    msg = nfp.decode_worker(frames)
+
+    assert msg == nfp.WorkerControl(nfp.KEEPALIVE, b"demo", {"queued": 3, "running": 1})
+
+
+@pytest.mark.parametrize("command", sorted(nfp.WORKER_REPLY_COMMANDS))
+def test_worker_reply_round_trips(command: bytes) -> None:
+    frames = nfp.worker_reply(command, b"client-a", b"job-1", nfp.ST_OK, b'{"w1":{"result":1}}')
+
+    msg = nfp.decode_worker(frames)
+
+    assert msg == nfp.WorkerReply(command, b"client-a", b"job-1", nfp.ST_OK, b'{"w1":{"result":1}}')
+
+
+@pytest.mark.parametrize("command", sorted(nfp.BROKER_JOB_COMMANDS))
+def test_broker_job_round_trips_as_the_workers_dealer_sees_it(command: bytes) -> None:
+    # Given the frames the broker's ROUTER sends: the worker identity first
+    frames = nfp.broker_job(b"w1", command, b"client-a", b"job-1", POST_BODY)
+    assert frames[0] == b"w1"
+
+    # When the worker's DEALER receives them (the identity is consumed by the ROUTER)
+    msg = nfp.decode_broker_to_worker(frames[1:])
+
+    # Then
+    assert msg == nfp.BrokerJob(command, b"client-a", b"job-1", POST_BODY)
+
+
+@pytest.mark.parametrize("command", [nfp.KEEPALIVE, nfp.DISCONNECT])
+def test_broker_control_round_trips_as_the_workers_dealer_sees_it(command: bytes) -> None:
+    frames = nfp.broker_control(b"w1", command, b"demo")
+
+    msg = nfp.decode_broker_to_worker(frames[1:])
+
+    assert frames[0] == b"w1"
+    assert msg == nfp.BrokerControl(command, b"demo")
+
+
+@pytest.mark.parametrize("status", sorted(nfp.KNOWN_STATUSES))
+def test_broker_reply_round_trips_as_the_clients_dealer_sees_it(status: bytes) -> None:
+    frames = nfp.broker_reply(b"client-a", nfp.RESPONSE, b"demo", b"job-1", status, b"{}")
+
+    msg = nfp.decode_broker_to_client(frames[1:])
+
+    assert frames[0] == b"client-a"
+    assert msg == nfp.BrokerReply(nfp.RESPONSE, b"demo", b"job-1", status, b"{}")
+
+
+def test_stream_reply_may_carry_any_status_frame() -> None:
+    # STREAM reuses the status frame for its own bookkeeping, so it is not checked
+    frames = nfp.broker_reply(b"c", nfp.STREAM, b"demo", b"job-1", b"chunk-7", b"data")
+
+    assert nfp.decode_broker_to_client(frames[1:]).status == b"chunk-7"
+
+
+def test_decoders_accept_read_only_memoryview_frames_and_return_bytes_fields() -> None:
+    frames = [memoryview(f) for f in nfp.worker_reply(nfp.RESPONSE, b"c", b"job-1", nfp.ST_OK, b"{}")]
+
+    msg = nfp.decode_worker(frames)  # type: ignore[arg-type]
+
+    assert isinstance(msg, nfp.WorkerReply)
+    assert (msg.client, msg.uuid, msg.status, msg.payload) == (b"c", b"job-1", nfp.ST_OK, b"{}")
+    assert all(type(v) is bytes for v in (msg.client, msg.uuid, msg.status, msg.payload))
+
+
+# ---- malformed input: each has its reason --------------------------------------------
+
+
+@pytest.mark.parametrize("n", [0, 1, 2])
+def test_fewer_than_three_frames_are_rejected_by_every_decoder(n: int) -> None:
+    frames = [b"", nfp.CLIENT][:n]
+    for decoder in (nfp.decode_client, nfp.decode_worker, nfp.decode_broker_to_worker, nfp.decode_broker_to_client):
+        assert reason_of(decoder, frames) == "frame_count"
+
+
+def test_client_request_with_six_frames_is_rejected() -> None:
+    frames = nfp.client_request(nfp.POST, b"demo", b"any", b"job-1", POST_BODY)[:6]
+
+    assert reason_of(nfp.decode_client, frames) == "frame_count"
+
+
+def test_client_request_with_nine_frames_is_rejected() -> None:
+    frames = [*nfp.client_request(nfp.POST, b"demo", b"any", b"job-1", POST_BODY, b"{}"), b"extra"]
+
+    assert reason_of(nfp.decode_client, frames) == "frame_count"
+
+
+def test_client_request_without_empty_delimiter_is_rejected() -> None:
+    frames = nfp.client_request(nfp.POST, b"demo", b"any", b"job-1", POST_BODY)
+    frames[0] = b"x"
+
+    assert reason_of(nfp.decode_client, frames) == "delimiter"
+
+
+def test_worker_frames_sent_to_the_client_decoder_are_rejected_by_header() -> None:
+    frames = nfp.worker_reply(nfp.RESPONSE, b"c", b"job-1", nfp.ST_OK, b"{}")[:7]
+
+    assert reason_of(nfp.decode_client, frames) == "header"
+
+
+def test_unknown_command_is_rejected() -> None:
+    frames = nfp.client_request(b"0x99", b"demo", b"any", b"job-1", POST_BODY)
+
+    assert reason_of(nfp.decode_client, frames) == "command"
+
+
+@pytest.mark.parametrize("command", [nfp.READY, nfp.RESPONSE, nfp.EVENT, nfp.STREAM])
+def test_client_may_not_send_worker_commands(command: bytes) -> None:
+    frames = nfp.client_request(command, b"demo", b"any", b"job-1", POST_BODY)
+
+    assert reason_of(nfp.decode_client, frames) == "command"
+
+
+def test_client_flags_frame_that_is_not_json_is_rejected() -> None:
+    frames = nfp.client_request(nfp.POST, b"demo", b"any", b"job-1", POST_BODY, b"{not json")
+
+    assert reason_of(nfp.decode_client, frames) == "json"
+
+
+def test_client_flags_frame_that_is_not_utf8_is_rejected() -> None:
+    frames = nfp.client_request(nfp.POST, b"demo", b"any", b"job-1", POST_BODY, b"\xff\xfe\xfd")
+
+    assert reason_of(nfp.decode_client, frames) == "json"
+
+
+def test_client_flags_frame_that_is_a_json_list_is_rejected() -> None:
+    frames = nfp.client_request(nfp.POST, b"demo", b"any", b"job-1", POST_BODY, b"[1,2]")
+
+    assert reason_of(nfp.decode_client, frames) == "json"
+
+
+def test_message_larger_than_the_limit_is_rejected_as_oversize() -> None:
+    frames = nfp.client_request(nfp.POST, b"demo", b"any", b"job-1", b"x" * 100)
+
+    assert reason_of(nfp.decode_client, frames, max_bytes=99) == "oversize"
+    assert nfp.decode_client(frames, max_bytes=200).body == b"x" * 100
+
+
+def test_service_name_longer_than_the_limit_is_rejected() -> None:
+    long_name = b"s" * (nfp.MAX_NAME_BYTES + 1)
+    frames = nfp.client_request(nfp.POST, long_name, b"any", b"job-1", POST_BODY)
+
+    assert reason_of(nfp.decode_client, frames) == "field"
+    assert nfp.decode_client(nfp.client_request(nfp.POST, long_name[:-1], b"any", b"j", b"")).service == long_name[:-1]
+
+
+def test_uuid_longer_than_the_limit_is_rejected() -> None:
+    frames = nfp.client_request(nfp.POST, b"demo", b"any", b"u" * (nfp.MAX_UUID_BYTES + 1), POST_BODY)
+
+    assert reason_of(nfp.decode_client, frames) == "field"
+
+
+@pytest.mark.parametrize("bad", ["text", 42, None, ["nested"]])
+def test_frame_that_is_not_bytes_is_rejected_by_type(bad: Any) -> None:
+    frames: list[Any] = nfp.client_request(nfp.POST, b"demo", b"any", b"job-1", POST_BODY)
+    frames[6] = bad
+
+    assert reason_of(nfp.decode_client, frames) == "type"
+
+
+def test_worker_reply_without_empty_delimiter_is_rejected() -> None:
+    frames = nfp.worker_reply(nfp.RESPONSE, b"c", b"job-1", nfp.ST_OK, b"{}")
+    frames[4] = b"not-empty"
+
+    assert reason_of(nfp.decode_worker, frames) == "delimiter"
+
+
+def test_worker_reply_with_seven_frames_is_rejected() -> None:
+    frames = nfp.worker_reply(nfp.RESPONSE, b"c", b"job-1", nfp.ST_OK, b"{}")[:7]
+
+    assert reason_of(nfp.decode_worker, frames) == "frame_count"
+
+
+def test_worker_control_with_extra_frames_is_rejected() -> None:
+    frames = [*nfp.worker_control(nfp.KEEPALIVE, b"demo", b"{}"), b"extra"]
+
+    assert reason_of(nfp.decode_worker, frames) == "frame_count"
+
+
+def test_worker_ready_without_service_frame_is_rejected() -> None:
+    assert reason_of(nfp.decode_worker, nfp.worker_control(nfp.READY, b"demo")[:3]) == "frame_count"
+
+
+def test_worker_keepalive_stats_that_are_not_a_json_object_are_rejected() -> None:
+    assert reason_of(nfp.decode_worker, nfp.worker_control(nfp.KEEPALIVE, b"demo", b"[1]")) == "json"
+    assert reason_of(nfp.decode_worker, nfp.worker_control(nfp.KEEPALIVE, b"demo", b"{oops")) == "json"
+
+
+def test_worker_ready_with_overlong_service_is_rejected() -> None:
+    frames = nfp.worker_control(nfp.READY, b"s" * (nfp.MAX_NAME_BYTES + 1))
+
+    assert reason_of(nfp.decode_worker, frames) == "field"
+
+
+def test_worker_reply_with_overlong_uuid_is_rejected() -> None:
+    frames = nfp.worker_reply(nfp.RESPONSE, b"c", b"u" * (nfp.MAX_UUID_BYTES + 1), nfp.ST_OK, b"{}")
+
+    assert reason_of(nfp.decode_worker, frames) == "field"
+
+
+@pytest.mark.parametrize("command", [nfp.POST, nfp.GET, nfp.OPEN])
+def test_worker_may_not_send_client_commands(command: bytes) -> None:
+    frames = [b"", nfp.WORKER, command, b"demo"]
+
+    assert reason_of(nfp.decode_worker, frames) == "command"
+
+
+def test_broker_keepalive_with_extra_frame_is_rejected() -> None:
+    frames = [*nfp.broker_control(b"w1", nfp.KEEPALIVE, b"demo")[1:], b"extra"]
+
+    assert reason_of(nfp.decode_broker_to_worker, frames) == "frame_count"
+
+
+def test_broker_job_missing_its_body_is_rejected() -> None:
+    frames = nfp.broker_job(b"w1", nfp.POST, b"c", b"job-1", POST_BODY)[1:-1]
+
+    assert reason_of(nfp.decode_broker_to_worker, frames) == "frame_count"
+
+
+def test_broker_job_without_empty_delimiter_is_rejected() -> None:
+    frames = nfp.broker_job(b"w1", nfp.POST, b"c", b"job-1", POST_BODY)[1:]
+    frames[4] = b"x"
+
+    assert reason_of(nfp.decode_broker_to_worker, frames) == "delimiter"
+
+
+def test_broker_to_worker_with_a_reply_command_is_rejected() -> None:
+    frames = nfp.broker_job(b"w1", nfp.RESPONSE, b"c", b"job-1", b"{}")[1:]
+
+    assert reason_of(nfp.decode_broker_to_worker, frames) == "command"
+
+
+def test_broker_to_worker_with_client_header_is_rejected() -> None:
+    frames = nfp.broker_control(b"w1", nfp.KEEPALIVE, b"demo")[1:]
+    frames[1] = nfp.CLIENT
+
+    assert reason_of(nfp.decode_broker_to_worker, frames) == "header"
+
+
+def test_broker_reply_with_unknown_status_is_rejected() -> None:
+    frames = nfp.broker_reply(b"c", nfp.RESPONSE, b"demo", b"job-1", b"299", b"{}")[1:]
+
+    assert reason_of(nfp.decode_broker_to_client, frames) == "status"
+
+
+def test_broker_reply_with_a_job_command_is_rejected() -> None:
+    frames = nfp.broker_reply(b"c", nfp.POST, b"demo", b"job-1", nfp.ST_OK, b"{}")[1:]
+
+    assert reason_of(nfp.decode_broker_to_client, frames) == "command"
+
+
+def test_broker_reply_with_six_frames_is_rejected() -> None:
+    frames = nfp.broker_reply(b"c", nfp.RESPONSE, b"demo", b"job-1", nfp.ST_OK, b"{}")[1:-1]
+
+    assert reason_of(nfp.decode_broker_to_client, frames) == "frame_count"
+
+
+def test_protocol_error_message_carries_reason_and_detail() -> None:
+    err = nfp.ProtocolError("header", "header b'XX', expected b'NFPC01'")
+
+    assert (err.reason, err.detail) == ("header", "header b'XX', expected b'NFPC01'")
+    assert str(err) == "header: header b'XX', expected b'NFPC01'"
+
+
+# ---- inputs that must stay ProtocolErrors: known bugs ---------------------------------
+
+
+def test_deeply_nested_flags_frame_is_rejected_as_json() -> None:
+    frames = nfp.client_request(nfp.POST, b"demo", b"any", b"job-1", POST_BODY, b"[" * 100_000)
+
+    assert reason_of(nfp.decode_client, frames) == "json"
+
+
+def test_deeply_nested_keepalive_stats_are_rejected_as_json() -> None:
+    frames = nfp.worker_control(nfp.KEEPALIVE, b"demo", b'{"a":' * 100_000)
+
+    assert reason_of(nfp.decode_worker, frames) == "json"
+
+
+def test_bytearray_frames_decode_like_bytes() -> None:
+    frames = [bytearray(f) for f in nfp.client_request(nfp.POST, b"demo", b"any", b"job-1", POST_BODY)]
+
+    req = nfp.decode_client(frames)  # type: ignore[arg-type]
+
+    assert req.command == nfp.POST
+    assert type(req.command) is bytes
+
+
+# ---- parse_target and dumps ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("raw", "parsed"), [(b"any", "any"), (b"all", "all"), (b"worker-1", "worker-1")])
+def test_target_keyword_or_worker_name_parses_to_a_string(raw: bytes, parsed: str) -> None:
+    assert nfp.parse_target(raw) == parsed
+
+
+def test_target_json_list_parses_to_names() -> None:
+    assert nfp.parse_target(b'["w1", "w2"]') == ["w1", "w2"]
+    assert nfp.parse_target(b"[]") == []
+
+
+@pytest.mark.parametrize("raw", [b"[w1, w2", b'["w1", 2]', b'[{"name": "w1"}]', b"[\xff]", b"\xff\xfe"])
+def test_target_that_is_bad_json_or_not_names_or_not_utf8_is_rejected(raw: bytes) -> None:
+    with pytest.raises(nfp.ProtocolError) as info:
+        nfp.parse_target(raw)
+
+    assert info.value.reason == "target"
+
+
+def test_deeply_nested_target_list_is_rejected() -> None:
+    with pytest.raises(nfp.ProtocolError) as info:
+        nfp.parse_target(b"[" * 100_000)
+
+    assert info.value.reason == "target"
+
+
+def test_dumps_is_compact_json_that_round_trips_text() -> None:
+    raw = nfp.dumps({"a": [1, 2], "name": "café"})
+
+    assert raw.startswith(b'{"a":[1,2],"name":')
+    assert json.loads(raw.decode("utf-8")) == {"a": [1, 2], "name": "café"}
+
+
+def test_dumps_turns_non_json_objects_into_their_str() -> None:
+    when = dt.datetime(2024, 5, 1, 12, 30, tzinfo=dt.UTC)
+
+    raw = nfp.dumps({"when": when, "path": PurePosixPath("/tmp/x"), "blob": b"\x00"})
+
+    assert json.loads(raw) == {"when": str(when), "path": "/tmp/x", "blob": str(b"\x00")}
+
+
+# ---- property tests: any frames decode or raise ProtocolError --------------------------
+
+# Frames a fuzzer should try at each position: the protocol's own tokens reach the deep branches.
+TOKENS = st.sampled_from(
+    [
+        b"",
+        nfp.CLIENT,
+        nfp.WORKER,
+        nfp.BROKER,
+        *nfp.COMMAND_NAMES,
+        *nfp.KNOWN_STATUSES,
+        b"999",
+        b"{}",
+        b'{"push":true}',
+        b"[1]",
+        b"null",
+        b"{",
+        b"\xff",
+        b"x" * (nfp.MAX_UUID_BYTES + 1),
+        b"x" * (nfp.MAX_NAME_BYTES + 1),
+    ]
+)
+ANY_FRAME = st.one_of(TOKENS, st.binary(max_size=32))
+ODD_FRAME = st.one_of(st.text(max_size=4), st.integers(), st.none())
+
+VALID = {
+    "client": [
+        nfp.client_request(nfp.POST, b"demo", b"any", b"job-1", POST_BODY),
+        nfp.client_request(nfp.GET, b"demo", b'["w1"]', b"job-1", b"{}", b'{"ack":false}'),
+        nfp.client_request(nfp.KEEPALIVE, nfp.MMI_SERVICE, b"", b"", b""),
+    ],
+    "worker": [
+        nfp.worker_control(nfp.READY, b"demo"),
+        nfp.worker_control(nfp.KEEPALIVE, b"demo", b'{"queued":1}'),
+        nfp.worker_reply(nfp.RESPONSE, b"c", b"job-1", nfp.ST_OK, b"{}"),
+        nfp.worker_reply(nfp.EVENT, b"c", b"job-1", nfp.ST_OK, b"{}"),
+    ],
+    "broker_to_worker": [
+        nfp.broker_job(b"w1", nfp.POST, b"c", b"job-1", POST_BODY)[1:],
+        nfp.broker_control(b"w1", nfp.KEEPALIVE, b"demo")[1:],
+        nfp.broker_control(b"w1", nfp.DISCONNECT, b"demo")[1:],
+    ],
+    "broker_to_client": [
+        nfp.broker_reply(b"c", nfp.RESPONSE, b"demo", b"job-1", nfp.ST_DISPATCHED, b"{}")[1:],
+        nfp.broker_reply(b"c", nfp.STREAM, b"demo", b"job-1", b"any", b"data")[1:],
+        nfp.broker_reply(b"c", nfp.KEEPALIVE, nfp.MMI_SERVICE, b"", nfp.ST_OK, b"")[1:],
+    ],
+}
+
+
+@st.composite
+def frames_near(draw: st.DrawFn, valid: list[list[bytes]]) -> list[Any]:
+    """A valid message with some frames replaced, cut short or extended, or pure noise."""
+    base = draw(st.sampled_from(valid))
+    n = draw(st.one_of(st.just(len(base)), st.integers(0, 10)))  # mostly the right length
+    frames: list[Any] = []
+    for i in range(n):
+        keep = i < len(base) and draw(st.integers(0, 5)) > 0  # mostly keep the valid frame
+        frames.append(base[i] if keep else draw(ANY_FRAME))
+    if draw(st.integers(0, 20)) == 0:
+        frames.append(draw(ODD_FRAME))
+    return frames
+
+
+MAX_BYTES = st.integers(0, 4).flatmap(lambda k: st.integers(0, 300) if k == 0 else st.just(nfp.DEFAULT_MAX_FRAME_BYTES))
+BOUNDED = settings(max_examples=300, deadline=None)
+
+
+def decodes_or_raises_protocol_error(decoder: Any, frames: list[Any], max_bytes: int, types: tuple[type, ...]) -> None:
+    try:
+        msg = decoder(frames, max_bytes)
+    except nfp.ProtocolError as exc:
+        assert exc.reason in REASONS
+    else:
+        assert isinstance(msg, types)
+
+
+@BOUNDED
+@given(frames=frames_near(VALID["client"]), max_bytes=MAX_BYTES)
+def test_any_frames_from_a_client_decode_or_raise_protocol_error(frames: list[Any], max_bytes: int) -> None:
+    decodes_or_raises_protocol_error(nfp.decode_client, frames, max_bytes, (nfp.ClientRequest,))
+
+
+@BOUNDED
+@given(frames=frames_near(VALID["worker"]), max_bytes=MAX_BYTES)
+def test_any_frames_from_a_worker_decode_or_raise_protocol_error(frames: list[Any], max_bytes: int) -> None:
+    decodes_or_raises_protocol_error(nfp.decode_worker, frames, max_bytes, (nfp.WorkerControl, nfp.WorkerReply))
+
+
+@BOUNDED
+@given(frames=frames_near(VALID["broker_to_worker"]), max_bytes=MAX_BYTES)
+def test_any_frames_from_the_broker_to_a_worker_decode_or_raise_protocol_error(
+    frames: list[Any], max_bytes: int
+) -> None:
+    decodes_or_raises_protocol_error(nfp.decode_broker_to_worker, frames, max_bytes, (nfp.BrokerJob, nfp.BrokerControl))
+
+
+@BOUNDED
+@given(frames=frames_near(VALID["broker_to_client"]), max_bytes=MAX_BYTES)
+def test_any_frames_from_the_broker_to_a_client_decode_or_raise_protocol_error(
+    frames: list[Any], max_bytes: int
+) -> None:
+    decodes_or_raises_protocol_error(nfp.decode_broker_to_client, frames, max_bytes, (nfp.BrokerReply,))
+
+
+@BOUNDED
+@given(frames=st.lists(st.one_of(ANY_FRAME, ODD_FRAME), max_size=10))
+def test_any_frames_at_all_never_escape_any_decoder_as_another_exception(frames: list[Any]) -> None:
+    for decoder in (nfp.decode_client, nfp.decode_worker, nfp.decode_broker_to_worker, nfp.decode_broker_to_client):
+        try:
+            decoder(frames)
+        except nfp.ProtocolError as exc:
+            assert exc.reason in REASONS

@@ -78,7 +78,7 @@ def test_unknown_service_task_and_bad_arguments_are_clear_errors(tmp_path: Path)
                 c.run_job("demo", "echo", workers="ghost", timeout=5)
             with pytest.raises(BadRequestError, match="task 'nosuch' is not a task of service 'demo'"):
                 c.run_job("demo", "nosuch", timeout=5)
-            with pytest.raises(BadRequestError, match="bad arguments for task 'add'.*a:"):
+            with pytest.raises(BadRequestError, match=r"bad arguments for task 'add'.*a:"):
                 c.run_job("demo", "add", kwargs={"a": "not a number", "b": 1}, timeout=5)
             with pytest.raises(BadRequestError, match="b"):
                 c.run_job("demo", "add", kwargs={"a": 1}, timeout=5)

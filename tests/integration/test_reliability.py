@@ -149,7 +149,9 @@ def test_a_restarted_worker_still_answers_for_its_stored_jobs(tmp_path: Path) ->
 
 frames_strategy = st.lists(st.binary(max_size=40), min_size=0, max_size=9).map(lambda fs: fs or [b""])
 prefixed = st.tuples(
-    st.sampled_from([[], [b""], [b"", b"NFPC01"], [b"", b"NFPW01"], [b"", b"NFPC01", b"0x04"], [b"", b"NFPW01", b"0x05"]]),
+    st.sampled_from(
+        [[], [b""], [b"", b"NFPC01"], [b"", b"NFPW01"], [b"", b"NFPC01", b"0x04"], [b"", b"NFPW01", b"0x05"]]
+    ),
     st.lists(st.binary(max_size=20), max_size=6),
 ).map(lambda t: (t[0] + t[1]) or [b""])
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from fabric import Fabric, fabric, wait_for  # noqa: E402
-from norfab_env import last_failure_reason, norfab_python, run_driver  # noqa: E402
+from fabric import Fabric, fabric, wait_for
+from norfab_env import last_failure_reason, norfab_python, run_driver
 
-from service import Client, Settings  # noqa: E402
+from service import Client, Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.interop, pytest.mark.timeout(300)]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -305,3 +306,20 @@ def test_sigterm_stops_a_worker_cleanly_and_the_broker_forgets_it(tmp_path: Path
             f.procs["w1"].wait(10)
             # DISCONNECT on the way out: gone at once, not after the 6 s hold time
             wait_for(lambda: "w1" not in {w["name"] for w in c.mmi("show_workers")}, 3, what="w1 forgotten")
+
+
+def test_zfab_up_starts_a_fabric_and_ctrl_c_stops_it_all(tmp_path: Path) -> None:
+    with fabric(tmp_path) as f:
+        up = f.start("up", "up", "--workers", "2", "--api-port", "0", "--endpoint", f.endpoint)
+        with client_for(f) as c:
+            ready(f, c, {"demo-1", "demo-2"})
+            assert set(c.run_job("demo", "echo", kwargs={"data": 1}, workers="all", timeout=10)) == {"demo-1", "demo-2"}
+        f.signal("up", signal.SIGINT)
+        assert up.wait(20) == 0
+        # no child is left behind: nothing listens on the broker's port any more
+
+        def port_closed() -> bool:
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", f.port)) != 0
+
+        wait_for(port_closed, 10, what="broker gone")

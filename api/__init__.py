@@ -1,0 +1,1 @@
+"""The HTTP control plane: `api.app.create_app()` builds the FastAPI app; `zfab api` runs it (api.server)."""

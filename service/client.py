@@ -198,9 +198,12 @@ class Client:
 
     def mmi(self, task: str, timeout: float = 5.0, **kwargs: Any) -> Any:
         """Ask the broker's management interface, e.g. mmi("show_workers")."""
+        return self.mmi_future(task, timeout, **kwargs).result(timeout + 5.0)["result"]
+
+    def mmi_future(self, task: str, timeout: float = 5.0, **kwargs: Any) -> JobFuture:
+        """mmi() without blocking: the future resolves to {"result": answer} (for event loops)."""
         body = nfp.dumps({"task": task, "kwargs": kwargs})
-        fut = self._submit(nfp.MMI_SERVICE, b"any", body, timeout, mmi=True)
-        return fut.result(timeout + 5.0)["result"]
+        return self._submit(nfp.MMI_SERVICE, b"any", body, timeout, mmi=True)
 
     def get_job(self, uuid: str) -> JobFuture | None:
         job = self._jobs.get(uuid)

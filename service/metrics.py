@@ -209,7 +209,9 @@ class WorkerCollector(Collector):
 class ClientMetrics(Collector):
     """A client's queues and connection, plus job latency histograms it observes."""
 
-    def __init__(self, client: Client, registry: CollectorRegistry) -> None:
+    def __init__(self, client: Client, registry: CollectorRegistry, *, register: bool = True) -> None:
+        """`register=False` leaves this collector out of `registry` (the histograms still go in), for a
+        caller that merges its families with another collector's, as the API does with the fabric's."""
         self.client = client
         self.duration = Histogram(
             "zfab_job_duration_seconds",
@@ -225,7 +227,8 @@ class ClientMetrics(Collector):
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        registry.register(self)
+        if register:
+            registry.register(self)
         client.on_complete = self.observe
 
     def observe(self, fut: JobFuture, service: str, outcome: str, results: dict[str, Any] | None) -> None:

@@ -1,0 +1,118 @@
+"""The FastAPI app: `create_app()` builds it; its lifespan owns the one `service.Client`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from service.client import Client
+from service.metrics import ClientMetrics, FabricCollector, version
+
+from . import jobs, mmi, ops, problems
+from .auth import TokenSet
+from .fabric import FabricView
+from .jobtable import JobTable
+from .middleware import BodyLimitMiddleware, HttpMetrics, MetricsMiddleware
+from .settings import ApiSettings
+from .state import ApiState
+
+log = logging.getLogger(__name__)
+
+# A full client queue blocks submit() for up to this long. On the event loop every request
+# would stall with it, so the API waits briefly and answers 503 + Retry-After instead.
+API_SUBMIT_TIMEOUT = 0.05
+
+TAGS = [
+    {"name": "jobs", "description": "Submit jobs, wait for them, read their results, cancel them"},
+    {"name": "mmi", "description": "The broker's management interface: workers, services, tasks"},
+    {"name": "ops", "description": "Health, readiness and Prometheus metrics (no auth)"},
+]
+
+
+class MergedCollector(Collector):
+    """Collects several collectors as one, merging families they share.
+
+    The client and the fabric both report `zfab_queue_depth` (different hops); a
+    registry that output the family twice would break the exposition format.
+    """
+
+    def __init__(self, collectors: Iterable[Collector]) -> None:
+        self.collectors = list(collectors)
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for collector in self.collectors:
+            for family in collector.collect():
+                if family.name in merged:
+                    merged[family.name].samples.extend(family.samples)
+                else:
+                    merged[family.name] = family
+        yield from merged.values()
+
+
+class ZfabAPI(FastAPI):
+    def openapi(self) -> dict[str, Any]:
+        schema = super().openapi()
+        problems.add_problem_schema(schema)
+        return schema
+
+
+def create_app(settings: ApiSettings | None = None) -> FastAPI:
+    """A new app with its own metrics registry (so several can live in one process)."""
+    s = settings or ApiSettings()
+    tokens = TokenSet(s.token_list())
+    # From here on only the digests: the settings the app keeps no longer carry the tokens.
+    s = s.model_copy(update={"api_tokens": ""})
+    registry = CollectorRegistry()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client_settings = s.model_copy(update={"submit_timeout": min(s.submit_timeout, API_SUBMIT_TIMEOUT)})
+        client = Client(broker=s.broker, name="api", settings=client_settings)
+        client.start()
+        # Merged with the fabric's families: both export zfab_queue_depth, and a family may appear once.
+        client_metrics = ClientMetrics(client, registry, register=False)
+        view = FabricView(client, s.mmi_cache_seconds)
+        merged = MergedCollector([client_metrics, FabricCollector(view.snapshot, role="api")])
+        registry.register(merged)
+        app.state.zfab = ApiState(settings=s, client=client, jobs=JobTable(s.job_history), fabric=view)
+        if not tokens:
+            log.warning("no ZFAB_API_TOKENS configured: the API serves loopback clients only, without auth")
+        log.info("zfab api: broker %s", s.broker)
+        try:
+            yield
+        finally:
+            app.state.zfab = None
+            for collector in (merged, client_metrics.duration, client_metrics.hop):
+                registry.unregister(collector)
+            await asyncio.to_thread(client.close)  # flushes within the loop's linger bound
+            log.info("zfab api: fabric client closed")
+
+    app = ZfabAPI(
+        title="zfab",
+        version=version(),
+        summary="HTTP control plane of the zfab job fabric",
+        description="Submit jobs to the fabric's workers and read their results as dictionaries keyed by worker "
+        "name; inspect the fabric (MMI); scrape Prometheus metrics. Errors are `application/problem+json`.",
+        openapi_tags=TAGS,
+        lifespan=lifespan,
+    )
+    app.state.registry = registry
+    app.state.tokens = tokens
+    app.state.zfab = None
+    problems.install(app)
+    app.include_router(jobs.router)
+    app.include_router(mmi.router)
+    app.include_router(ops.router)
+    # The last middleware added is the outermost: metrics see every answer, 413s included.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=s.max_request_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=HttpMetrics(registry))
+    return app

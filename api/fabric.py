@@ -1,0 +1,82 @@
+"""Bridges from the client's thread world into the event loop: awaiting jobs and asking MMI.
+
+The client's futures complete on its owner thread; handlers await them here without ever
+blocking the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from service.client import Client
+from service.clientjob import JobFuture
+from service.errors import BrokerUnavailableError
+
+MMI_TIMEOUT = 2.0
+METRICS_MMI_TIMEOUT = 1.0
+
+
+async def wait_done(future: JobFuture, timeout: float) -> bool:
+    """Wait up to `timeout` seconds for the job to finish; True when it did. Never cancels the job."""
+    if future.done():
+        return True
+    if timeout <= 0:
+        return False
+    # wrap_future propagates cancellation to the concurrent future: without the shield, a wait
+    # that times out (or a caller that hangs up) would cancel the job's future for everyone.
+    try:
+        await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout)
+    except TimeoutError:
+        return False
+    except Exception:
+        pass  # the job ended with an error; the caller reads it from the future
+    return True
+
+
+async def mmi(client: Client, task: str, timeout: float = MMI_TIMEOUT, **kwargs: Any) -> Any:
+    """Ask the broker's management interface without blocking the event loop.
+
+    The MMI future is awaited on the event loop; answer at once when the broker is known
+    to be gone instead of waiting out the timeout.
+    """
+    if not client.broker_alive:
+        raise BrokerUnavailableError(f"the broker at {client.broker} is not answering keepalives")
+    fut = client.mmi_future(task, timeout, **kwargs)
+    reply = await asyncio.wait_for(asyncio.wrap_future(fut), timeout + 1.0)
+    return reply["result"]
+
+
+class FabricView:
+    """The broker's show_broker + show_workers for /metrics, cached so scrapes stay cheap.
+
+    `refresh` runs in the /metrics handler (async); the FabricCollector's fetch then reads
+    `snapshot` synchronously, so generate_latest never waits on the fabric.
+    """
+
+    def __init__(self, client: Client, ttl: float) -> None:
+        self.client = client
+        self.ttl = ttl
+        self._value: tuple[dict[str, Any], list[dict[str, Any]]] = ({}, [])
+        self._at = float("-inf")
+        self._lock = asyncio.Lock()
+
+    def snapshot(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        return self._value
+
+    async def refresh(self) -> None:
+        if time.monotonic() - self._at < self.ttl:
+            return
+        async with self._lock:  # concurrent scrapes share one MMI round trip
+            if time.monotonic() - self._at < self.ttl:
+                return
+            try:
+                broker, workers = await asyncio.gather(
+                    mmi(self.client, "show_broker", METRICS_MMI_TIMEOUT),
+                    mmi(self.client, "show_workers", METRICS_MMI_TIMEOUT),
+                )
+                self._value = (dict(broker), list(workers))
+            except Exception:  # a scrape must still answer; zfab_broker_up says 0
+                self._value = ({}, [])
+            self._at = time.monotonic()

@@ -1,0 +1,176 @@
+"""Request and response bodies of the HTTP API (they are also its OpenAPI schema)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+# The broker drops frames whose service or worker name is longer than this (protocol.MAX_NAME_BYTES);
+# checking here turns a job that would silently time out into a 422.
+MAX_NAME_BYTES = 256
+MAX_JOB_TIMEOUT = 86_400.0
+MMI_SERVICE = "mmi.service.broker"
+
+
+def _name(value: str) -> str:
+    if len(value.encode()) > MAX_NAME_BYTES:
+        raise ValueError(f"longer than {MAX_NAME_BYTES} bytes in UTF-8")
+    return value
+
+
+def _service(value: str) -> str:
+    if value == MMI_SERVICE:
+        raise ValueError(f"'{MMI_SERVICE}' is the broker itself; use the /mmi routes")
+    return _name(value)
+
+
+def _worker_name(value: str) -> str:
+    if value.startswith("["):
+        raise ValueError("a worker name must not start with '['; send a JSON list of names instead")
+    return _name(value)
+
+
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_BYTES), AfterValidator(_name)]
+ServiceName = Annotated[str, Field(min_length=1, max_length=MAX_NAME_BYTES), AfterValidator(_service)]
+WorkerName = Annotated[str, Field(min_length=1, max_length=MAX_NAME_BYTES), AfterValidator(_worker_name)]
+Target = WorkerName | Annotated[list[WorkerName], Field(min_length=1, max_length=1000)]
+
+
+class JobState(StrEnum):
+    """Where a job is. `failed` and `error` differ: a failed job ran and reported failure."""
+
+    pending = "pending"
+    """Submitted; not every worker has answered yet."""
+    completed = "completed"
+    """Finished; every worker's result has `failed: false`."""
+    failed = "failed"
+    """Finished; at least one worker's result has `failed: true` (the task raised or refused)."""
+    error = "error"
+    """Ended without a complete result: timeout, no workers, worker lost, busy... see `error`."""
+
+
+class JobRequest(BaseModel):
+    """A job to run: a task of a service, on some of its workers."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"service": "demo", "task": "echo", "kwargs": {"data": "hi"}},
+                {"service": "demo", "task": "add", "args": [1, 2], "workers": "all", "timeout": 10},
+            ]
+        },
+    )
+
+    service: ServiceName = Field(description="Service whose workers run the task", examples=["demo"])
+    task: Name = Field(description="Task name (see GET /mmi/services/{service}/tasks)", examples=["echo"])
+    args: list[Any] = Field(default_factory=list, max_length=10_000, description="Positional arguments")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments")
+    workers: Target = Field(
+        "any", description="`any` (one worker), `all`, a worker name, or a list of names", examples=["any"]
+    )
+    timeout: float = Field(
+        60.0, gt=0, le=MAX_JOB_TIMEOUT, allow_inf_nan=False, description="Seconds the job may take, end to end"
+    )
+
+
+class JobErrorInfo(BaseModel):
+    """Why a job ended in state `error`."""
+
+    type: str = Field(description="The fabric error, e.g. JobTimeoutError, NoWorkersError, WorkerLostError")
+    message: str
+
+
+class Job(BaseModel):
+    """A job the API submitted, as it stands now."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "uuid": "5f0c6bd1e5b24f5c9d7a2a8d3c1e0f11",
+                    "service": "demo",
+                    "task": "echo",
+                    "workers": "any",
+                    "state": "completed",
+                    "results": {
+                        "demo-1": {
+                            "result": "hi",
+                            "failed": False,
+                            "errors": [],
+                            "messages": [],
+                            "juuid": "5f0c6bd1e5b24f5c9d7a2a8d3c1e0f11",
+                            "task": "demo-1:echo",
+                            "status": "200",
+                            "service": "demo",
+                        }
+                    },
+                    "error": None,
+                    "submitted_at": "2025-01-01T12:00:00.000000Z",
+                    "completed_at": "2025-01-01T12:00:00.004000Z",
+                    "timings": {"submitted": 1735732800.0, "dispatched": 1735732800.001, "completed": 1735732800.004},
+                    "cancel_requested": False,
+                }
+            ]
+        }
+    )
+
+    uuid: str
+    service: str
+    task: str
+    workers: str | list[str] = Field(description="The target the job was submitted to")
+    state: JobState
+    results: dict[str, Any] | None = Field(
+        description="Results keyed by worker name, as Client.run_job returns them; null while pending "
+        "(an `error` job keeps whatever results did arrive)"
+    )
+    error: JobErrorInfo | None = None
+    submitted_at: datetime
+    completed_at: datetime | None = None
+    timings: dict[str, float] = Field(description="Epoch seconds at each hop the client saw")
+    cancel_requested: bool = False
+
+
+class JobPage(BaseModel):
+    """Recent jobs, newest first."""
+
+    items: list[Job]
+    total: int = Field(description="Jobs the API remembers (bounded by ZFAB_JOB_HISTORY)")
+    limit: int
+    offset: int
+
+
+class Problem(BaseModel):
+    """An error, as RFC 9457 problem details (`application/problem+json`)."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {
+                    "type": "https://zfab.dev/problems/no-workers",
+                    "title": "No live workers",
+                    "status": 503,
+                    "detail": "service 'demo' is unknown: no worker has registered it",
+                }
+            ]
+        },
+    )
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    instance: str | None = None
+
+
+class Health(BaseModel):
+    status: str = Field(examples=["ok"])
+
+
+class Ready(BaseModel):
+    status: str = Field(examples=["ready"])
+    broker: str = Field(description="The broker endpoint the API talks to")

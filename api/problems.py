@@ -1,0 +1,172 @@
+"""Errors as RFC 9457 problem details (`application/problem+json`), and how fabric errors map onto HTTP.
+
+Every error the API answers goes through here, including FastAPI's own 404/405/422, so a
+client parses one error shape. Job outcomes (timeout, worker lost) are not HTTP errors: they
+are a finished job with state `error` (see api/jobtable.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from http import HTTPStatus
+from typing import Any, cast
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service.errors import (
+    BackpressureError,
+    BadRequestError,
+    BrokerUnavailableError,
+    BusyError,
+    ClosedError,
+    JobError,
+    JobTimeoutError,
+    NoWorkersError,
+    ZfabError,
+)
+
+from .models import Problem
+
+log = logging.getLogger(__name__)
+
+MEDIA_TYPE = "application/problem+json"
+TYPE_BASE = "https://zfab.dev/problems/"
+RETRY_AFTER = "1"
+
+
+class ProblemResponse(JSONResponse):
+    media_type = MEDIA_TYPE
+
+
+class ProblemError(Exception):
+    """Raise from a handler to answer with a problem document."""
+
+    def __init__(
+        self, status: int, slug: str, title: str, detail: str, headers: Mapping[str, str] | None = None, **extra: Any
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.slug = slug
+        self.title = title
+        self.detail = detail
+        self.headers = dict(headers or {})
+        self.extra = extra
+
+
+def problem(
+    status: int,
+    slug: str,
+    title: str,
+    detail: str,
+    headers: Mapping[str, str] | None = None,
+    **extra: Any,
+) -> ProblemResponse:
+    """A problem document; `extra` members (e.g. `job`, `errors`) go beside the standard ones."""
+    body: dict[str, Any] = {"type": TYPE_BASE + slug, "title": title, "status": status, "detail": detail, **extra}
+    return ProblemResponse(body, status_code=status, headers=dict(headers or {}))
+
+
+def unavailable(detail: str, slug: str = "fabric-unavailable") -> ProblemError:
+    return ProblemError(503, slug, "Fabric unavailable", detail, {"Retry-After": RETRY_AFTER})
+
+
+def from_fabric_error(exc: ZfabError, uuid: str | None = None) -> ProblemError:
+    """The HTTP answer for an error that stopped a request before the job could run."""
+    extra: dict[str, Any] = {"job": uuid} if uuid else {}
+    if isinstance(exc, NoWorkersError):
+        # Workers come and go: a retry after they (re)register may succeed, so 503, not 404.
+        return ProblemError(503, "no-workers", "No live workers", str(exc), {"Retry-After": RETRY_AFTER}, **extra)
+    if isinstance(exc, BusyError | BackpressureError):
+        return ProblemError(503, "busy", "Fabric busy", str(exc), {"Retry-After": RETRY_AFTER}, **extra)
+    if isinstance(exc, BrokerUnavailableError | ClosedError):
+        return ProblemError(503, "fabric-unavailable", "Fabric unavailable", str(exc), {"Retry-After": RETRY_AFTER})
+    if isinstance(exc, BadRequestError):
+        return ProblemError(400, "bad-request", "Request rejected by the fabric", str(exc), **extra)
+    if isinstance(exc, JobTimeoutError):
+        return ProblemError(504, "timeout", "The fabric did not answer in time", str(exc), **extra)
+    if isinstance(exc, JobError):
+        return ProblemError(502, "job-error", "The fabric could not complete the request", str(exc), **extra)
+    return ProblemError(502, "fabric-error", "Fabric error", str(exc), **extra)
+
+
+def _validation_detail(errors: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    """One readable line naming each bad field (`body.timeout: ...`), plus the errors without their inputs."""
+    clean = []
+    for e in errors[:20]:
+        loc = [str(p) for p in e.get("loc", ())]
+        clean.append({"loc": loc, "field": ".".join(loc), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))})
+    detail = "; ".join(f"{c['field']}: {c['msg']}" for c in clean) or "invalid request"
+    return detail, clean
+
+
+def install(app: FastAPI) -> None:
+    """Answer every error with a problem document."""
+
+    async def on_problem(request: Request, exc: Exception) -> ProblemResponse:
+        p = cast(ProblemError, exc)
+        return problem(p.status, p.slug, p.title, p.detail, p.headers, **p.extra)
+
+    async def on_http(request: Request, exc: Exception) -> ProblemResponse:
+        http = cast(StarletteHTTPException, exc)
+        detail = http.detail if isinstance(http.detail, str) else str(http.detail)
+        if http.status_code == 404 and detail == "Not Found":
+            detail = f"no route for {request.method} {request.url.path}; see /docs for the API"
+        try:
+            title = HTTPStatus(http.status_code).phrase
+        except ValueError:
+            title = "HTTP error"
+        return problem(http.status_code, f"http-{http.status_code}", title, detail, http.headers)
+
+    async def on_validation(request: Request, exc: Exception) -> ProblemResponse:
+        detail, errors = _validation_detail(list(cast(RequestValidationError, exc).errors()))
+        return problem(422, "validation", "Invalid request", detail, errors=errors)
+
+    async def on_fabric(request: Request, exc: Exception) -> ProblemResponse:
+        p = from_fabric_error(cast(ZfabError, exc))
+        return problem(p.status, p.slug, p.title, p.detail, p.headers, **p.extra)
+
+    async def on_crash(request: Request, exc: Exception) -> ProblemResponse:
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return problem(500, "internal", "Internal error", "the API failed to handle the request; see its log")
+
+    app.add_exception_handler(ProblemError, on_problem)
+    app.add_exception_handler(Exception, on_crash)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(ZfabError, on_fabric)
+
+
+def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for the problem responses a route may give."""
+    text = {
+        400: "The fabric rejected the request (unknown task, bad arguments)",
+        401: "Missing or wrong bearer token",
+        403: "No token configured and the client is not on loopback",
+        404: "Not found",
+        409: "Conflicts with the job's state: it already finished, or its Idempotency-Key was used for another request",
+        413: "Request body too large",
+        422: "Invalid request: `detail` names each bad field",
+        503: "The fabric is unreachable, full, or has no live worker; retry after `Retry-After` seconds",
+        504: "The fabric did not answer in time",
+    }
+    out: dict[int | str, dict[str, Any]] = {}
+    for code in codes:
+        entry: dict[str, Any] = {
+            "description": text[code],
+            "content": {MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+        }
+        if code == 503:
+            entry["headers"] = {"Retry-After": {"description": "Seconds to wait", "schema": {"type": "string"}}}
+        if code == 401:
+            entry["headers"] = {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}}
+        out[code] = entry
+    return out
+
+
+def add_problem_schema(openapi: dict[str, Any]) -> None:
+    schemas = openapi.setdefault("components", {}).setdefault("schemas", {})
+    schemas["Problem"] = Problem.model_json_schema(ref_template="#/components/schemas/{model}")

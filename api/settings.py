@@ -1,0 +1,25 @@
+"""Settings of the HTTP control plane: the fabric's settings plus the API's own, from `ZFAB_*`."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from service.settings import Settings
+
+
+class ApiSettings(Settings):
+    """Each field is also the environment variable ZFAB_<FIELD> (upper case)."""
+
+    api_host: str = Field("127.0.0.1", description="Address the HTTP API binds")
+    api_port: int = Field(8000, ge=0, le=65535, description="Port of the HTTP API")
+    api_tokens: str = Field(
+        "", description="Comma-separated bearer tokens; empty = no auth, loopback clients only", repr=False
+    )
+    api_access_log: bool = Field(False, description="Log one line per HTTP request (costly under load)")
+    job_history: int = Field(10_000, ge=1, description="Recent jobs the API remembers for GET /jobs")
+    mmi_cache_seconds: float = Field(1.0, ge=0, description="How long /metrics reuses the broker's MMI answers")
+    default_wait_max: float = Field(60, ge=0, description="Upper bound of ?wait= / Prefer: wait=N, in seconds")
+    max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest accepted POST /jobs body")
+
+    def token_list(self) -> list[str]:
+        return [t.strip() for t in self.api_tokens.split(",") if t.strip()]

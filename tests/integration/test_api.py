@@ -1,0 +1,387 @@
+"""The HTTP control plane against a real broker and workers (processes on 127.0.0.1).
+
+Most tests run the app in-process (httpx over ASGI, the lifespan run by the test); the
+last ones run the real `zfab api` process and talk HTTP to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest import require_binary
+from fabric import ROOT, Fabric, fabric, free_port, wait_for
+
+from api.app import create_app
+from api.auth import TokenSet
+from api.jobs import prefer_wait, wait_bound
+from api.jobtable import JobRecord, JobTable
+from api.settings import ApiSettings
+from service.clientjob import JobFuture
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+PROBLEM = "application/problem+json"
+
+
+def run(coro: Coroutine[Any, Any, None]) -> None:
+    asyncio.run(coro)
+
+
+async def until(cond: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    """Poll an async condition until it holds; fail with `what` after the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if await cond():
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def settings_for(f: Fabric, **kw: Any) -> ApiSettings:
+    return ApiSettings(broker=f.endpoint, keepalive_interval=f.interval, keepalive_multiplier=f.multiplier, **kw)
+
+
+@asynccontextmanager
+async def api(
+    settings: ApiSettings, peer: str = "127.0.0.1", headers: dict[str, str] | None = None
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The app in-process, its lifespan (and so its fabric client) running."""
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app, client=(peer, 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://api", headers=headers) as c:
+            yield c
+
+
+async def workers_ready(c: httpx.AsyncClient, names: set[str], timeout: float = 20) -> None:
+    async def alive() -> bool:
+        r = await c.get("/mmi/workers", params={"status": "alive"})
+        return r.status_code == 200 and names <= {w["name"] for w in r.json()}
+
+    await until(alive, timeout, f"workers {names} alive")
+
+
+def assert_problem(r: httpx.Response, status: int) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == PROBLEM
+    body: dict[str, Any] = r.json()
+    assert body["status"] == status and body["type"] and body["title"] and body["detail"]
+    return body
+
+
+# ---- pure pieces, no processes -------------------------------------------------------
+
+
+def test_job_table_stays_bounded_and_lists_newest_first() -> None:
+    table = JobTable(3)
+    for i in range(5):
+        table.add(JobRecord(f"j{i}", "demo", "echo", "any", JobFuture(f"j{i}"), ""))
+    assert len(table) == 3 and table.get("j0") is None and table.get("j1") is None
+    assert [r.uuid for r in table.page(2, 0)] == ["j4", "j3"]
+    assert [r.uuid for r in table.page(2, 2)] == ["j2"]
+    assert table.page(10, 5) == []
+
+
+def test_prefer_wait_follows_rfc_7240_and_the_cap() -> None:
+    assert prefer_wait("respond-async, wait=5") == 5.0
+    assert prefer_wait('wait="2.5"; foo=bar') == 2.5
+    assert prefer_wait("wait=abc") is None and prefer_wait("wait=-1") is None and prefer_wait(None) is None
+    assert wait_bound(None, "wait=100", cap=60) == 60 and wait_bound(3, "wait=100", cap=60) == 3
+    assert wait_bound(None, None, cap=60) is None
+
+
+def test_token_check_accepts_only_configured_tokens_and_names_the_caller_by_digest() -> None:
+    tokens = TokenSet(["alpha", "beta"])
+    assert tokens.check("alpha") and tokens.check("beta") and tokens.check("alpha") != tokens.check("beta")
+    assert tokens.check("gamma") is None and tokens.check("") is None
+    principal = tokens.check("alpha")
+    assert principal is not None and "alpha" not in principal and not TokenSet([])
+    assert "alpha" not in repr(vars(tokens))  # only digests are kept
+
+
+# ---- the app in-process, with a real broker and workers --------------------------------
+
+
+def test_jobs_are_submitted_awaited_polled_and_listed(tmp_path: Path) -> None:
+    async def scenario(f: Fabric) -> None:
+        async with api(settings_for(f)) as c:
+            await workers_ready(c, {"w1", "w2"})
+            # Given a wait bound, the finished job comes back in the same answer
+            r = await c.post("/jobs?wait=10", json={"service": "demo", "task": "echo", "kwargs": {"data": "hi"}})
+            assert r.status_code == 200, r.text
+            job = r.json()
+            assert r.headers["location"] == f"/jobs/{job['uuid']}"
+            assert job["state"] == "completed" and job["completed_at"] and job["error"] is None
+            ((name, entry),) = job["results"].items()
+            assert name in {"w1", "w2"} and entry["result"] == "hi" and entry["failed"] is False
+            # Without one: 202 and a Location to poll, then a long-poll GET sees it finish
+            r = await c.post("/jobs", json={"service": "demo", "task": "sleep", "kwargs": {"seconds": 0.3}})
+            assert r.status_code == 202 and r.json()["state"] == "pending" and r.json()["results"] is None
+            loc = r.headers["location"]
+            r = await c.get(loc, params={"wait": 10})
+            assert r.status_code == 200 and r.json()["state"] == "completed"
+            assert r.json()["results"][next(iter(r.json()["results"]))]["result"] >= 0.3
+            # a fresh job submitted without a wait is 202 even when it is done before the answer
+            for i in range(20):
+                r = await c.post("/jobs", json={"service": "demo", "task": "echo", "kwargs": {"data": i}})
+                assert r.status_code == 202, r.json()
+            # `all` reaches both workers; the results dict is keyed by their names
+            r = await c.post("/jobs?wait=10", json={"service": "demo", "task": "add", "args": [2, 3], "workers": "all"})
+            assert r.status_code == 200 and r.json()["results"].keys() == {"w1", "w2"}
+            assert {v["result"] for v in r.json()["results"].values()} == {5}
+            # a task that raised is a finished job in state failed, with its traceback as data
+            r = await c.post("/jobs", json={"service": "demo", "task": "fail"}, headers={"Prefer": "wait=10"})
+            assert r.status_code == 200 and r.headers["preference-applied"] == "wait=10"
+            assert r.json()["state"] == "failed"
+            ((entry),) = r.json()["results"].values()
+            assert "RuntimeError" in entry["errors"][0]
+            # a job that outlives its timeout is a finished job in state error, not an HTTP error
+            r = await c.post(
+                "/jobs?wait=10", json={"service": "demo", "task": "sleep", "kwargs": {"seconds": 5}, "timeout": 0.5}
+            )
+            assert r.status_code == 200 and r.json()["state"] == "error"
+            assert r.json()["error"]["type"] == "JobTimeoutError"
+            # the table lists them newest first, paginated
+            r = await c.get("/jobs", params={"limit": 2})
+            page = r.json()
+            assert [j["task"] for j in page["items"]] == ["sleep", "fail"] and page["total"] == 25
+            r = await c.get("/jobs", params={"limit": 2, "offset": 24})
+            assert [j["task"] for j in r.json()["items"]] == ["echo"]
+
+    with fabric(tmp_path) as f:
+        f.broker()
+        f.worker("w1")
+        f.worker("w2")
+        run(scenario(f))
+
+
+def test_a_pending_job_is_cancelled_and_a_finished_one_cannot_be(tmp_path: Path) -> None:
+    async def scenario(f: Fabric) -> None:
+        async with api(settings_for(f)) as c:
+            await workers_ready(c, {"w1"})
+            r = await c.post("/jobs", json={"service": "demo", "task": "sleep", "kwargs": {"seconds": 30}})
+            loc = r.headers["location"]
+            r = await c.delete(loc)
+            assert r.status_code == 202 and r.json()["cancel_requested"] is True
+            t0 = time.monotonic()
+            r = await c.get(loc, params={"wait": 10})
+            job = r.json()
+            # the worker stops the task and reports it: a finished job whose result says cancelled
+            assert job["state"] == "failed" and time.monotonic() - t0 < 10, job
+            assert job["results"]["w1"]["status"] == "cancelled"
+            assert_problem(await c.delete(loc), 409)
+            assert_problem(await c.delete("/jobs/not-a-job"), 404)
+
+    with fabric(tmp_path) as f:
+        f.broker()
+        f.worker("w1")
+        run(scenario(f))
+
+
+def test_a_retried_post_with_the_same_idempotency_key_runs_once(tmp_path: Path) -> None:
+    async def scenario(f: Fabric) -> None:
+        async with api(settings_for(f)) as c:
+            await workers_ready(c, {"w1", "w2"})
+            body = {"service": "demo", "task": "sleep", "kwargs": {"seconds": 0.2}}
+            key = {"Idempotency-Key": "order-42"}
+            first = await c.post("/jobs", json=body, headers=key)
+            again = await c.post("/jobs?wait=10", json=body, headers=key)
+            assert first.status_code == 202 and again.status_code == 200
+            assert first.json()["uuid"] == again.json()["uuid"]
+            # and after it finished, a third try still returns that one run
+            third = await c.post("/jobs", json=body, headers=key)
+            assert third.status_code == 200 and third.json()["results"] == again.json()["results"]
+            assert (await c.get("/jobs")).json()["total"] == 1
+            # the same key for a different request is refused, not silently mapped to the old job
+            other = await c.post("/jobs", json={**body, "kwargs": {"seconds": 1}}, headers=key)
+            assert "Idempotency-Key" in assert_problem(other, 409)["detail"]
+
+    with fabric(tmp_path) as f:
+        f.broker()
+        f.worker("w1")
+        f.worker("w2")
+        run(scenario(f))
+
+
+def test_bad_requests_are_problems_that_say_what_is_wrong(tmp_path: Path) -> None:
+    async def scenario(f: Fabric) -> None:
+        async with api(settings_for(f)) as c:
+            await workers_ready(c, {"w1"})
+            p = assert_problem(await c.post("/jobs", json={"service": "demo"}), 422)
+            assert "body.task" in p["detail"]
+            p = assert_problem(await c.post("/jobs", json={"service": "demo", "task": "echo", "timeout": 0}), 422)
+            assert "body.timeout" in p["detail"]
+            p = assert_problem(await c.post("/jobs", json={"service": "demo", "task": "echo", "kwarg": {}}), 422)
+            assert "body.kwarg" in p["detail"]
+            assert_problem(await c.get("/jobs/0123456789abcdef"), 404)
+            assert_problem(await c.get("/no/such/route"), 404)
+            # the fabric's refusals, when the request waited for them
+            r = await c.post("/jobs?wait=5", json={"service": "nope", "task": "echo"})
+            assert_problem(r, 503)
+            assert r.headers["retry-after"] == "1"
+            p = assert_problem(await c.post("/jobs?wait=5", json={"service": "demo", "task": "nosuch"}), 400)
+            assert "nosuch" in p["detail"]
+            # MMI: a service's tasks, and 404 for a service nobody serves
+            r = await c.get("/mmi/services/demo/tasks")
+            assert r.status_code == 200 and {"echo", "sleep", "list_tasks"} <= {t["name"] for t in r.json()}
+            assert_problem(await c.get("/mmi/services/nope/tasks"), 404)
+            r = await c.get("/mmi/services")
+            assert r.status_code == 200 and {"service": "demo"}.items() <= r.json()[0].items()
+            r = await c.get("/mmi/broker")
+            assert r.status_code == 200 and r.json()["endpoint"] == f.endpoint
+
+    with fabric(tmp_path) as f:
+        f.broker()
+        f.worker("w1")
+        run(scenario(f))
+
+
+def test_job_and_mmi_routes_need_a_bearer_token_when_tokens_are_configured(tmp_path: Path) -> None:
+    async def scenario(f: Fabric) -> None:
+        s = settings_for(f, api_tokens="s3cret, other")
+        async with api(s) as c:
+            for method, path in (("GET", "/jobs"), ("POST", "/jobs"), ("GET", "/mmi/workers"), ("GET", "/jobs/x")):
+                r = await c.request(method, path, json={"service": "demo", "task": "echo"})
+                assert_problem(r, 401)
+                assert r.headers["www-authenticate"].startswith("Bearer")
+                r = await c.request(method, path, headers={"Authorization": "Bearer wrong"})
+                assert_problem(r, 401)
+                assert 'error="invalid_token"' in r.headers["www-authenticate"]
+            # probes and scrapes need none
+            assert (await c.get("/healthz")).status_code == 200
+            assert (await c.get("/metrics")).status_code == 200
+        async with api(s, headers={"Authorization": "Bearer other"}) as c:
+            assert (await c.get("/jobs")).status_code == 200
+        # with no token configured, only loopback peers are served
+        async with api(settings_for(f), peer="192.0.2.7") as c:
+            assert_problem(await c.get("/jobs"), 403)
+            assert (await c.get("/healthz")).status_code == 200
+
+    with fabric(tmp_path) as f:
+        f.broker()
+        run(scenario(f))
+
+
+def test_without_a_broker_the_api_answers_503_and_is_not_ready(tmp_path: Path) -> None:
+    async def scenario(f: Fabric) -> None:
+        async with api(settings_for(f)) as c:  # nothing listens on f.endpoint
+            assert (await c.get("/healthz")).json() == {"status": "ok"}
+            assert_problem(await c.get("/readyz"), 503)
+            for r in (
+                await c.post("/jobs", json={"service": "demo", "task": "echo"}),
+                await c.get("/mmi/workers"),
+            ):
+                assert_problem(r, 503)
+                assert r.headers["retry-after"] == "1"
+            r = await c.get("/metrics")
+            assert r.status_code == 200 and "zfab_broker_up 0.0" in r.text
+
+    with fabric(tmp_path) as f:
+        run(scenario(f))
+
+
+# ---- the real `zfab api` process ------------------------------------------------------
+
+
+def start_api(f: Fabric, *extra: str, env: dict[str, str] | None = None) -> str:
+    port = free_port()
+    f.start("api", "api", "--host", "127.0.0.1", "--port", str(port), *extra, env=env)
+    base = f"http://127.0.0.1:{port}"
+    wait_for(lambda: httpx.get(base + "/healthz", timeout=1).status_code == 200, 20, what="zfab api /healthz")
+    return base
+
+
+def test_zfab_api_process_serves_jobs_metrics_and_tracks_broker_restarts(tmp_path: Path) -> None:
+    with fabric(tmp_path) as f:
+        f.broker("broker1")
+        f.worker("w1")
+        f.worker("w2")
+        base = start_api(f)
+        with httpx.Client(base_url=base, timeout=15) as c:
+            wait_for(lambda: c.get("/readyz").status_code == 200, 20, what="/readyz 200")
+            wait_for(
+                lambda: {"w1", "w2"} <= {w["name"] for w in c.get("/mmi/workers", params={"status": "alive"}).json()},
+                20,
+                what="both workers alive",
+            )
+            r = c.post(
+                "/jobs?wait=10", json={"service": "demo", "task": "echo", "kwargs": {"data": 1}, "workers": "all"}
+            )
+            assert r.status_code == 200 and r.json()["results"].keys() == {"w1", "w2"}
+
+            r = c.get("/metrics")
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+            for needle in (
+                "zfab_workers{",
+                "zfab_worker_keepalives_sent_total",
+                "zfab_queue_depth",
+                "zfab_http_requests_total",
+            ):
+                assert needle in r.text, needle
+            assert re.search(
+                r'^zfab_http_requests_total\{method="POST",route="/jobs",status="200"\} 1\.0$', r.text, re.M
+            )
+
+            # the broker dies: readiness follows within a hold time, and jobs get 503 + Retry-After
+            f.kill("broker1")
+            wait_for(lambda: c.get("/readyz").status_code == 503, f.hold_time + 5, what="/readyz 503")
+            r = c.post("/jobs", json={"service": "demo", "task": "echo"})
+            assert r.status_code == 503 and r.headers["retry-after"] == "1"
+            assert r.headers["content-type"] == PROBLEM
+
+            # a new broker on the same port: ready again, and jobs run again
+            f.broker("broker2")
+            wait_for(lambda: c.get("/readyz").status_code == 200, 20, what="/readyz 200 after restart")
+            wait_for(
+                lambda: c.post("/jobs?wait=5", json={"service": "demo", "task": "echo"}).status_code == 200,
+                20,
+                what="a job through the new broker",
+            )
+
+        # SIGTERM: a clean exit
+        f.signal("api", signal.SIGTERM)
+        assert f.procs["api"].wait(15) == 0, f.log("api")
+        assert "fabric client closed" in f.log("api")
+
+
+def test_metrics_pass_promtool(tmp_path: Path) -> None:
+    promtool = require_binary("promtool")
+    with fabric(tmp_path) as f:
+        f.broker()
+        f.worker("w1")
+        base = start_api(f)
+        with httpx.Client(base_url=base, timeout=15) as c:
+            wait_for(lambda: c.get("/mmi/workers", params={"status": "alive"}).json() != [], 20, what="w1 alive")
+            assert c.post("/jobs?wait=10", json={"service": "demo", "task": "echo"}).status_code == 200
+            text = c.get("/metrics").text
+        r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_zfab_api_refuses_a_public_address_without_a_token() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "service.cli", "api", "--host", "0.0.0.0", "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
+        env={**os.environ, "ZFAB_API_TOKENS": ""},
+    )
+    assert r.returncode == 2
+    assert "ZFAB_API_TOKENS" in r.stderr

@@ -14,11 +14,12 @@ from typing import Any
 import zmq
 
 from . import protocol as nfp
-from .loop import Frames, OwnerLoop
+from .loop import OwnerLoop
 from .mmi import MmiService
 from .registry import Registry, WorkerRecord
 from .security import SecurityError, ZapHandler, curve_server, is_loopback
 from .settings import Settings
+from .wire import Frames
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,6 @@ import threading
 import time
 import uuid as uuidlib
 from collections.abc import Callable, Iterator
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,20 +34,17 @@ from .errors import (
     ZfabError,
 )
 from .filestream import FileStream, download
+from .interaction import answer_input, iter_events
 from .keepalive import KeepAlive
-from .loop import Frames, OwnerLoop
-from .security import SecurityError, curve_client
+from .loop import OwnerLoop
 from .settings import Settings
+from .wire import Frames, dealer_socket
 
 log = logging.getLogger(__name__)
 
 _NO_ACK = b'{"ack":false}'
 EventCallback = Callable[[dict[str, Any]], None]
 Workers = str | list[str]
-
-
-def _has_news(fut: JobFuture, seen: int) -> bool:
-    return len(fut.events) > seen or fut.done()
 
 
 def outcome_of(result: dict[str, Any] | None, error: BaseException | None) -> str:
@@ -220,17 +216,7 @@ class Client:
 
     def events(self, fut: JobFuture, timeout: float = 60.0) -> Iterator[dict[str, Any]]:
         """Yield the job's events in order as they arrive, until it finishes or the timeout passes."""
-        seen = 0
-        deadline = time.monotonic() + timeout
-        while True:
-            with fut.changed:
-                fut.changed.wait_for(partial(_has_news, fut, seen), max(0.0, deadline - time.monotonic()))
-                new = list(fut.events)[seen:]
-                finished = fut.done() or time.monotonic() >= deadline
-            yield from new
-            seen += len(new)
-            if finished and seen >= len(fut.events):
-                return
+        return iter_events(fut, timeout)
 
     def job_events(self, service: str, uuid: str, worker: str, timeout: float = 10.0) -> list[dict[str, Any]]:
         """Read back the events a (finished) job emitted, from the worker's job store."""
@@ -243,33 +229,7 @@ class Client:
         job = self._jobs.get(uuid)
         if job is None:
             raise JobNotFoundError(f"this client does not track job {uuid}", uuid=uuid)
-        fut = job.future
-        requests = [e for e in fut.events if e.get("event_type") == "input_request"]
-        if not requests:
-            raise BadRequestError(f"job {uuid} has not asked for input", uuid=uuid)
-        req = requests[-1]
-        rid = input_id or str(((req.get("extras") or {}).get("input_request") or {}).get("id", ""))
-        worker = str(req.get("worker", ""))
-        body = nfp.dumps({"input_id": rid, "value": value})
-        before = len(fut.events)
-        self.loop.submit(nfp.client_request(nfp.PUT, job.service, worker.encode(), job.uuid.encode(), body, _NO_ACK))
-
-        def answered() -> dict[str, Any] | None:
-            for e in list(fut.events)[before:]:
-                resp = (e.get("extras") or {}).get("input_response") or {}
-                if e.get("event_type") == "input_response" and resp.get("input_id") == rid:
-                    return dict(resp)
-            return None
-
-        with fut.changed:
-            fut.changed.wait_for(lambda: answered() is not None or fut.done(), timeout)
-        resp = answered()
-        if resp is None:
-            if fut.done():
-                raise BadRequestError(f"job {uuid} ended before it took the input", uuid=uuid)
-            raise JobTimeoutError(f"worker {worker} did not answer the input within {timeout} s", uuid=uuid)
-        if not resp.get("accepted"):
-            raise BadRequestError("; ".join(resp.get("errors") or ["input refused"]), uuid=uuid)
+        answer_input(self.loop, job.service, job.future, value, input_id, timeout)
 
     def open_stream(
         self,
@@ -396,20 +356,7 @@ class Client:
     # ---- Role: owner thread ---------------------------------------------------------
 
     def open_socket(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, self.identity)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, self.settings.max_message_bytes)
-        sock.setsockopt(zmq.SNDHWM, 10_000)
-        sock.setsockopt(zmq.RCVHWM, 10_000)
-        sock.setsockopt(zmq.RECONNECT_IVL, 100)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
-        if self.settings.curve_secret or self.settings.curve_server_key:
-            if not (self.settings.curve_secret and self.settings.curve_server_key):
-                raise SecurityError("CURVE needs both curve_secret (own key) and curve_server_key (the broker's)")
-            curve_client(sock, self.settings.curve_secret, self.settings.curve_server_key)
-        sock.connect(self.broker)
-        return sock
+        return dealer_socket(ctx, self.identity, self.settings, self.broker)
 
     def on_batch_end(self) -> None:
         pass

@@ -13,7 +13,6 @@ reconnect or stop if asked.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -25,62 +24,13 @@ from typing import Protocol, TypeVar
 import zmq
 
 from .errors import BackpressureError, ClosedError
+from .waker import Waker
+from .wire import Frames, Wire
 
 log = logging.getLogger(__name__)
 
-Frames = list[bytes]
 Item = Frames | Callable[[], None]
 T = TypeVar("T")
-
-_NOBLOCK = int(zmq.NOBLOCK)
-_SNDMORE = int(zmq.SNDMORE)
-_RCVMORE = int(zmq.RCVMORE)
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
-_COPY_LIMIT = 65536  # larger frames go zero-copy
-
-
-class Wire:
-    """Multipart send/recv with the socket's methods looked up once.
-
-    pyzmq's send_multipart/recv_multipart re-check every frame and build flag enums
-    on each call; on the hot path this halves the cost per message. ZeroMQ takes a
-    multipart message atomically, so Again or EHOSTUNREACH can only come from the
-    first frame.
-    """
-
-    __slots__ = ("_get", "_recv", "_send", "meta", "user_id")
-
-    def __init__(self, sock: zmq.Socket[bytes], meta: bool = False) -> None:
-        self._send = sock.send
-        self._recv = sock.recv
-        self._get = sock.getsockopt
-        self.meta = meta  # read the ZAP user id of each message (CURVE brokers)
-        self.user_id: bytes | None = None
-
-    def send(self, frames: Frames) -> None:
-        send = self._send
-        last = len(frames) - 1
-        for i in range(last):
-            send(frames[i], _SNDMORE | _NOBLOCK)
-        send(frames[last], _NOBLOCK, copy=len(frames[last]) < _COPY_LIMIT)
-
-    def recv(self) -> Frames:
-        recv = self._recv
-        get = self._get
-        if self.meta:
-            first = recv(_NOBLOCK, copy=False)
-            user = first.get("User-Id")
-            self.user_id = user.encode() if isinstance(user, str) else None
-            frames: Frames = [first.bytes]
-        else:
-            frames = [recv(_NOBLOCK)]
-        while get(_RCVMORE):
-            frames.append(recv(_NOBLOCK))
-        return frames
-
-    def readable(self) -> bool:
-        return bool(int(self._get(_EVENTS)) & _POLLIN)
 
 
 class Role(Protocol):
@@ -115,58 +65,6 @@ class LoopStats:
     reconnects: int = 0
 
 
-class _Waker:
-    """An OS-level wake descriptor: eventfd where there is one, else a socketpair."""
-
-    def __init__(self) -> None:
-        self._efd = -1
-        self._closed = False
-        if hasattr(os, "eventfd"):
-            self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-            self.fd = self._efd
-        else:  # pragma: no cover - non-Linux
-            import socket
-
-            self._r, self._w = socket.socketpair()
-            self._r.setblocking(False)
-            self._w.setblocking(False)
-            self.fd = self._r.fileno()
-
-    def wake(self) -> None:
-        if self._closed:
-            return
-        try:
-            if self._efd >= 0:
-                os.eventfd_write(self._efd, 1)
-            else:  # pragma: no cover
-                self._w.send(b"\0")
-        except (BlockingIOError, OSError):
-            pass  # already signalled or closing: a wake is pending either way
-
-    def clear(self) -> None:
-        if self._closed:
-            return
-        try:
-            if self._efd >= 0:
-                os.eventfd_read(self._efd)
-            else:  # pragma: no cover
-                while self._r.recv(4096):
-                    pass
-        except (BlockingIOError, OSError):
-            pass
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._efd >= 0:
-            os.close(self._efd)
-            self._efd = -1
-        else:  # pragma: no cover
-            self._r.close()
-            self._w.close()
-
-
 class OwnerLoop:
     """Runs a Role on its own thread; the only code that touches the role's socket."""
 
@@ -191,7 +89,7 @@ class OwnerLoop:
         self.linger = linger
         self.stats = LoopStats()
         self._queue: queue.Queue[Item] = queue.Queue(maxsize=outbound_size)
-        self._waker = _Waker()
+        self._waker = Waker()
         self._own_context = context is None
         self._ctx: zmq.Context[zmq.Socket[bytes]] = context if context is not None else zmq.Context()
         self._sock: zmq.Socket[bytes] | None = None

@@ -19,8 +19,9 @@ from . import protocol as nfp
 from .errors import BackpressureError, ClosedError, JobCancelledError, JobTimeoutError
 from .job import Job, JobState, iso
 from .jobstore import JobStore
-from .loop import Frames, OwnerLoop
+from .loop import OwnerLoop
 from .task import TaskArgumentsError, TaskSpec
+from .wire import Frames
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import zmq
 import zmq.auth
 from zmq.utils import z85
 
-from .loop import _Waker
+from .waker import Waker
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class ZapHandler:
         self._sock.bind(ZAP_ENDPOINT)
         self.by_name = {p.name.encode(): p for p in self.keys.values()}
         self._stop = threading.Event()
-        self._waker = _Waker()
+        self._waker = Waker()
         self._thread = threading.Thread(target=self._run, name="zfab-zap", daemon=True)
 
     def start(self) -> None:

@@ -24,12 +24,12 @@ from . import protocol as nfp
 from .job import Job, JobState
 from .jobstore import JobStore, StoredJob
 from .keepalive import KeepAlive
-from .loop import Frames, OwnerLoop
+from .loop import OwnerLoop
 from .pool import JobPool
 from .runner import JobRunner
-from .security import SecurityError, curve_client
 from .settings import Settings
 from .task import TaskSpec, build_spec, is_task, task
+from .wire import Frames, dealer_socket
 
 log = logging.getLogger(__name__)
 
@@ -136,20 +136,7 @@ class Worker:
     # ---- Role: owner thread --------------------------------------------------------
 
     def open_socket(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, self._name_b)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, self.settings.max_message_bytes)
-        sock.setsockopt(zmq.SNDHWM, 10_000)
-        sock.setsockopt(zmq.RCVHWM, 10_000)
-        sock.setsockopt(zmq.RECONNECT_IVL, 100)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
-        if self.settings.curve_secret or self.settings.curve_server_key:
-            if not (self.settings.curve_secret and self.settings.curve_server_key):
-                raise SecurityError("CURVE needs both curve_secret (own key) and curve_server_key (the broker's)")
-            curve_client(sock, self.settings.curve_secret, self.settings.curve_server_key)
-        sock.connect(self.broker)
-        return sock
+        return dealer_socket(ctx, self._name_b, self.settings, self.broker)
 
     def on_connected(self) -> None:
         # READY goes first after every (re)connect, before any keepalive.

@@ -10,7 +10,8 @@ import pytest
 import zmq
 
 from service.errors import BackpressureError, ClosedError
-from service.loop import Frames, OwnerLoop
+from service.loop import OwnerLoop
+from service.wire import Frames
 
 
 class GuardedSocket(zmq.Socket):  # type: ignore[type-arg]

@@ -23,7 +23,7 @@ from typing import Any
 import zmq
 
 from . import protocol as nfp
-from .clientjob import ClientJob, JobFuture
+from .clientjob import ATTEMPT_SEP, ClientJob, JobFuture, split_wire_uuid
 from .errors import (
     BadRequestError,
     BrokerUnavailableError,
@@ -211,7 +211,7 @@ class Client:
         if job is None:
             return False
         target = nfp.dumps(sorted(job.expected)) if job.expected else job.target
-        self.loop.submit(nfp.client_request(nfp.DELETE, job.service, target, job.uuid.encode(), b"{}"))
+        self.loop.submit(nfp.client_request(nfp.DELETE, job.service, target, job.wire_uuid.encode(), b"{}"))
         return True
 
     def events(self, fut: JobFuture, timeout: float = 60.0) -> Iterator[dict[str, Any]]:
@@ -229,7 +229,7 @@ class Client:
         job = self._jobs.get(uuid)
         if job is None:
             raise JobNotFoundError(f"this client does not track job {uuid}", uuid=uuid)
-        answer_input(self.loop, job.service, job.future, value, input_id, timeout)
+        answer_input(self.loop, job.service, job.future, job.wire_uuid, value, input_id, timeout)
 
     def open_stream(
         self,
@@ -302,6 +302,8 @@ class Client:
     ) -> JobFuture:
         if not self._started:
             self.start()
+        if uuid is not None and (ATTEMPT_SEP in uuid or not uuid or len(uuid) > 100):
+            raise ValueError(f"job uuid must be 1..100 characters without {ATTEMPT_SEP!r}")
         juuid = uuid or uuidlib.uuid4().hex
         fut = JobFuture(juuid, stream_window)
         fut.timings["submitted"] = time.time()
@@ -412,7 +414,7 @@ class Client:
         self.counts["polls"] += 1
         job.polls += 1
         job.last_heard = time.monotonic()
-        uuid_b = job.uuid.encode()
+        uuid_b = job.wire_uuid.encode()
         if job.mmi or job.expected is None:
             # Not known to be dispatched: POST again. The broker and the workers dedupe by
             # uuid, so a job still in flight is not run twice.
@@ -438,10 +440,10 @@ class Client:
             self._broker_returned()
         if reply.command == nfp.KEEPALIVE:
             return
-        uuid = reply.uuid.decode(errors="replace")
+        uuid, attempt = split_wire_uuid(reply.uuid.decode(errors="replace"))
         job = self._jobs.get(uuid)
-        if job is None:
-            self.counts["late"] += 1
+        if job is None or attempt != job.attempt:
+            self.counts["late"] += 1  # a finished job, or an earlier attempt of a retried one
             return
         if reply.command == nfp.EVENT:
             self._event(job, reply)
@@ -466,7 +468,8 @@ class Client:
             return
         if done and job.retry():
             log.info("client %s: job %s lost its worker; attempt %d", self.name, uuid, job.attempt)
-            self.loop.send_now(nfp.client_request(nfp.POST, job.service, job.target, reply.uuid, job.body, job.flags))
+            wire = job.wire_uuid.encode()
+            self.loop.send_now(nfp.client_request(nfp.POST, job.service, job.target, wire, job.body, job.flags))
         elif done:
             self._finish(job)
 

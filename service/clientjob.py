@@ -26,6 +26,13 @@ from .errors import (
 )
 
 MAX_EVENTS_PER_JOB = 10_000
+ATTEMPT_SEP = "~"  # wire uuid of a retried job: <uuid>~<attempt>
+
+
+def split_wire_uuid(wire: str) -> tuple[str, int]:
+    """(job uuid, attempt) of a uuid as it travels; attempt 1 has no suffix."""
+    base, _, n = wire.partition(ATTEMPT_SEP)
+    return base, int(n) if n.isdigit() else 1
 
 
 class JobFuture(Future[Any]):
@@ -76,6 +83,11 @@ class ClientJob:
     polls: int = 0
     retries_left: int = 0
     attempt: int = 1
+
+    @property
+    def wire_uuid(self) -> str:
+        """The uuid this attempt travels under: replies to an earlier attempt cannot pass for it."""
+        return self.uuid if self.attempt == 1 else f"{self.uuid}{ATTEMPT_SEP}{self.attempt}"
 
     def retry(self) -> bool:
         """After a worker was lost: True (and the job reset for another attempt) if retries remain."""
@@ -134,6 +146,10 @@ class ClientJob:
                 self.expected = {worker}
             return self._done()
         if "workers" in payload and "errors" in payload and payload.get("workers") is None:
+            if self.expected is not None:
+                # A refused GET poll: the job's worker is not registered (yet), e.g. after a
+                # broker restart. The job goes on; a 410 or its deadline ends it.
+                return False
             # A refusal from the broker itself: no worker matched, or the fabric is full.
             errors = "; ".join(str(e) for e in payload.get("errors") or []) or "refused by broker"
             cls: type[JobError] = BusyError if status == nfp.ST_BUSY else NoWorkersError

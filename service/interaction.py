@@ -35,7 +35,7 @@ def iter_events(fut: JobFuture, timeout: float) -> Iterator[dict[str, Any]]:
 
 
 def answer_input(
-    loop: OwnerLoop, service: bytes, fut: JobFuture, value: Any, input_id: str | None, timeout: float
+    loop: OwnerLoop, service: bytes, fut: JobFuture, wire_uuid: str, value: Any, input_id: str | None, timeout: float
 ) -> None:
     """PUT the answer to the job's latest input request and wait for the worker's verdict."""
     uuid = fut.uuid
@@ -47,7 +47,7 @@ def answer_input(
     worker = str(req.get("worker", ""))
     body = nfp.dumps({"input_id": rid, "value": value})
     before = len(fut.events)
-    loop.submit(nfp.client_request(nfp.PUT, service, worker.encode(), uuid.encode(), body, _NO_ACK))
+    loop.submit(nfp.client_request(nfp.PUT, service, worker.encode(), wire_uuid.encode(), body, _NO_ACK))
 
     def answered() -> dict[str, Any] | None:
         for e in list(fut.events)[before:]:

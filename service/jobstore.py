@@ -88,6 +88,9 @@ class JobStore:
         self.commits = 0
         self.errors = 0
         self.interrupted_on_open = 0
+        # uuids of jobs stored before this run (read at open, never changed after), so a POST
+        # repeated after a restart is answered from the store instead of running again.
+        self.stored_before: frozenset[str] = frozenset()
         # The result an interrupted job reads as (the worker sets it: {worker: entry}).
         self.failure_payload: Callable[[str, str, str], bytes] | None = None
 
@@ -134,6 +137,7 @@ class JobStore:
         conn = self._connect()
         self._recover(conn)
         self._prune(conn)
+        self.stored_before = frozenset(r[0] for r in conn.execute("SELECT uuid FROM jobs"))
         ready.set()
         try:
             while True:

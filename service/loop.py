@@ -29,7 +29,8 @@ from .wire import Frames, Wire
 
 log = logging.getLogger(__name__)
 
-Item = Frames | Callable[[], None]
+# A frame; a frame and what to do once it is sent; or a call to run on the owner.
+Item = Frames | tuple[Frames, Callable[[], None]] | Callable[[], None]
 T = TypeVar("T")
 
 
@@ -95,7 +96,7 @@ class OwnerLoop:
         self._sock: zmq.Socket[bytes] | None = None
         self._wire: Wire | None = None
         self._poller = zmq.Poller()
-        self._stalled: Frames | None = None  # a frame the socket would not take yet
+        self._stalled: Frames | tuple[Frames, Callable[[], None]] | None = None  # not taken by the socket yet
         self._sleeping = False
         self._closing = False
         self._reconnect = False
@@ -281,7 +282,7 @@ class OwnerLoop:
     def _drain(self) -> bool:
         """Send up to one batch of queued items. True when more remain."""
         if self._stalled is not None:
-            if not self._try_send(self._stalled):
+            if not self._send_item(self._stalled):
                 return True
             self._stalled = None
         for _ in range(self.batch):
@@ -289,17 +290,29 @@ class OwnerLoop:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return False
-            if isinstance(item, list):
-                if not self._try_send(item):
+            if isinstance(item, list | tuple):
+                if not self._send_item(item):
                     self._stalled = item
                     return True
             else:
-                try:
-                    item()
-                except Exception:
-                    self.stats.handler_errors += 1
-                    log.exception("%s: queued call failed", self.name)
+                self._run_call(item)
         return not self._queue.empty()
+
+    def _send_item(self, item: Frames | tuple[Frames, Callable[[], None]]) -> bool:
+        if isinstance(item, list):
+            return self._try_send(item)
+        frames, after = item
+        if not self._try_send(frames):
+            return False
+        self._run_call(after)
+        return True
+
+    def _run_call(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception:
+            self.stats.handler_errors += 1
+            log.exception("%s: queued call failed", self.name)
 
     def _try_send(self, frames: Frames) -> bool:
         assert self._wire is not None  # only called while the socket is open

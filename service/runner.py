@@ -13,6 +13,7 @@ import queue
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from . import protocol as nfp
@@ -36,6 +37,7 @@ class JobRunner:
         self.store = store
         self.loop = loop
         self.finished = 0
+        self.store_dropped = 0  # results the job store could not take (full queue)
         self.counts: dict[str, int] = {"completed": 0, "failed": 0}
         self._lock = threading.Lock()
 
@@ -79,7 +81,7 @@ class JobRunner:
 
     # ---- sending from pool and store threads ------------------------------------------
 
-    def send(self, frames: Frames) -> None:
+    def send(self, frames: Frames | tuple[Frames, Callable[[], None]]) -> None:
         """Hand a frame to the owner loop; a result is not dropped lightly (the store keeps it anyway)."""
         for _ in range(30):
             try:
@@ -179,10 +181,18 @@ class JobRunner:
         # The completion always goes to the broker (it frees the job's slot there); the broker
         # forwards it to clients that asked for pushed results. NorFab clients learn from
         # result_ready and collect with GET.
-        self.send(nfp.worker_reply(nfp.RESPONSE, job.client, job.uuid.encode(), code, payload))
+        # The result is stored once its frame has gone out (the owner runs `stored` after the
+        # send): a worker killed in between leaves no "completed" record whose result nobody got,
+        # so a retried attempt is not refused as done.
+        op = self.store.result_op(job, code.decode())
+
+        def stored() -> None:
+            try:
+                self.store.submit(op, timeout=0)
+            except queue.Full:
+                self.store_dropped += 1
+                log.error("worker %s: job store full; result of %s kept in memory only", self.name, job.uuid)
+
+        self.send((nfp.worker_reply(nfp.RESPONSE, job.client, job.uuid.encode(), code, payload), stored))
         if not job.push:
             job.event("completed", event_type="result_ready", status="completed")
-        try:
-            self.store.submit(self.store.result_op(job, code.decode()), timeout=5.0)
-        except queue.Full:
-            log.error("worker %s: job store busy for 5 s; result of %s kept in memory only", self.name, job.uuid)

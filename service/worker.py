@@ -219,6 +219,9 @@ class Worker:
             # A retried POST never runs a job twice: answer with what the job is now.
             self._answer(known, msg.client)
             return
+        if uuid in self.store.stored_before:
+            self.handle_get(msg)  # ran before this worker restarted: its stored outcome answers
+            return
         try:
             body = json.loads(msg.body)
             if not isinstance(body, dict):

@@ -346,3 +346,29 @@ def test_refused_mmi_request_raises_bad_request_error() -> None:
     assert results is None
     assert isinstance(error, BadRequestError)
     assert "Unsupported task 'nope'" in str(error)
+
+
+def test_a_refused_get_poll_does_not_end_a_dispatched_job() -> None:
+    # Given a dispatched job whose worker is not registered at a restarted broker yet
+    job = make_job()
+    job.apply(dispatched("w1"))
+    refusal = {"workers": None, "uuid": UUID, "target": "w1", "status": "FAILED", "service": "demo", "errors": ["x"]}
+    # When the broker refuses the client's GET poll, the job goes on
+    assert job.apply(reply(nfp.ST_BAD_REQUEST, refusal)) is False
+    # Then the worker's result still finishes it
+    assert job.apply(reply(nfp.ST_OK, {"w1": entry("late but fine")})) is True
+    assert job.outcome() == ({"w1": entry("late but fine")}, None)
+
+
+def test_a_retried_job_travels_under_a_new_wire_uuid() -> None:
+    from service.clientjob import split_wire_uuid
+
+    job = make_job()
+    job.retries_left = 1
+    job.apply(dispatched("w1"))
+    job.apply(reply(nfp.ST_WORKER_LOST, {"worker": "w1", "uuid": UUID, "status": "LOST", "errors": ["gone"]}))
+    assert job.wire_uuid == UUID
+    assert job.retry() is True and job.attempt == 2
+    assert job.wire_uuid == f"{UUID}~2" and split_wire_uuid(job.wire_uuid) == (UUID, 2)
+    assert split_wire_uuid(UUID) == (UUID, 1)
+    assert job.retry() is False  # no retries left, and nothing lost in this attempt

@@ -27,6 +27,7 @@ stopped and the temporary directory removed (unless --keep).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -44,7 +45,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench.common import free_port, log_path, spawn, stop, wait_for
+from bench.common import free_port, log_dir, log_path, spawn, stop, wait_for
 from service import Client, JobFuture, Settings, ZfabError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -70,6 +71,11 @@ class Outcome:
     wrong: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
     retried: set[str] = field(default_factory=set)
+    failed_uuids: dict[str, list[str]] = field(default_factory=dict)
+
+    def fail(self, reason: str, uuid: str) -> None:
+        self.failed[reason] += 1
+        self.failed_uuids.setdefault(reason, []).append(uuid)
 
 
 class Fabric:
@@ -242,7 +248,7 @@ def _audit_futures(records: list[Record]) -> Outcome:
             out.lost.append(fut.uuid)
             continue
         except ZfabError as exc:
-            out.failed[type(exc).__name__] += 1
+            out.fail(type(exc).__name__, fut.uuid)
             continue
         if "retried" in fut.timings:
             out.retried.add(fut.uuid)
@@ -256,7 +262,7 @@ def _audit_futures(records: list[Record]) -> Outcome:
         if entry.get("failed"):
             errors = entry.get("errors") or [""]
             why = str(errors[0]).split(":", 1)[0] if entry.get("status") == "error" else ""
-            out.failed[f"result status {entry.get('status')}{': ' + why if why else ''}"] += 1
+            out.fail(f"result status {entry.get('status')}{': ' + why if why else ''}", fut.uuid)
             continue
         if entry.get("juuid") != fut.uuid or (rec.kind == "echo" and entry.get("result") != rec.data):
             out.wrong.append(fut.uuid)
@@ -302,6 +308,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--echo-share", type=float, default=0.5, help="share of demo.echo among the jobs")
     p.add_argument("--keepalive-interval", type=float, default=0.5, help="ZFAB_KEEPALIVE_INTERVAL for all roles")
     p.add_argument("--keepalive-multiplier", type=int, default=4, help="ZFAB_KEEPALIVE_MULTIPLIER for all roles")
+    p.add_argument(
+        "--poll-after",
+        type=float,
+        default=None,
+        help="client: seconds of quiet before it polls a job (default: its own)",
+    )
     p.add_argument("--log-level", default="WARNING", help="ZFAB_LOG_LEVEL of the broker and workers")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
     p.add_argument("--strict-stores", action="store_true", help="any uuid in more than one store is a duplicate")
@@ -335,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     refused: Counter[str] = Counter()
     try:
         fabric.start()
-        with Client(settings=settings, name="soak") as c:
+        with Client(settings=settings, name="soak", poll_after=ns.poll_after) as c:
             want = set(fabric.names)
             if not wait_for(lambda: _alive_workers(c) >= want, 60, interval=0.2):
                 print(f"soak: the workers did not register within 60 s{fabric.log_tail()}", file=sys.stderr)
@@ -354,6 +366,10 @@ def main(argv: list[str] | None = None) -> int:
             # Let the workers settle (a last restart registers, job stores commit) before stopping them.
             wait_for(lambda: _alive_workers(c) >= want, 15, interval=0.2)
             client_counts = dict(c.counts)
+            try:
+                broker_counts = c.mmi("show_broker", timeout=5).get("counts", {})
+            except Exception as exc:
+                broker_counts = {"unavailable": repr(exc)}
         fabric.stop()  # SIGTERM: workers drain and close their job stores
         if killer.error is not None:
             print(f"soak: the killer thread failed: {killer.error!r}", file=sys.stderr)
@@ -382,20 +398,31 @@ def main(argv: list[str] | None = None) -> int:
         print(f"submit refused, re-tried  {sum(refused.values()):>8}   {dict(refused) or ''}")
         print(f"worker kills              {sum(killer.kills.values()):>8}   {dict(sorted(killer.kills.items()))}")
         print(f"client counters           {client_counts}")
+        print(f"broker counters           {broker_counts}")
         print(f"job store rows by state   {dict(states.most_common())}")
         print(f"found in no job store     {len(uuids) - len(where):>8}")
         print(f"in more than one store    {len(multi):>8}   (ran to an end in more than one: {len(ran_twice)})")
         for u, rows in list(duplicated_stores.items())[:10]:
             print(f"  {u} {rows}")
+        failed_but_ran: Counter[str] = Counter()
+        for reason, failed_uuids in outcome.failed_uuids.items():
+            for u in failed_uuids:
+                if any(state == "completed" for _, state in where.get(u, [])):
+                    failed_but_ran[reason] += 1
+        print(f"failed, yet completed     {sum(failed_but_ran.values()):>8}   (in a job store) {dict(failed_but_ran)}")
         print(f"multi-entry results       {len(outcome.multi_entry):>8}")
         print(f"duplicated                {duplicated:>8}")
         print(f"lost                      {lost:>8}")
         for u in outcome.lost[:10]:
             print(f"  {u}")
+        if ns.keep:
+            findings = {
+                "duplicated": {u: where.get(u, []) for u in [*duplicated_stores, *outcome.multi_entry]},
+                "lost": {u: where.get(u, []) for u in outcome.lost},
+                "failed": {r: {u: where.get(u, []) for u in us} for r, us in outcome.failed_uuids.items()},
+            }
+            (tmp / "soak-findings.json").write_text(json.dumps(findings, indent=1))
         if duplicated or lost:
-            if ns.keep:
-                report = {"duplicated": sorted(duplicated_stores) + outcome.multi_entry, "lost": outcome.lost}
-                (tmp / "soak-findings.json").write_text(json.dumps(report, indent=2))
             print("soak: FAILED (duplicated or lost jobs)", flush=True)
             return 1
         print("soak: OK", flush=True)
@@ -415,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
                 path = log_path(proc)
                 if path is not None:
                     path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                log_dir().rmdir()  # only when empty: this process spawned nothing else
 
 
 if __name__ == "__main__":

@@ -172,6 +172,8 @@ class ClientJob:
         if self.expected is not None and not set(payload) <= self.expected:
             return False  # a late answer from a worker this job no longer waits on: discard it
         for worker, entry in payload.items():
+            if self.attempt > 1 and isinstance(entry, dict):
+                entry["juuid"], entry["attempt"] = self.uuid, self.attempt  # the job's own uuid, not the wire's
             self.results[str(worker)] = entry
             self.statuses[str(worker)] = status
             if self.expected is None:

@@ -169,15 +169,19 @@ def cmd_up(ns: argparse.Namespace) -> int:
                 return 1
         return 0
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for p in procs:
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
+        # Clients and workers first, the broker last: workers drain and say DISCONNECT to a
+        # broker that is still there, instead of being told to re-register by a leaving one.
+        for group in (procs[1:], procs[:1]):
+            for p in group:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 15
+            for p in group:
+                try:
+                    p.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(5)
 
 
 def cmd_run(ns: argparse.Namespace) -> int:

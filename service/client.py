@@ -394,6 +394,10 @@ class Client:
 
     def _check(self, job: ClientJob, now: float) -> None:
         if now >= job.deadline:
+            if job.expected and not job.mmi and self.broker_alive:
+                # Nobody waits for it any more: ask its workers to stop it.
+                target = nfp.dumps(sorted(job.pending or job.expected))
+                self.loop.send_now(nfp.client_request(nfp.DELETE, job.service, target, job.wire_uuid.encode(), b"{}"))
             if self.broker_alive:
                 err: ZfabError = JobTimeoutError(
                     f"job {job.uuid} did not finish within its timeout", uuid=job.uuid, results=job.results

@@ -63,6 +63,7 @@ class Job:
     _input_request: dict[str, Any] | None = None
     _input_value: Any = None
     _input_ready: bool = False
+    _claimed: bool = False
 
     @property
     def cancel_event(self) -> threading.Event:
@@ -89,6 +90,15 @@ class Job:
                     self._cond = threading.Condition()
                 c = self._cond
         return c
+
+    def claim(self) -> bool:
+        """True for the first caller only: the pool thread about to run the job, or a DELETE
+        ending it while still queued. Whoever claims it produces its one result."""
+        with self.cond:
+            if self._claimed:
+                return False
+            self._claimed = True
+            return True
 
     def cancel(self) -> None:
         """Ask the task to stop: sets cancel_event and wakes a task blocked on credits or input."""

@@ -118,6 +118,8 @@ class JobRunner:
 
     def run(self, job: Job) -> None:
         """Pool thread: validate, run the task, push the result, then store it."""
+        if not job.claim():
+            return  # cancelled while it waited in the queue: already answered
         spec = self.tasks[job.task]
         job.started_at = time.time()
         errors: list[str] = []

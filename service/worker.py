@@ -338,9 +338,12 @@ class Worker:
             return
         if not job.state.final:
             job.cancel()
-        self._reply(
-            msg, nfp.ST_DISPATCHED, self.runner.status(uuid, "CANCELLING" if not job.state.final else job.state.value)
-        )
+            if job.claim():
+                # Still queued: it ends now, without waiting for a pool thread.
+                job.started_at = time.time()
+                self.runner.complete(job, nfp.ST_OK, None, "cancelled", ["cancelled before it started"])
+        state = job.state.value if job.state.final else "CANCELLING"
+        self._reply(msg, nfp.ST_DISPATCHED, self.runner.status(uuid, state))
 
     def handle_put(self, msg: nfp.BrokerJob) -> None:
         """Client data for a running job: stream credits, or the answer to an input request."""

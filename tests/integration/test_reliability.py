@@ -16,7 +16,7 @@ from fabric import Fabric, fabric, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service import Client, JobError, JobNotFoundError, Settings, WorkerLostError
+from service import Client, JobError, JobNotFoundError, JobTimeoutError, Settings, WorkerLostError
 
 pytestmark = pytest.mark.integration
 
@@ -210,3 +210,29 @@ def test_a_client_that_never_reads_does_not_stall_others(tmp_path: Path) -> None
         finally:
             slow.close(0)
             ctx.term()
+
+
+def test_delete_ends_a_queued_job_at_once_and_a_running_one_cooperatively(tmp_path: Path) -> None:
+    with fabric(tmp_path) as f:
+        f.broker()
+        f.env["ZFAB_POOL_SIZE"] = "1"
+        f.worker("w1")
+        with client_for(f) as c:
+            wait_for(lambda: alive(c) == {"w1"}, 20, what="w1")
+            running = c.submit("demo", "sleep", kwargs={"seconds": 30}, timeout=60)
+            queued = c.submit("demo", "sleep", kwargs={"seconds": 30}, timeout=60)
+            wait_for(lambda: queued.worker == "w1" and running.worker == "w1", 5, what="both dispatched")
+            t0 = time.monotonic()
+            assert c.cancel(queued.uuid)
+            q = queued.result(5)["w1"]
+            assert q["status"] == "cancelled" and "before it started" in q["errors"][0]
+            assert c.cancel(running.uuid)
+            r = running.result(5)["w1"]
+            assert r["status"] == "cancelled" and r["failed"] is True
+            assert time.monotonic() - t0 < 3
+            # a job past its deadline ends as timed out on the worker too
+            fut = c.submit("demo", "sleep", kwargs={"seconds": 5}, timeout=0.5)
+            with pytest.raises(JobTimeoutError):
+                fut.result(5)
+            stored = c.recover("demo", fut.uuid, ["w1"]).result(10)["w1"]
+            assert stored["status"] in ("timeout", "cancelled") and stored["failed"] is True

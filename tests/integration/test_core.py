@@ -20,6 +20,7 @@ from service import (
     BadRequestError,
     Client,
     ClosedError,
+    JobTimeoutError,
     NoWorkersError,
     Settings,
     WorkerLostError,
@@ -323,3 +324,28 @@ def test_zfab_up_starts_a_fabric_and_ctrl_c_stops_it_all(tmp_path: Path) -> None
                 return s.connect_ex(("127.0.0.1", f.port)) != 0
 
         wait_for(port_closed, 10, what="broker gone")
+
+
+def test_messages_over_the_size_limit_are_refused_and_counted(tmp_path: Path) -> None:
+    with fabric(tmp_path) as f:
+        f.env["ZFAB_MAX_MESSAGE_BYTES"] = str(64 * 1024)
+        f.broker()
+        f.worker("w1")
+        ctx = zmq.Context()
+        raw = ctx.socket(zmq.DEALER)
+        raw.setsockopt(zmq.LINGER, 0)
+        raw.connect(f.endpoint)
+        try:
+            # Each frame is under ZeroMQ's per-frame limit, the whole message is over ours.
+            big = b"x" * (40 * 1024)
+            raw.send_multipart([b"", b"NFPC01", b"0x04", b"demo", b"any", b"u-big", big, big])
+            with client_for(f) as c:
+                ready(f, c, {"w1"})
+                wait_for(lambda: c.mmi("show_broker")["frames_rejected"].get("oversize", 0) == 1, 10, what="counted")
+                assert c.run_job("demo", "echo", kwargs={"data": "small"}, timeout=10)["w1"]["result"] == "small"
+                with pytest.raises(JobTimeoutError):
+                    # a client's own oversize job is cut off by the socket's limit, never run
+                    c.run_job("demo", "echo", kwargs={"data": "y" * 100_000}, timeout=2)
+        finally:
+            raw.close(0)
+            ctx.term()

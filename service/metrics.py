@@ -128,9 +128,17 @@ def fabric_families(broker: dict[str, Any], workers: list[dict[str, Any]]) -> li
         purged.add_metric([svc], n)
     clients = GaugeMetricFamily("zfab_broker_clients", "Clients the broker remembers")
     clients.add_metric([], broker.get("clients", 0))
+    tables = GaugeMetricFamily("zfab_table_size", "Entries in a bounded table", labels=["table"])
+    table_caps = GaugeMetricFamily("zfab_table_capacity", "Bound of a table", labels=["table"])
+    for table, size, capacity in (
+        ("broker_clients", "clients", "clients_capacity"),
+        ("broker_finished_jobs", "jobs_finished_remembered", "jobs_finished_capacity"),
+    ):
+        tables.add_metric([table], broker.get(size, 0))
+        table_caps.add_metric([table], broker.get(capacity, 0))
     uptime = GaugeMetricFamily("zfab_broker_uptime_seconds", "Seconds since the broker started")
     uptime.add_metric([], broker.get("uptime_s", 0))
-    return [*out, frames, rejected, events, purged, clients, uptime]
+    return [*out, frames, rejected, events, purged, clients, tables, table_caps, uptime]
 
 
 class FabricCollector(Collector):

@@ -147,6 +147,8 @@ class MmiService:
             "clients_capacity": reg.max_clients,
             "jobs_in_flight": len(reg.routes),
             "jobs_in_flight_capacity": reg.max_routes,
+            "jobs_finished_remembered": len(reg.finished),
+            "jobs_finished_capacity": reg.max_finished,
             "max_inflight_per_worker": reg.max_inflight_per_worker,
             "outbound_queue_depth": b.loop.queue_depth(),
             "outbound_queue_capacity": b.loop.outbound_size,

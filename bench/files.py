@@ -3,7 +3,7 @@
 The floor (``bench.floor``) pushes 256 KiB chunks through a Python ROUTER forwarder
 with 8 unacknowledged at most. zfab streams a file of the same size from a `files`
 worker through the broker, under its credit window, into a file here, and checks its
-sha256. The default (256 KiB chunks, window 8) is reported, then the best of a few
+sha256. The default (1 MiB chunks, window 8) is reported, then the best of a few
 other shapes.
 
 Run ``python -m bench.files [--quick]``; ``make bench`` calls :func:`run`.
@@ -29,13 +29,13 @@ __all__ = ["run"]
 
 KIB = 1024
 MIB = 1024 * KIB
-DEFAULT_CHUNK = 256 * KIB
+DEFAULT_CHUNK = 1 * MIB
 DEFAULT_WINDOW = 8
 #: (label, chunk size, window); the first is the client's default.
 SHAPES: list[tuple[str, int, int]] = [
-    ("default 256 KiB x8", DEFAULT_CHUNK, DEFAULT_WINDOW),
-    ("256 KiB x16", DEFAULT_CHUNK, 16),
-    ("1 MiB x8", MIB, DEFAULT_WINDOW),
+    ("default 1 MiB x8", DEFAULT_CHUNK, DEFAULT_WINDOW),
+    ("256 KiB x8", 256 * KIB, 8),
+    ("256 KiB x16", 256 * KIB, 16),
     ("1 MiB x16", MIB, 16),
 ]
 FILE_NAME = "bench.bin"

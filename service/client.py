@@ -238,7 +238,7 @@ class Client:
         *,
         workers: str = "any",
         offset: int = 0,
-        chunk_size: int = 256 * 1024,
+        chunk_size: int = 1024 * 1024,
         window: int = 8,
         timeout: float = 600.0,
     ) -> FileStream:
@@ -267,7 +267,7 @@ class Client:
         *,
         workers: str = "any",
         resume: bool = False,
-        chunk_size: int = 256 * 1024,
+        chunk_size: int = 1024 * 1024,
         window: int = 8,
         timeout: float = 600.0,
     ) -> dict[str, Any]:

@@ -93,7 +93,7 @@ class FilesWorker(Worker):
 
     @task
     def fetch_file(
-        self, job: Job, path: str, offset: int = 0, chunk_size: int = 256 * 1024, window: int = 8
+        self, job: Job, path: str, offset: int = 0, chunk_size: int = 1024 * 1024, window: int = 8
     ) -> dict[str, Any]:
         """Stream a file from `offset` in chunks under a credit window; return its size and sha256."""
         if not MIN_CHUNK <= chunk_size <= min(MAX_CHUNK, self.settings.max_message_bytes // 2):

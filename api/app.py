@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
@@ -16,9 +17,10 @@ from prometheus_client.registry import Collector
 from service.client import Client
 from service.metrics import ClientMetrics, FabricCollector, version
 
-from . import jobs, mmi, ops, problems
+from . import events, files, jobs, mmi, ops, problems
 from .auth import TokenSet
 from .fabric import FabricView
+from .jobdb import JobDB, Persister
 from .jobtable import JobTable
 from .middleware import BodyLimitMiddleware, HttpMetrics, MetricsMiddleware
 from .settings import ApiSettings
@@ -32,6 +34,7 @@ API_SUBMIT_TIMEOUT = 0.05
 
 TAGS = [
     {"name": "jobs", "description": "Submit jobs, wait for them, read their results, cancel them"},
+    {"name": "files", "description": "Download files from files-service workers"},
     {"name": "mmi", "description": "The broker's management interface: workers, services, tasks"},
     {"name": "ops", "description": "Health, readiness and Prometheus metrics (no auth)"},
 ]
@@ -75,6 +78,12 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        table = JobTable(s.job_history, asyncio.get_running_loop())
+        db = await asyncio.to_thread(JobDB, Path(s.api_db), s.job_history) if s.api_db else None
+        if db is not None:
+            for rec in await asyncio.to_thread(db.load, s.broker):
+                table.add(rec, persist=False)
+            log.info("zfab api: %d jobs from %s", len(table), db.path)
         client_settings = s.model_copy(update={"submit_timeout": min(s.submit_timeout, API_SUBMIT_TIMEOUT)})
         client = Client(broker=s.broker, name="api", settings=client_settings)
         client.start()
@@ -83,7 +92,10 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         view = FabricView(client, s.mmi_cache_seconds)
         merged = MergedCollector([client_metrics, FabricCollector(view.snapshot, role="api")])
         registry.register(merged)
-        app.state.zfab = ApiState(settings=s, client=client, jobs=JobTable(s.job_history), fabric=view)
+        persister = Persister(db, table, s.broker) if db is not None else None
+        if persister is not None:
+            persister.start()
+        app.state.zfab = ApiState(settings=s, client=client, jobs=table, fabric=view)
         if not tokens:
             log.warning("no ZFAB_API_TOKENS configured: the API serves loopback clients only, without auth")
         log.info("zfab api: broker %s", s.broker)
@@ -93,7 +105,12 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             app.state.zfab = None
             for collector in (merged, client_metrics.duration, client_metrics.hop):
                 registry.unregister(collector)
+            if persister is not None:
+                # Before the client closes: closing fails its pending jobs, which must stay pending on disk.
+                await persister.stop()
             await asyncio.to_thread(client.close)  # flushes within the loop's linger bound
+            if db is not None:
+                await asyncio.to_thread(db.close)
             log.info("zfab api: fabric client closed")
 
     app = ZfabAPI(
@@ -110,6 +127,8 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.state.zfab = None
     problems.install(app)
     app.include_router(jobs.router)
+    app.include_router(events.router)
+    app.include_router(files.router)
     app.include_router(mmi.router)
     app.include_router(ops.router)
     # The last middleware added is the outermost: metrics see every answer, 413s included.

@@ -35,6 +35,14 @@ async def wait_done(future: JobFuture, timeout: float) -> bool:
     return True
 
 
+async def await_result(future: JobFuture, timeout: float) -> Any:
+    """The job's result (or its error, raised), waiting at most `timeout` seconds (then TimeoutError).
+
+    Shielded like wait_done: a caller that hangs up does not cancel the job's future.
+    """
+    return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout)
+
+
 async def mmi(client: Client, task: str, timeout: float = MMI_TIMEOUT, **kwargs: Any) -> Any:
     """Ask the broker's management interface without blocking the event loop.
 

@@ -11,8 +11,9 @@ from service.errors import BadRequestError, ZfabError
 from .auth import Principal
 from .fabric import wait_done
 from .jobtable import REFUSALS, JobRecord, fingerprint, job_uuid_for_key, new_job_uuid
-from .models import Job, JobPage, JobRequest, JobState
+from .models import Job, JobPage, JobRequest
 from .problems import ProblemError, from_fabric_error, responses, unavailable
+from .recovery import ensure_live
 from .state import ApiState, api_state
 
 MAX_PAGE = 1000
@@ -61,15 +62,31 @@ def _applied(request: Request, response: Response, waited: float | None) -> None
 def _submit(st: ApiState, req: JobRequest, uuid: str | None, fp: str) -> JobRecord:
     if not st.client.broker_alive:
         raise unavailable(f"the broker at {st.client.broker} is not answering; retry shortly")
+    juuid = uuid or new_job_uuid()
+    table = st.jobs
     try:
         fut = st.client.submit(
-            req.service, req.task, req.args, req.kwargs, req.workers, req.timeout, uuid=uuid or new_job_uuid()
+            req.service,
+            req.task,
+            req.args,
+            req.kwargs,
+            req.workers,
+            req.timeout,
+            uuid=juuid,
+            on_event=lambda _: table.changed(juuid),  # wakes the job's SSE streams, if any
         )
     except ZfabError as exc:
         raise from_fabric_error(exc) from None
-    rec = JobRecord(fut.uuid, req.service, req.task, req.workers, fut, fp)
-    st.jobs.add(rec)
+    rec = JobRecord(fut.uuid, req.service, req.task, req.workers, fut, fp, req.timeout)
+    table.add(rec)
     return rec
+
+
+async def wait_for_job(rec: JobRecord, bound: float) -> None:
+    """Wait up to `bound` seconds for the job to finish (not at all for one that cannot: see ensure_live)."""
+    fut = rec.live
+    if fut is not None:
+        await wait_done(fut, bound)
 
 
 @router.post(
@@ -122,10 +139,13 @@ async def submit_job(
     fresh = rec is None or rec.refused()
     if rec is None or fresh:
         rec = _submit(st, req, uuid, fp)
+    else:
+        await ensure_live(st, rec)
     bound = wait_bound(wait, prefer, st.settings.default_wait_max)
     if bound is not None:
-        await wait_done(rec.future, bound)
-        exc = rec.future.exception() if rec.done else None
+        await wait_for_job(rec, bound)
+        fut = rec.live
+        exc = fut.exception() if fut is not None and fut.done() and not fut.cancelled() else None
         if isinstance(exc, (*REFUSALS, BadRequestError)):
             raise from_fabric_error(exc, rec.uuid)
     _applied(request, response, bound)
@@ -134,7 +154,7 @@ async def submit_job(
     # 200 with a finished job: one that ended within the wait bound, or a retried POST of one that
     # had ended. A job this request submitted without waiting is always 202, even when it was quick
     # enough to finish before the answer went out: the status must not depend on a race.
-    finished = view.state is not JobState.pending
+    finished = view.state.finished
     response.status_code = 200 if finished and (bound is not None or not fresh) else 202
     return view
 
@@ -156,10 +176,11 @@ async def get_job(
 ) -> Job:
     """The job as it stands (`state` says whether it finished). `?wait=N` long-polls until it does."""
     st = api_state(request)
-    rec = _known(st, uuid)
+    rec = known_job(st, uuid)
+    await ensure_live(st, rec)
     bound = wait_bound(wait, prefer, st.settings.default_wait_max)
     if bound is not None:
-        await wait_done(rec.future, bound)
+        await wait_for_job(rec, bound)
     _applied(request, response, bound)
     return rec.view()
 
@@ -175,7 +196,10 @@ async def get_job(
 async def cancel_job(uuid: JobUuid, request: Request, _: Principal) -> Job:
     """Ask the job's workers to cancel it (202); the job then ends as its workers report."""
     st = api_state(request)
-    rec = _known(st, uuid)
+    rec = known_job(st, uuid)
+    await ensure_live(st, rec)
+    if rec.live is None and not rec.done:
+        raise unavailable(f"job {uuid} ran before the API restarted and none of its workers answers yet; retry shortly")
     try:
         # False when the client no longer tracks the job: it has finished.
         sent = not rec.done and st.client.cancel(uuid)
@@ -186,6 +210,7 @@ async def cancel_job(uuid: JobUuid, request: Request, _: Principal) -> Job:
             409, "job-finished", "Job already finished", f"job {uuid} already finished; nothing to cancel", job=uuid
         )
     rec.cancel_requested = True
+    st.jobs.touch(uuid)
     return rec.view()
 
 
@@ -202,14 +227,18 @@ async def list_jobs(
     limit: Annotated[int, Query(ge=1, description=f"Page size (capped at {MAX_PAGE})")] = 50,
     offset: Annotated[int, Query(ge=0, description="Jobs to skip, from the newest")] = 0,
 ) -> JobPage:
-    """The jobs this API process submitted (up to ZFAB_JOB_HISTORY of them)."""
+    """The jobs this API submitted (up to ZFAB_JOB_HISTORY of them; across restarts with ZFAB_API_DB).
+
+    A job from before a restart that had not finished reads as `pending` here until a
+    GET /jobs/{uuid} recovers it from its workers."""
     st = api_state(request)
     limit = min(limit, MAX_PAGE)
     items = [rec.view() for rec in st.jobs.page(limit, offset)]
     return JobPage(items=items, total=len(st.jobs), limit=limit, offset=offset)
 
 
-def _known(st: ApiState, uuid: str) -> JobRecord:
+def known_job(st: ApiState, uuid: str) -> JobRecord:
+    """The job, or a 404 problem."""
     rec = st.jobs.get(uuid)
     if rec is None:
         raise ProblemError(

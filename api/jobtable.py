@@ -1,30 +1,38 @@
-"""The jobs the API submitted: a bounded, insertion-ordered table, and how a job's state is read.
+"""The jobs the API knows: a bounded, insertion-ordered table, and how a job's state is read.
 
-Pure bookkeeping, no I/O. The state is derived from the job's future when asked, not pushed by
-a callback, because the future completes on the client's owner thread while this table is
-only touched from the event loop: reading a finished future is safe from any thread.
+Bookkeeping, no I/O. The state is derived from the job's future when asked, not pushed by a
+callback, because the future completes on the client's owner thread while this table is only
+touched from the event loop: reading a finished future is safe from any thread. The owner
+thread only appends to `dirty` (a deque, safe across threads) and schedules wake-ups with
+call_soon_threadsafe; everything else happens on the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
 import random
 import uuid as uuidlib
-from collections import OrderedDict
-from dataclasses import dataclass
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from service.clientjob import JobFuture
-from service.errors import BackpressureError, BusyError, ClosedError, JobError, NoWorkersError
+from service.errors import BackpressureError, BrokerUnavailableError, BusyError, ClosedError, JobError, NoWorkersError
 
+from .inputs import is_open, pending_input, snapshot
 from .models import Job, JobErrorInfo, JobRequest, JobState
 
 # Errors that mean the fabric refused the job before any worker ran it: a retry of the same
 # Idempotency-Key may submit it again (with the same uuid, so workers still dedupe).
 REFUSALS = (NoWorkersError, BusyError, BackpressureError, ClosedError)
+REFUSAL_NAMES = frozenset(cls.__name__ for cls in REFUSALS)
+# A recovery (GET from the workers after an API restart) that ended like this tried nothing:
+# the job stays as the database has it, and the next read tries again.
+RECOVERY_RETRY = (*REFUSALS, BrokerUnavailableError)
 IDEMPOTENCY_NAMESPACE = uuidlib.UUID("6f1b7f4e-2c55-4f0e-9d43-0b7d7cf0a6a1")
 
 
@@ -71,50 +79,129 @@ def state_of(future: JobFuture) -> tuple[JobState, dict[str, Any] | None, BaseEx
 
 @dataclass(slots=True, eq=False)
 class JobRecord:
-    """One submitted job: what was asked, and the future that answers it."""
+    """One job: what was asked, and the future that answers it.
+
+    `future` is None for a job known only from the database (the API restarted); `stored`
+    is that database view. Reading such a job starts a recovery: `future` then answers it
+    from the workers by GET (see api/recovery.py).
+    """
 
     uuid: str
     service: str
     task: str
     workers: str | list[str]
-    future: JobFuture
+    future: JobFuture | None
     fingerprint: str  # of the request, when it came with an Idempotency-Key
+    timeout: float = 60.0
     cancel_requested: bool = False
+    stored: Job | None = None
+    ran_on: list[str] = field(default_factory=list)  # workers known to run it, from the database
+    _input: tuple[int, dict[str, Any] | None] = (0, None)  # (events scanned, pending request)
+
+    @property
+    def live(self) -> JobFuture | None:
+        """The future that answers the job, unless it is a recovery that tried nothing (retry later)."""
+        fut = self.future
+        if (
+            fut is not None
+            and self.stored is not None
+            and fut.done()
+            and not fut.cancelled()
+            and isinstance(fut.exception(), RECOVERY_RETRY)
+        ):
+            return None
+        return fut
 
     @property
     def done(self) -> bool:
-        return self.future.done()
+        fut = self.live
+        if fut is None:
+            return self.stored is not None and self.stored.state.finished
+        return fut.done()
 
     def refused(self) -> bool:
         """True when the fabric turned the job away before it ran."""
-        return self.future.done() and not self.future.cancelled() and isinstance(self.future.exception(), REFUSALS)
+        fut = self.live
+        if fut is None:
+            return self.stored is not None and self.stored.error is not None and self.stored.error.type in REFUSAL_NAMES
+        return fut.done() and not fut.cancelled() and isinstance(fut.exception(), REFUSALS)
+
+    def dispatched(self) -> list[str]:
+        """The workers that run (or ran) the job, as far as the API knows."""
+        fut = self.live
+        if fut is not None and fut.done() and not fut.cancelled():
+            exc = fut.exception()
+            results = exc.results if isinstance(exc, JobError) else None if exc else fut.result()
+            if results:
+                return sorted(results)
+        if fut is not None and fut.worker:
+            return [fut.worker]
+        if fut is not None and fut.dispatched:
+            return list(fut.dispatched)
+        if self.ran_on:
+            return list(self.ran_on)
+        return list(self.workers) if isinstance(self.workers, list) else []
+
+    def input_request(self) -> dict[str, Any] | None:
+        """The worker's open input request, if it waits for one (events are scanned once each)."""
+        fut = self.live
+        if fut is None or fut.done() or not fut.events:
+            return None
+        seen, request = self._input
+        events = snapshot(fut.events)
+        if len(events) != seen:
+            request = pending_input(events)
+            self._input = (len(events), request)
+        return request if request is not None and is_open(request) else None
 
     def view(self) -> Job:
-        state, results, exc = state_of(self.future)
-        t = self.future.timings
+        fut = self.live
+        if fut is None:
+            assert self.stored is not None, "a job has a future or a stored view"
+            return self.stored.model_copy(update={"cancel_requested": self.cancel_requested})
+        state, results, exc = state_of(fut)
+        timings = dict(self.stored.timings) if self.stored else {}
+        t = fut.timings
+        if self.stored is None:
+            timings.update(t)
+        elif "completed" in t:  # a recovered job: when the API learnt the outcome
+            timings.update(recovered=t.get("submitted", 0.0), completed=t["completed"])
+        request = self.input_request() if state is JobState.pending else None
         return Job(
             uuid=self.uuid,
             service=self.service,
             task=self.task,
             workers=self.workers,
-            state=state,
+            state=JobState.waiting if request is not None else state,
             results=results,
             error=JobErrorInfo(type=type(exc).__name__, message=str(exc)) if exc is not None else None,
-            submitted_at=_when(t.get("submitted")) or datetime.now(UTC),
-            completed_at=_when(t.get("completed")) if state is not JobState.pending else None,
-            timings=dict(t),
+            submitted_at=_when(timings.get("submitted")) or datetime.now(UTC),
+            completed_at=_when(timings.get("completed")) if state.finished else None,
+            timings=timings,
             cancel_requested=self.cancel_requested,
+            input_request=request,
         )
 
 
 class JobTable:
-    """The last `capacity` jobs, oldest evicted first (finished or not: the table must stay bounded)."""
+    """The last `capacity` jobs, oldest evicted first (finished or not: the table must stay bounded).
 
-    def __init__(self, capacity: int) -> None:
+    With a `loop`, it also tells who cares when a job changes: `dirty` collects the uuids to
+    persist, `listen` gives an asyncio.Event set on each event and on completion (for SSE).
+    """
+
+    def __init__(self, capacity: int, loop: asyncio.AbstractEventLoop | None = None) -> None:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         self.capacity = capacity
+        self.loop = loop
         self._jobs: OrderedDict[str, JobRecord] = OrderedDict()
+        self.persisting = False  # set when a persister drains `dirty`; otherwise nothing is collected
+        self.dirty: deque[str] = deque()
+        self.kick = asyncio.Event()  # set when `dirty` gains entries (the persister waits on it)
+        self._kicked = False
+        self._listeners: dict[str, set[asyncio.Event]] = {}
+        self.closing = False  # the server is stopping: streams end (callers resume with Last-Event-ID)
 
     def __len__(self) -> int:
         return len(self._jobs)
@@ -122,11 +209,20 @@ class JobTable:
     def get(self, uuid: str) -> JobRecord | None:
         return self._jobs.get(uuid)
 
-    def add(self, record: JobRecord) -> None:
+    def add(self, record: JobRecord, *, persist: bool = True) -> None:
         self._jobs.pop(record.uuid, None)
         self._jobs[record.uuid] = record
         while len(self._jobs) > self.capacity:
             self._jobs.popitem(last=False)
+        if record.future is not None:
+            self.watch(record.future)
+        if persist:
+            self.touch(record.uuid)
+
+    def watch(self, future: JobFuture) -> None:
+        """Persist and wake listeners when `future` (a job's, or its recovery's) finishes."""
+        uuid = future.uuid
+        future.add_done_callback(lambda _: self.changed(uuid, finished=True))
 
     def page(self, limit: int, offset: int) -> list[JobRecord]:
         """Newest first."""
@@ -137,3 +233,61 @@ class JobTable:
             if i >= offset:
                 out.append(rec)
         return out
+
+    # ---- change notification (any thread) -------------------------------------------
+
+    def touch(self, uuid: str) -> None:
+        """Mark a job for the next database write."""
+        if not self.persisting:
+            return
+        self.dirty.append(uuid)
+        if not self._kicked and self.loop is not None:
+            self._kicked = True
+            self._soon(self.kick.set)
+
+    def rearm(self) -> None:
+        """The persister took the kick: the next touch kicks again (event loop only)."""
+        self.kick.clear()
+        self._kicked = False
+
+    def changed(self, uuid: str, *, finished: bool = False) -> None:
+        """A job got an event or finished (called on the client's owner thread)."""
+        if finished:
+            self.touch(uuid)
+        if uuid in self._listeners:
+            self._soon(lambda: self._wake(uuid))
+
+    def _soon(self, fn: Any) -> None:
+        if self.loop is None:
+            return
+        try:
+            self.loop.call_soon_threadsafe(fn)
+        except RuntimeError:
+            pass  # the loop has closed: nobody is left to wake
+
+    def _wake(self, uuid: str) -> None:
+        for ev in self._listeners.get(uuid, ()):
+            ev.set()
+
+    def close_streams(self) -> None:
+        """The server is stopping: wake every stream so it ends (any thread, signal handlers too)."""
+        self._soon(self._close_streams)
+
+    def _close_streams(self) -> None:
+        self.closing = True
+        for group in self._listeners.values():
+            for ev in group:
+                ev.set()
+
+    def listen(self, uuid: str) -> asyncio.Event:
+        """An event set whenever the job changes; give it back with `unlisten` (event loop only)."""
+        ev = asyncio.Event()
+        self._listeners.setdefault(uuid, set()).add(ev)
+        return ev
+
+    def unlisten(self, uuid: str, ev: asyncio.Event) -> None:
+        group = self._listeners.get(uuid)
+        if group is not None:
+            group.discard(ev)
+            if not group:
+                del self._listeners[uuid]

@@ -50,6 +50,12 @@ class JobState(StrEnum):
     """Finished; at least one worker's result has `failed: true` (the task raised or refused)."""
     error = "error"
     """Ended without a complete result: timeout, no workers, worker lost, busy... see `error`."""
+    waiting = "waiting"
+    """Running; a worker waits for input from the client (see `input_request`, POST /jobs/{uuid}/input)."""
+
+    @property
+    def finished(self) -> bool:
+        return self not in (JobState.pending, JobState.waiting)
 
 
 class JobRequest(BaseModel):
@@ -132,6 +138,24 @@ class Job(BaseModel):
     completed_at: datetime | None = None
     timings: dict[str, float] = Field(description="Epoch seconds at each hop the client saw")
     cancel_requested: bool = False
+    input_request: dict[str, Any] | None = Field(
+        None,
+        description="While `state` is `waiting`: what the worker asks (`id`, `question`, the JSON `schema` the "
+        "answer must match, `timeout` in seconds, `worker`, `asked_at`); answer with POST /jobs/{uuid}/input",
+    )
+
+
+class InputAnswer(BaseModel):
+    """The answer to a job's pending input request."""
+
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"value": "Ada"}, {"value": 3, "input_id": "9f1c"}]}
+    )
+
+    value: Any = Field(description="The answer; the worker checks it against the request's `schema`")
+    input_id: str | None = Field(
+        None, max_length=128, description="The `input_request.id` answered (default: the job's latest request)"
+    )
 
 
 class JobPage(BaseModel):

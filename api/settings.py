@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field
 
 from service.settings import Settings
@@ -20,6 +22,15 @@ class ApiSettings(Settings):
     mmi_cache_seconds: float = Field(1.0, ge=0, description="How long /metrics reuses the broker's MMI answers")
     default_wait_max: float = Field(60, ge=0, description="Upper bound of ?wait= / Prefer: wait=N, in seconds")
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest accepted POST /jobs body")
+    api_db: str | None = Field(
+        None,
+        description="SQLite file that keeps the job table across restarts; `zfab api` uses "
+        "<data_dir>/api/jobs.sqlite when unset; empty = memory only",
+    )
+    sse_ping_seconds: float = Field(15.0, gt=0, le=3600, description="Keep-alive comment interval of idle SSE streams")
+
+    def default_api_db(self) -> str:
+        return str(Path(self.data_dir).expanduser() / "api" / "jobs.sqlite")
 
     def token_list(self) -> list[str]:
         return [t.strip() for t in self.api_tokens.split(",") if t.strip()]

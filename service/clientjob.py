@@ -50,6 +50,7 @@ class JobFuture(Future[Any]):
         self.changed = threading.Condition()  # notified on each event and when the job ends
         self.chunks: queue.Queue[bytes] | None = queue.Queue(maxsize=stream_window + 1) if stream_window else None
         self.worker: str | None = None  # the one worker running it, once known (202 or first event)
+        self.dispatched: list[str] | None = None  # every worker the broker sent it to (from 202)
         self.add_done_callback(self._notify)
 
     def add_event(self, event: dict[str, Any]) -> None:
@@ -102,6 +103,7 @@ class ClientJob:
         self.results, self.statuses, self.lost, self.refused = {}, {}, set(), None
         self.future.timings["retried"] = time.time()
         self.future.worker = None
+        self.future.dispatched = None
         return True
 
     @property
@@ -134,6 +136,7 @@ class ClientJob:
             if isinstance(workers, list) and self.expected is None:
                 self.expected = {str(w) for w in workers}
                 self.future.timings.setdefault("dispatched", time.time())
+                self.future.dispatched = sorted(self.expected)
                 if len(workers) == 1:
                     self.future.worker = str(workers[0])
             return False

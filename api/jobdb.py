@@ -1,0 +1,201 @@
+"""The API's job table on disk (SQLite, WAL), so GET /jobs/{uuid} still answers after a restart.
+
+Writes never happen on the event loop and never one per request: the table marks jobs dirty
+(on submit and when they finish), and the `Persister` writes whatever is dirty in one
+transaction at most every FLUSH_DELAY seconds, from a thread. `synchronous=NORMAL` in WAL mode
+makes a commit survive a crash of the API (not of the machine) without an fsync per commit.
+A job submitted less than FLUSH_DELAY before the API is killed may be missing after the
+restart; a clean stop (SIGTERM) writes everything first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sqlite3
+import threading
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+from service.errors import ClosedError
+
+from .jobtable import JobRecord, JobTable
+from .models import Job, JobState
+
+log = logging.getLogger(__name__)
+
+FLUSH_DELAY = 0.1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    uuid TEXT PRIMARY KEY,
+    broker TEXT NOT NULL,
+    service TEXT NOT NULL,
+    task TEXT NOT NULL,
+    target TEXT NOT NULL,
+    state TEXT NOT NULL,
+    workers TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    timeout REAL NOT NULL,
+    submitted_at REAL NOT NULL,
+    completed_at REAL,
+    job TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS jobs_broker ON jobs(broker);
+"""
+# `target` is the JSON of what the job was sent to ("any", "all", a name, a list); `workers` the
+# JSON list of the workers known to run it (recovery asks them); `job` the body GET answers.
+# Rows keep their first rowid on update, so rowid order is submission order.
+UPSERT = """
+INSERT INTO jobs (uuid, broker, service, task, target, state, workers, fingerprint, timeout, submitted_at,
+                  completed_at, job)
+VALUES (?,?,?,?,?,?,?,?,?,?,?,?)
+ON CONFLICT(uuid) DO UPDATE SET state=excluded.state, workers=excluded.workers, completed_at=excluded.completed_at,
+    job=excluded.job
+"""
+Row = tuple[str, str, str, str, str, str, str, str, float, float, float | None, str]
+
+
+def row_of(rec: JobRecord, broker: str) -> Row:
+    """The database row of a job as it stands (called from the persister's thread)."""
+    job = rec.view()
+    fut = rec.live
+    if fut is not None and fut.done() and not fut.cancelled() and isinstance(fut.exception(), ClosedError):
+        # The API stopped, not the job: it stays unfinished, to be recovered after the restart.
+        job = job.model_copy(update={"state": JobState.pending, "error": None, "results": None, "completed_at": None})
+    if job.state is JobState.waiting:  # an input request cannot be answered across a restart
+        job = job.model_copy(update={"state": JobState.pending, "input_request": None})
+    done = job.completed_at.timestamp() if job.completed_at else None
+    return (
+        rec.uuid,
+        broker,
+        rec.service,
+        rec.task,
+        json.dumps(rec.workers),
+        job.state.value,
+        json.dumps(rec.dispatched()),
+        rec.fingerprint,
+        rec.timeout,
+        job.submitted_at.timestamp(),
+        done,
+        job.model_dump_json(),
+    )
+
+
+def record_of(
+    uuid: str, service: str, task: str, target: str, workers: str, fp: str, timeout: float, job: str
+) -> JobRecord:
+    """A job read back from its row: known only from the database until a read recovers it."""
+    stored = Job.model_validate_json(job)
+    return JobRecord(
+        uuid=uuid,
+        service=service,
+        task=task,
+        workers=json.loads(target),
+        future=None,
+        fingerprint=fp,
+        timeout=timeout,
+        cancel_requested=stored.cancel_requested,
+        stored=stored,
+        ran_on=json.loads(workers),
+    )
+
+
+class JobDB:
+    """One SQLite file; every method runs in a thread, never on the event loop."""
+
+    def __init__(self, path: Path, capacity: int) -> None:
+        self.path = path
+        self.capacity = capacity
+        self._lock = threading.Lock()  # a write cut off by shutdown may still run when the last one starts
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.executescript(SCHEMA)
+
+    def load(self, broker: str) -> list[JobRecord]:
+        """The newest `capacity` jobs run through `broker`, oldest first (a job id means nothing elsewhere)."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT uuid, service, task, target, workers, fingerprint, timeout, job FROM jobs "
+                "WHERE broker=? ORDER BY rowid DESC LIMIT ?",
+                (broker, self.capacity),
+            ).fetchall()
+        out = []
+        for row in reversed(rows):
+            try:
+                out.append(record_of(*row))
+            except ValueError as exc:  # pydantic's ValidationError is a ValueError
+                log.warning("api job db: skipping unreadable job %s: %s", row[0], exc)
+        return out
+
+    def write(self, rows: list[Row]) -> None:
+        """Upsert the rows and drop the oldest beyond `capacity`, in one transaction."""
+        with self._lock:
+            conn = self._conn
+            conn.execute("BEGIN")
+            try:
+                conn.executemany(UPSERT, rows)
+                conn.execute(
+                    "DELETE FROM jobs WHERE rowid <= (SELECT max(rowid) FROM jobs) - ?",
+                    (self.capacity,),
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+
+@dataclass(slots=True, eq=False)
+class Persister:
+    """Writes the table's dirty jobs to the database in batches, off the event loop."""
+
+    db: JobDB
+    table: JobTable
+    broker: str
+    written: int = 0
+    failures: int = 0
+    _task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.table.persisting = True
+        self._task = asyncio.create_task(self._run(), name="api job db writer")
+
+    async def _run(self) -> None:
+        while True:
+            await self.table.kick.wait()
+            self.table.rearm()
+            await asyncio.sleep(FLUSH_DELAY)  # gather what else changes meanwhile into the same transaction
+            await self.flush()
+
+    async def flush(self) -> None:
+        dirty = self.table.dirty
+        uuids: dict[str, None] = {}
+        while dirty:
+            uuids[dirty.popleft()] = None
+        records = [rec for uuid in uuids if (rec := self.table.get(uuid)) is not None]
+        if records:
+            await asyncio.to_thread(self._write, records)
+
+    def _write(self, records: list[JobRecord]) -> None:
+        try:
+            self.db.write([row_of(rec, self.broker) for rec in records])
+            self.written += len(records)
+        except (sqlite3.Error, OSError) as exc:
+            self.failures += 1
+            log.error("api job db %s: could not record %d jobs: %s", self.db.path, len(records), exc)
+
+    async def stop(self) -> None:
+        """Write what is still dirty; the database stays open (close it after the client)."""
+        if self._task is not None:
+            self._task.cancel()
+            with suppress(asyncio.CancelledError):
+                await self._task
+        await self.flush()

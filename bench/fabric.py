@@ -59,10 +59,25 @@ def sequential(c: Client, n: int) -> list[float]:
     return lat
 
 
+def _settle(c: Client, seconds: float = 3.0) -> None:
+    """Let the worker's job store catch up with the previous phase, so phases do not overlap."""
+    time.sleep(seconds)
+
+
 def measure_fabric(quick: bool = False) -> dict[str, float]:
     seq_n, pipe_n, window, idle_s = (500, 3000, 200, 3.0) if quick else (3000, 20_000, 500, 10.0)
     out: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="zfab-bench-") as tmp:
+        # Idle first, on a fresh fabric: broker + worker + this client with nothing to do.
+        ep, procs = _start(1, tmp + "/idle")
+        try:
+            with Client(settings=Settings(broker=ep), name="idle") as c:
+                _ready(c, 1)
+                sequential(c, 100)
+                _settle(c)
+                out["idle_cpu_pct"] = idle_cpu_percent([p.pid for p in procs] + [os.getpid()], idle_s)
+        finally:
+            stop(procs)
         for n_workers in (1, 2):
             ep, procs = _start(n_workers, tmp + f"/w{n_workers}")
             try:
@@ -70,16 +85,15 @@ def measure_fabric(quick: bool = False) -> dict[str, float]:
                     with Client(settings=Settings(broker=ep), name="bench", acks=acks) as c:
                         _ready(c, n_workers)
                         sequential(c, 100)  # warm-up
+                        _settle(c)
                         tag = f"{n_workers}w_{'acks' if acks else 'noacks'}"
                         if n_workers == 1:
                             lat = sequential(c, seq_n)
                             out[f"seq_p50_ms_{tag}"] = percentile(lat, 50) * 1000
                             out[f"seq_p99_ms_{tag}"] = percentile(lat, 99) * 1000
+                            _settle(c)
                         out[f"pipe_jps_{tag}"] = pipelined(c, pipe_n, window)
-                        if n_workers == 1 and not acks:
-                            # Idle: broker + worker + this client with nothing to do.
-                            time.sleep(2.0)  # let the last batch drain before measuring idle
-                            out["idle_cpu_pct"] = idle_cpu_percent([p.pid for p in procs] + [os.getpid()], idle_s)
+                        _settle(c)
             finally:
                 stop(procs)
     return out

@@ -317,8 +317,8 @@ class Client:
             if juuid in self._jobs:
                 return self._jobs[juuid].future
             self._jobs[juuid] = job
-            heapq.heappush(self._timers, (job.deadline, juuid))
-            heapq.heappush(self._timers, (now + self.poll_after, juuid))
+            # One timer per job: the earlier of its deadline and its first poll; _check re-arms it.
+            heapq.heappush(self._timers, (min(job.deadline, now + self.poll_after), juuid))
             if on_event is not None:
                 self._callbacks[juuid] = on_event
         cmd = nfp.MMI if mmi else nfp.GET if expected else nfp.POST

@@ -26,6 +26,7 @@ from .errors import (
 )
 
 MAX_EVENTS_PER_JOB = 10_000
+_CHANGED_LOCK = threading.Lock()
 ATTEMPT_SEP = "~"  # wire uuid of a retried job: <uuid>~<attempt>
 
 
@@ -47,11 +48,22 @@ class JobFuture(Future[Any]):
         self.uuid = uuid
         self.events: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS_PER_JOB)
         self.timings: dict[str, float] = {}
-        self.changed = threading.Condition()  # notified on each event and when the job ends
+        self._changed: threading.Condition | None = None  # made on first use: most jobs never need it
         self.chunks: queue.Queue[bytes] | None = queue.Queue(maxsize=stream_window + 1) if stream_window else None
         self.worker: str | None = None  # the one worker running it, once known (202 or first event)
         self.dispatched: list[str] | None = None  # every worker the broker sent it to (from 202)
         self.add_done_callback(self._notify)
+
+    @property
+    def changed(self) -> threading.Condition:
+        """Notified on each event and when the job ends."""
+        c = self._changed
+        if c is None:
+            with _CHANGED_LOCK:
+                if self._changed is None:
+                    self._changed = threading.Condition()
+                c = self._changed
+        return c
 
     def add_event(self, event: dict[str, Any]) -> None:
         with self.changed:
@@ -61,8 +73,10 @@ class JobFuture(Future[Any]):
     @staticmethod
     def _notify(fut: Future[Any]) -> None:
         assert isinstance(fut, JobFuture)
-        with fut.changed:
-            fut.changed.notify_all()
+        c = fut._changed
+        if c is not None:  # nobody waits unless someone made it
+            with c:
+                c.notify_all()
 
 
 @dataclass(slots=True, eq=False)

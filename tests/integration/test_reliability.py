@@ -163,7 +163,7 @@ def test_hypothesis_frames_never_stop_a_live_broker(tmp_path: Path) -> None:
         ctx = zmq.Context()
         raw = ctx.socket(zmq.DEALER)
         raw.setsockopt(zmq.LINGER, 0)
-        raw.setsockopt(zmq.SNDTIMEO, 1000)
+        raw.setsockopt(zmq.SNDTIMEO, 5000)
         raw.connect(f.endpoint)
         sent = [0]
 
@@ -174,11 +174,11 @@ def test_hypothesis_frames_never_stop_a_live_broker(tmp_path: Path) -> None:
             sent[0] += 1
 
         try:
-            send()
             with client_for(f) as c:
                 wait_for(lambda: alive(c) == {"w1"}, 20, what="w1")
+                send()
+                wait_for(lambda: sum(c.mmi("show_broker")["frames_rejected"].values()) > 0, 10, what="rejections")
                 assert c.run_job("demo", "echo", kwargs={"data": "alive"}, timeout=10)["w1"]["result"] == "alive"
-                assert sum(c.mmi("show_broker")["frames_rejected"].values()) > 0
         finally:
             raw.close(0)
             ctx.term()

@@ -23,7 +23,7 @@ from typing import Any
 import zmq
 
 from . import protocol as nfp
-from .clientjob import ATTEMPT_SEP, ClientJob, JobFuture, split_wire_uuid
+from .clientjob import ATTEMPT_SEP, ClientJob, JobFuture, outcome_of, split_wire_uuid
 from .errors import (
     BadRequestError,
     BrokerUnavailableError,
@@ -33,7 +33,7 @@ from .errors import (
     JobTimeoutError,
     ZfabError,
 )
-from .filestream import FileStream, download
+from .filestream import FileStream, download, stream_request
 from .interaction import answer_input, iter_events
 from .keepalive import KeepAlive
 from .loop import OwnerLoop
@@ -45,16 +45,6 @@ log = logging.getLogger(__name__)
 _NO_ACK = b'{"ack":false}'
 EventCallback = Callable[[dict[str, Any]], None]
 Workers = str | list[str]
-
-
-def outcome_of(result: dict[str, Any] | None, error: BaseException | None) -> str:
-    """A bounded label for how a job ended: completed, failed, or the error's kind."""
-    if error is not None:
-        name = type(error).__name__.removesuffix("Error")
-        return "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_") or "error"
-    if result and any(isinstance(v, dict) and v.get("failed") for v in result.values()):
-        return "failed"
-    return "completed"
 
 
 class Client:
@@ -245,16 +235,7 @@ class Client:
         """Start streaming a file from a files-service worker; iterate the result for its chunks."""
         if workers == "all" or workers.startswith("["):
             raise ValueError("a stream comes from one worker: use 'any' or a worker name")
-        body = nfp.dumps(
-            {
-                "task": "fetch_file",
-                "args": [],
-                "timeout": timeout,
-                "push": True,
-                "ack": True,
-                "kwargs": {"path": path, "offset": offset, "chunk_size": chunk_size, "window": window},
-            }
-        )
+        body = stream_request(path, offset=offset, chunk_size=chunk_size, window=window, timeout=timeout)
         # Acknowledgements on: credits go to the worker the broker names in its 202.
         fut = self._submit(service.encode(), workers.encode(), body, timeout, stream_window=window)
         return FileStream(self.loop, fut, service)

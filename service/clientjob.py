@@ -222,3 +222,13 @@ class ClientJob:
             self.refused.results = self.results  # what did arrive, as every JobError carries
             return None, self.refused
         return self.results, None
+
+
+def outcome_of(result: dict[str, Any] | None, error: BaseException | None) -> str:
+    """A bounded label for how a job ended: completed, failed, or the error's kind."""
+    if error is not None:
+        name = type(error).__name__.removesuffix("Error")
+        return "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_") or "error"
+    if result and any(isinstance(v, dict) and v.get("failed") for v in result.values()):
+        return "failed"
+    return "completed"

@@ -63,6 +63,14 @@ class FileStream:
         return details
 
 
+def stream_request(path: str, *, offset: int, chunk_size: int, window: int, timeout: float) -> bytes:
+    """The POST body of a fetch_file job (acknowledged: credits go to the worker named in the 202)."""
+    kwargs = {"path": path, "offset": offset, "chunk_size": chunk_size, "window": window}
+    return nfp.dumps(
+        {"task": "fetch_file", "args": [], "kwargs": kwargs, "timeout": timeout, "push": True, "ack": True}
+    )
+
+
 def download(
     client: Client,
     service: str,

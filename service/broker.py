@@ -30,6 +30,8 @@ class Broker:
     `start()` binds and runs the mediate loop on its own thread; `stop()` ends it.
     """
 
+    TOLD_TO_LEAVE_MAX = 10_000  # unknown identities remembered for DISCONNECT rate-limiting
+
     def __init__(self, settings: Settings | None = None, *, endpoint: str | None = None) -> None:
         self.settings = settings or Settings()
         self.endpoint = endpoint or self.settings.bind_endpoint
@@ -49,7 +51,7 @@ class Broker:
         self.bound_endpoint = ""
         self.mmi = MmiService(self)
         self.zap: ZapHandler | None = None
-        self._told_to_leave: OrderedDict[bytes, float] = OrderedDict()  # unknown worker -> last DISCONNECT
+        self.told_to_leave: OrderedDict[bytes, float] = OrderedDict()  # unknown worker -> last DISCONNECT
         self.loop = OwnerLoop(
             self,
             name="broker",
@@ -325,13 +327,13 @@ class Broker:
         # re-registers must not make it reconnect again (and lose what it was sent meanwhile).
         self.counts["unknown_worker"] += 1
         now = time.monotonic()
-        last = self._told_to_leave.get(sender)
+        last = self.told_to_leave.get(sender)
         if last is not None and now - last < self.settings.keepalive_interval:
             return
-        self._told_to_leave[sender] = now
-        self._told_to_leave.move_to_end(sender)
-        if len(self._told_to_leave) > 10_000:
-            self._told_to_leave.popitem(last=False)
+        self.told_to_leave[sender] = now
+        self.told_to_leave.move_to_end(sender)
+        if len(self.told_to_leave) > self.TOLD_TO_LEAVE_MAX:
+            self.told_to_leave.popitem(last=False)
         self.send(nfp.broker_control(sender, nfp.DISCONNECT, service))
 
     def _lose(self, worker: WorkerRecord, why: str) -> None:

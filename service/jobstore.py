@@ -215,10 +215,10 @@ class JobStore:
 
     def insert_op(self, rows: list[tuple[str, bytes, str, bytes, float]]) -> Op:
         """Record received jobs: (uuid, client, task, raw request body, received_at) each."""
-        self._inserts_since_prune += len(rows)
         params = [(u, c, t, body.decode(errors="replace"), ts) for u, c, t, body, ts in rows]
 
         def op(conn: sqlite3.Connection) -> None:
+            self._inserts_since_prune += len(params)  # writer thread only
             conn.executemany(
                 "INSERT OR IGNORE INTO jobs(uuid, client, task, request, state, received_at) "
                 "VALUES (?,?,?,?,'received',?)",
@@ -272,10 +272,9 @@ class JobStore:
             conn.close()
         return [json.loads(r[0]) for r in rows]
 
-    def read(self, uuid: str, reply: Callable[[StoredJob | None, list[str]], None], timeout: float = 0.0) -> None:
-        """Look a job (and its events) up on the writer thread; `reply` gets the answer there."""
+    def read(self, uuid: str, reply: Callable[[StoredJob | None], None], timeout: float = 0.0) -> None:
+        """Look a job up on the writer thread (after what is queued before it); `reply` gets the answer there."""
         found: list[StoredJob | None] = [None]
-        events: list[str] = []
 
         def op(conn: sqlite3.Connection) -> None:
             row = conn.execute(
@@ -283,8 +282,5 @@ class JobStore:
             ).fetchone()
             if row is not None:
                 found[0] = StoredJob(*row)
-                events.extend(
-                    r[0] for r in conn.execute("SELECT payload FROM events WHERE uuid=? ORDER BY seq", (uuid,))
-                )
 
-        self.submit(op, lambda: reply(found[0], events), timeout=timeout)
+        self.submit(op, lambda: reply(found[0]), timeout=timeout)

@@ -133,6 +133,7 @@ def fabric_families(broker: dict[str, Any], workers: list[dict[str, Any]]) -> li
     for table, size, capacity in (
         ("broker_clients", "clients", "clients_capacity"),
         ("broker_finished_jobs", "jobs_finished_remembered", "jobs_finished_capacity"),
+        ("broker_unknown_workers", "unknown_workers_remembered", "unknown_workers_capacity"),
     ):
         tables.add_metric([table], broker.get(size, 0))
         table_caps.add_metric([table], broker.get(capacity, 0))
@@ -191,6 +192,12 @@ class WorkerCollector(Collector):
         jobs.add_metric([*labels, "failed"], st["jobs_failed"])
         jobs.add_metric([*labels, "busy"], st["jobs_busy"])
         yield jobs
+        tables = GaugeMetricFamily("zfab_table_size", "Entries in a bounded table", labels=["table"])
+        tables.add_metric(["worker_recent_jobs"], st["jobs_remembered"])
+        yield tables
+        table_caps = GaugeMetricFamily("zfab_table_capacity", "Bound of a table", labels=["table"])
+        table_caps.add_metric(["worker_recent_jobs"], st["jobs_remembered_capacity"])
+        yield table_caps
         running = GaugeMetricFamily(
             "zfab_worker_jobs_running", "Jobs a pool thread runs now", labels=["service", "worker"]
         )

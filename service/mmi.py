@@ -116,9 +116,7 @@ class MmiService:
 
     def show_clients(self) -> list[dict[str, Any]]:
         reg = self.broker.registry
-        per_client: dict[bytes, int] = {}
-        for r in reg.routes.values():
-            per_client[r.client] = per_client.get(r.client, 0) + 1
+        per_client = reg.inflight_by_client()
         now = time.time()
         return [
             {
@@ -149,6 +147,8 @@ class MmiService:
             "jobs_in_flight_capacity": reg.max_routes,
             "jobs_finished_remembered": len(reg.finished),
             "jobs_finished_capacity": reg.max_finished,
+            "unknown_workers_remembered": len(b.told_to_leave),
+            "unknown_workers_capacity": b.TOLD_TO_LEAVE_MAX,
             "max_inflight_per_worker": reg.max_inflight_per_worker,
             "outbound_queue_depth": b.loop.queue_depth(),
             "outbound_queue_capacity": b.loop.outbound_size,

@@ -200,5 +200,9 @@ class Registry:
         name = self.finished.get(uuid)
         return self.workers.get(name) if name is not None else None
 
-    def inflight_for_client(self, identity: bytes) -> int:
-        return sum(1 for r in self.routes.values() if r.client == identity)
+    def inflight_by_client(self) -> dict[bytes, int]:
+        """Jobs in flight per client identity (for MMI; a pass over the routes)."""
+        counts: dict[bytes, int] = {}
+        for r in self.routes.values():
+            counts[r.client] = counts.get(r.client, 0) + 1
+        return counts

@@ -206,6 +206,8 @@ class Worker:
             "frames_rejected": self.counts["rejected_frames"],
             "reconnects": self.loop.stats.reconnects,
             "draining": self._draining,
+            "jobs_remembered": len(self.jobs),
+            "jobs_remembered_capacity": RECENT_JOBS,
         }
 
     def _reply(self, msg: nfp.BrokerJob, status: bytes, payload: Any, command: bytes = nfp.RESPONSE) -> None:
@@ -316,7 +318,7 @@ class Worker:
             self._answer(job, msg.client)
             return
 
-        def reply(found: StoredJob | None, events: list[str]) -> None:
+        def reply(found: StoredJob | None) -> None:
             if found is None:
                 status, payload = nfp.ST_NOT_FOUND, nfp.dumps(self.runner.status(uuid, "JOB NOT FOUND"))
             elif found.result is not None:

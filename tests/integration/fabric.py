@@ -11,6 +11,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+from service import Client, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,6 +38,16 @@ def wait_for(cond: Callable[[], bool], timeout: float, interval: float = 0.05, w
         time.sleep(interval)
 
 
+def alive_workers(c: Client) -> set[str]:
+    """Names of the workers the broker holds alive."""
+    return {w["name"] for w in c.mmi("show_workers", timeout=2) if w.get("alive")}
+
+
+def wait_workers(c: Client, names: set[str], timeout: float = 20) -> None:
+    """Wait until at least these workers are registered and alive."""
+    wait_for(lambda: names <= alive_workers(c), timeout, what=f"workers {sorted(names)} registered")
+
+
 class Fabric:
     """Starts broker/worker/api processes for one test and stops them all afterwards."""
 
@@ -54,6 +67,11 @@ class Fabric:
         self.interval = interval
         self.multiplier = multiplier
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def client(self, name: str = "test", **kw: Any) -> Client:
+        """A started Client of this fabric with its keepalive settings."""
+        s = Settings(broker=self.endpoint, keepalive_interval=self.interval, keepalive_multiplier=self.multiplier)
+        return Client(settings=s, name=name, **kw).start()
 
     @property
     def hold_time(self) -> float:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import zmq
-from fabric import ROOT, Fabric, fabric, free_port, wait_for
+from fabric import ROOT, fabric, free_port, wait_for, wait_workers
 
 from service import (
     BackpressureError,
@@ -29,26 +29,13 @@ from service import (
 pytestmark = pytest.mark.integration
 
 
-def client_for(f: Fabric, name: str = "test", **kw: object) -> Client:
-    s = Settings(broker=f.endpoint, keepalive_interval=f.interval, keepalive_multiplier=f.multiplier)
-    return Client(settings=s, name=name, **kw).start()  # type: ignore[arg-type]
-
-
-def live_workers(c: Client) -> set[str]:
-    return {w["name"] for w in c.mmi("show_workers", timeout=2) if w.get("alive")}
-
-
-def ready(f: Fabric, c: Client, names: set[str], timeout: float = 20) -> None:
-    wait_for(lambda: names <= live_workers(c), timeout, what=f"workers {names} registered")
-
-
 def test_jobs_reach_all_any_and_failures_come_back_as_data(tmp_path: Path) -> None:
     with fabric(tmp_path) as f:
         f.broker()
         f.worker("w1")
         f.worker("w2")
-        with client_for(f) as c:
-            ready(f, c, {"w1", "w2"})
+        with f.client() as c:
+            wait_workers(c, {"w1", "w2"})
             # all: one entry per worker, each carrying the result shape
             r = c.run_job("demo", "echo", kwargs={"data": "hello"}, workers="all", timeout=10)
             assert set(r) == {"w1", "w2"}
@@ -72,8 +59,8 @@ def test_unknown_service_task_and_bad_arguments_are_clear_errors(tmp_path: Path)
     with fabric(tmp_path) as f:
         f.broker()
         f.worker("w1")
-        with client_for(f) as c:
-            ready(f, c, {"w1"})
+        with f.client() as c:
+            wait_workers(c, {"w1"})
             with pytest.raises(NoWorkersError, match="service 'nope' is unknown"):
                 c.run_job("nope", "echo", timeout=5)
             with pytest.raises(NoWorkersError, match="no live worker"):
@@ -94,8 +81,8 @@ def test_killed_worker_is_purged_and_its_job_fails_with_worker_lost(tmp_path: Pa
         f.broker()
         f.worker("victim")
         f.worker("other")
-        with client_for(f) as c:
-            ready(f, c, {"victim", "other"})
+        with f.client() as c:
+            wait_workers(c, {"victim", "other"})
             fut = c.submit("demo", "sleep", kwargs={"seconds": 30}, workers="victim", timeout=60)
             wait_for(lambda: fut.timings.get("dispatched") is not None, 5, what="job dispatched")
             t0 = time.monotonic()
@@ -114,13 +101,13 @@ def test_workers_reregister_quickly_after_a_broker_restart(tmp_path: Path) -> No
         f.broker("broker1")
         f.worker("w1")
         f.worker("w2")
-        with client_for(f) as c:
-            ready(f, c, {"w1", "w2"})
+        with f.client() as c:
+            wait_workers(c, {"w1", "w2"})
             f.kill("broker1")
             f.broker("broker2")
             wait_for(lambda: c.mmi("show_broker", timeout=1) is not None, 20, what="new broker answers")
             t0 = time.monotonic()
-            ready(f, c, {"w1", "w2"}, timeout=f.hold_time)
+            wait_workers(c, {"w1", "w2"}, timeout=f.hold_time)
             took = time.monotonic() - t0
             # far sooner than a hold time (3 s here): within about one keepalive interval
             assert took < f.interval * 3 + 0.5, f"re-registered after {took:.2f} s"
@@ -131,8 +118,8 @@ def test_job_in_flight_across_a_broker_restart_still_returns_its_result(tmp_path
     with fabric(tmp_path, interval=0.3, multiplier=10) as f:
         f.broker("broker1")
         f.worker("w1")
-        with client_for(f, poll_after=0.5) as c:
-            ready(f, c, {"w1"})
+        with f.client(poll_after=0.5) as c:
+            wait_workers(c, {"w1"})
             fut = c.submit("demo", "sleep", kwargs={"seconds": 1.5}, timeout=30)
             wait_for(lambda: fut.timings.get("dispatched") is not None, 5, what="job dispatched")
             f.kill("broker1")
@@ -146,8 +133,8 @@ def test_a_retried_post_with_the_same_uuid_runs_once(tmp_path: Path) -> None:
         f.broker()
         f.worker("w1")
         f.worker("w2")
-        with client_for(f, name="a") as a, client_for(f, name="b") as b:
-            ready(f, a, {"w1", "w2"})
+        with f.client(name="a") as a, f.client(name="b") as b:
+            wait_workers(a, {"w1", "w2"})
             first = a.submit("demo", "sleep", kwargs={"seconds": 0.5}, uuid="same-job-1", timeout=10)
             wait_for(lambda: first.timings.get("dispatched") is not None, 5, what="first dispatch")
             again = b.submit("demo", "sleep", kwargs={"seconds": 0.5}, uuid="same-job-1", timeout=10)
@@ -177,8 +164,8 @@ def test_malformed_frames_never_stop_the_broker(tmp_path: Path) -> None:
             [b"", b"NFPC01", b"0x04", b"demo", b"any", b"u4", b"\xff\xfe"],
         ]
         try:
-            with client_for(f) as c:
-                ready(f, c, {"w1"})
+            with f.client() as c:
+                wait_workers(c, {"w1"})
                 for frames in garbage * 20:
                     raw.send_multipart(frames)
                 wait_for(
@@ -254,8 +241,8 @@ def test_cli_run_and_mmi_print_json(tmp_path: Path) -> None:
     with fabric(tmp_path) as f:
         f.broker()
         f.worker("w1")
-        with client_for(f) as c:
-            ready(f, c, {"w1"})
+        with f.client() as c:
+            wait_workers(c, {"w1"})
         env = dict(f.env)
         run = subprocess.run(
             [
@@ -303,8 +290,8 @@ def test_sigterm_stops_a_worker_cleanly_and_the_broker_forgets_it(tmp_path: Path
     with fabric(tmp_path, interval=0.3, multiplier=20) as f:
         f.broker()
         f.worker("w1")
-        with client_for(f) as c:
-            ready(f, c, {"w1"})
+        with f.client() as c:
+            wait_workers(c, {"w1"})
             f.signal("w1", signal.SIGTERM)
             f.procs["w1"].wait(10)
             # DISCONNECT on the way out: gone at once, not after the 6 s hold time
@@ -314,8 +301,8 @@ def test_sigterm_stops_a_worker_cleanly_and_the_broker_forgets_it(tmp_path: Path
 def test_zfab_up_starts_a_fabric_and_ctrl_c_stops_it_all(tmp_path: Path) -> None:
     with fabric(tmp_path) as f:
         up = f.start("up", "up", "--workers", "2", "--api-port", "0", "--endpoint", f.endpoint)
-        with client_for(f) as c:
-            ready(f, c, {"demo-1", "demo-2"})
+        with f.client() as c:
+            wait_workers(c, {"demo-1", "demo-2"})
             assert set(c.run_job("demo", "echo", kwargs={"data": 1}, workers="all", timeout=10)) == {"demo-1", "demo-2"}
         f.signal("up", signal.SIGINT)
         assert up.wait(20) == 0
@@ -341,8 +328,8 @@ def test_messages_over_the_size_limit_are_refused_and_counted(tmp_path: Path) ->
             # Each frame is under ZeroMQ's per-frame limit, the whole message is over ours.
             big = b"x" * (40 * 1024)
             raw.send_multipart([b"", b"NFPC01", b"0x04", b"demo", b"any", b"u-big", big, big])
-            with client_for(f) as c:
-                ready(f, c, {"w1"})
+            with f.client() as c:
+                wait_workers(c, {"w1"})
                 wait_for(lambda: c.mmi("show_broker")["frames_rejected"].get("oversize", 0) == 1, 10, what="counted")
                 assert c.run_job("demo", "echo", kwargs={"data": "small"}, timeout=10)["w1"]["result"] == "small"
                 with pytest.raises(JobTimeoutError):

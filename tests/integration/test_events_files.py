@@ -11,20 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-from fabric import ROOT, Fabric, fabric, wait_for
+from fabric import ROOT, fabric, wait_for, wait_workers
 
-from service import BadRequestError, Client, Settings
+from service import BadRequestError
 
 pytestmark = pytest.mark.integration
-
-
-def client_for(f: Fabric, name: str = "t") -> Client:
-    s = Settings(broker=f.endpoint, keepalive_interval=f.interval, keepalive_multiplier=f.multiplier)
-    return Client(settings=s, name=name).start()
-
-
-def ready(c: Client, names: set[str]) -> None:
-    wait_for(lambda: names <= {w["name"] for w in c.mmi("show_workers", timeout=2)}, 20, what=f"{names} registered")
 
 
 def peak_rss_kib(pid: int) -> int:
@@ -38,8 +29,8 @@ def test_progress_events_arrive_in_order_and_can_be_read_back(tmp_path: Path) ->
     with fabric(tmp_path) as f:
         f.broker()
         f.worker("w1")
-        with client_for(f) as c:
-            ready(c, {"w1"})
+        with f.client() as c:
+            wait_workers(c, {"w1"})
             seen: list[str] = []
             fut = c.submit(
                 "demo", "progress", kwargs={"steps": 20, "delay": 0.01}, on_event=lambda e: seen.append(e["message"])
@@ -67,8 +58,8 @@ def test_a_100_mb_file_arrives_intact_with_bounded_memory(tmp_path: Path) -> Non
     with fabric(tmp_path) as f:
         f.broker()
         w = f.worker("f1", "files", "--root", str(root))
-        with client_for(f) as c:
-            ready(c, {"f1"})
+        with f.client() as c:
+            wait_workers(c, {"f1"})
         worker_before = peak_rss_kib(w.pid)
         # The client runs in its own process so its peak memory is its own.
         code = (
@@ -102,8 +93,8 @@ def test_a_slow_reader_throttles_the_sender(tmp_path: Path) -> None:
     with fabric(tmp_path) as f:
         f.broker()
         f.worker("f1", "files", "--root", str(root))
-        with client_for(f) as c:
-            ready(c, {"f1"})
+        with f.client() as c:
+            wait_workers(c, {"f1"})
             stream = c.open_stream("files", "f.bin", chunk_size=64 * 1024, window=3)
             chunks = stream.future.chunks
             assert chunks is not None
@@ -128,8 +119,8 @@ def test_bad_paths_and_parameters_get_clear_answers(tmp_path: Path) -> None:
     with fabric(tmp_path) as f:
         f.broker()
         f.worker("f1", "files", "--root", str(root))
-        with client_for(f) as c:
-            ready(c, {"f1"})
+        with f.client() as c:
+            wait_workers(c, {"f1"})
             for path, why in [
                 ("../../etc/passwd", "outside the service root"),
                 ("/etc/passwd", "absolute"),
@@ -155,8 +146,8 @@ def test_input_round_trip_validation_and_timeout(tmp_path: Path) -> None:
     with fabric(tmp_path) as f:
         f.broker()
         f.worker("w1")
-        with client_for(f) as c:
-            ready(c, {"w1"})
+        with f.client() as c:
+            wait_workers(c, {"w1"})
             fut = c.submit("demo", "ask", kwargs={"question": "name?"}, timeout=30)
             wait_for(lambda: any(e["event_type"] == "input_request" for e in fut.events), 10, what="input request")
             # while it waits, GET says 102 and the job is not finished

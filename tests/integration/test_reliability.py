@@ -12,22 +12,13 @@ from typing import Any
 
 import pytest
 import zmq
-from fabric import Fabric, fabric, wait_for
+from fabric import alive_workers, fabric, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service import Client, JobError, JobNotFoundError, JobTimeoutError, Settings, WorkerLostError
+from service import JobError, JobNotFoundError, JobTimeoutError, WorkerLostError
 
 pytestmark = pytest.mark.integration
-
-
-def client_for(f: Fabric, name: str = "t", **kw: Any) -> Client:
-    s = Settings(broker=f.endpoint, keepalive_interval=f.interval, keepalive_multiplier=f.multiplier)
-    return Client(settings=s, name=name, **kw).start()
-
-
-def alive(c: Client) -> set[str]:
-    return {w["name"] for w in c.mmi("show_workers", timeout=2) if w.get("alive")}
 
 
 def test_a_lost_worker_job_runs_once_elsewhere_when_retries_are_asked(tmp_path: Path) -> None:
@@ -35,8 +26,8 @@ def test_a_lost_worker_job_runs_once_elsewhere_when_retries_are_asked(tmp_path: 
         f.broker()
         f.worker("w1")
         f.worker("w2")
-        with client_for(f) as c:
-            wait_for(lambda: alive(c) == {"w1", "w2"}, 20, what="both workers")
+        with f.client() as c:
+            wait_for(lambda: alive_workers(c) == {"w1", "w2"}, 20, what="both workers")
             fut = c.submit("demo", "sleep", kwargs={"seconds": 1.0}, timeout=30, retries=1)
             wait_for(lambda: fut.worker is not None, 5, what="dispatch")
             victim = fut.worker
@@ -59,19 +50,19 @@ def test_a_stopped_worker_is_dropped_then_rejoins_and_its_stale_result_is_discar
         f.broker()
         f.worker("w1")
         f.worker("w2")
-        with client_for(f) as c:
-            wait_for(lambda: alive(c) == {"w1", "w2"}, 20, what="both workers")
+        with f.client() as c:
+            wait_for(lambda: alive_workers(c) == {"w1", "w2"}, 20, what="both workers")
             fut = c.submit("demo", "sleep", kwargs={"seconds": 1.5}, timeout=30, retries=1)
             wait_for(lambda: fut.worker is not None, 5, what="dispatch")
             frozen = fut.worker
             assert frozen is not None
             f.signal(frozen, signal.SIGSTOP)
-            wait_for(lambda: frozen not in alive(c), f.hold_time + 3, what="the stopped worker dropped")
+            wait_for(lambda: frozen not in alive_workers(c), f.hold_time + 3, what="the stopped worker dropped")
             result = fut.result(20)
             (other,) = result
             assert other != frozen
             f.signal(frozen, signal.SIGCONT)
-            wait_for(lambda: alive(c) == {"w1", "w2"}, 10, what="the stopped worker back")
+            wait_for(lambda: alive_workers(c) == {"w1", "w2"}, 10, what="the stopped worker back")
             # its own run of the job finishes and is thrown away: the result stays the one we got
             wait_for(
                 lambda: c.counts["late"] + c.mmi("show_broker")["counts"].get("stale_results", 0) >= 1,
@@ -87,8 +78,8 @@ def test_every_job_ends_definitely_and_once_across_a_broker_restart(tmp_path: Pa
         f.worker("w1")
         f.worker("w2")
         futures: list[Future[Any]] = []
-        with client_for(f, poll_after=0.5) as c:
-            wait_for(lambda: alive(c) == {"w1", "w2"}, 20, what="both workers")
+        with f.client(poll_after=0.5) as c:
+            wait_for(lambda: alive_workers(c) == {"w1", "w2"}, 20, what="both workers")
             stop = threading.Event()
 
             def submit_stream() -> None:
@@ -128,8 +119,8 @@ def test_a_restarted_worker_still_answers_for_its_stored_jobs(tmp_path: Path) ->
     with fabric(tmp_path, interval=0.3, multiplier=3) as f:
         f.broker()
         f.worker("w1")
-        with client_for(f) as c:
-            wait_for(lambda: alive(c) == {"w1"}, 20, what="w1")
+        with f.client() as c:
+            wait_for(lambda: alive_workers(c) == {"w1"}, 20, what="w1")
             done = c.run_job("demo", "echo", kwargs={"data": "kept"}, timeout=10)
             done_uuid = done["w1"]["juuid"]
             running = c.submit("demo", "sleep", kwargs={"seconds": 30}, timeout=60)
@@ -138,7 +129,7 @@ def test_a_restarted_worker_still_answers_for_its_stored_jobs(tmp_path: Path) ->
             with pytest.raises(WorkerLostError):
                 running.result(10)
             f.worker("w1")
-            wait_for(lambda: alive(c) == {"w1"}, 20, what="w1 back")
+            wait_for(lambda: alive_workers(c) == {"w1"}, 20, what="w1 back")
             again = c.recover("demo", done_uuid, ["w1"]).result(10)
             assert again["w1"]["result"] == "kept"
             cut = c.recover("demo", running.uuid, ["w1"]).result(10)
@@ -174,8 +165,8 @@ def test_hypothesis_frames_never_stop_a_live_broker(tmp_path: Path) -> None:
             sent[0] += 1
 
         try:
-            with client_for(f) as c:
-                wait_for(lambda: alive(c) == {"w1"}, 20, what="w1")
+            with f.client() as c:
+                wait_for(lambda: alive_workers(c) == {"w1"}, 20, what="w1")
                 send()
                 wait_for(lambda: sum(c.mmi("show_broker")["frames_rejected"].values()) > 0, 10, what="rejections")
                 assert c.run_job("demo", "echo", kwargs={"data": "alive"}, timeout=10)["w1"]["result"] == "alive"
@@ -196,8 +187,8 @@ def test_a_client_that_never_reads_does_not_stall_others(tmp_path: Path) -> None
         slow.setsockopt(zmq.SNDTIMEO, 1000)
         slow.connect(f.endpoint)
         try:
-            with client_for(f) as c:
-                wait_for(lambda: alive(c) == {"w1"}, 20, what="w1")
+            with f.client() as c:
+                wait_for(lambda: alive_workers(c) == {"w1"}, 20, what="w1")
                 body = b'{"task":"show_broker","kwargs":{}}'
                 for i in range(20_000):
                     slow.send_multipart([b"", b"NFPC01", b"0x11", b"mmi.service.broker", b"any", str(i).encode(), body])
@@ -217,8 +208,8 @@ def test_delete_ends_a_queued_job_at_once_and_a_running_one_cooperatively(tmp_pa
         f.broker()
         f.env["ZFAB_POOL_SIZE"] = "1"
         f.worker("w1")
-        with client_for(f) as c:
-            wait_for(lambda: alive(c) == {"w1"}, 20, what="w1")
+        with f.client() as c:
+            wait_for(lambda: alive_workers(c) == {"w1"}, 20, what="w1")
             running = c.submit("demo", "sleep", kwargs={"seconds": 30}, timeout=60)
             queued = c.submit("demo", "sleep", kwargs={"seconds": 30}, timeout=60)
             wait_for(lambda: queued.worker == "w1" and running.worker == "w1", 5, what="both dispatched")

@@ -32,8 +32,11 @@ def keys(tmp: Path) -> dict[str, tuple[Path, Path]]:
 
 def curve_client(f: Fabric, secret: Path | None, server: Path | None, name: str) -> Client:
     s = Settings(
-        broker=f.endpoint, keepalive_interval=f.interval, keepalive_multiplier=f.multiplier,
-        curve_secret=str(secret) if secret else None, curve_server_key=str(server) if server else None,
+        broker=f.endpoint,
+        keepalive_interval=f.interval,
+        keepalive_multiplier=f.multiplier,
+        curve_secret=str(secret) if secret else None,
+        curve_server_key=str(server) if server else None,
     )
     return Client(settings=s, name=name).start()
 
@@ -73,7 +76,10 @@ def test_curve_admits_known_keys_and_refuses_the_rest(tmp_path: Path) -> None:
 def test_a_non_loopback_endpoint_without_curve_needs_insecure(tmp_path: Path) -> None:
     run = subprocess.run(
         [sys.executable, "-m", "service.cli", "broker", "--endpoint", "tcp://0.0.0.0:0"],
-        cwd=ROOT, capture_output=True, text=True, timeout=30,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert run.returncode == 2 and "without CURVE" in run.stderr
 
@@ -81,7 +87,10 @@ def test_a_non_loopback_endpoint_without_curve_needs_insecure(tmp_path: Path) ->
 def test_zfab_keys_writes_a_usable_pair(tmp_path: Path) -> None:
     run = subprocess.run(
         [sys.executable, "-m", "service.cli", "keys", "--dir", str(tmp_path), "--name", "w1", "--worker", "w1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=30,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert run.returncode == 0, run.stderr
     assert (tmp_path / "w1.key").exists() and (tmp_path / "w1.key_secret").stat().st_mode & 0o077 == 0

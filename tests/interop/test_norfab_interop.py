@@ -9,10 +9,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from fabric import Fabric, fabric, wait_for
+from fabric import Fabric, fabric, wait_workers
 from norfab_env import last_failure_reason, norfab_python, run_driver
-
-from service import Client, Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.interop, pytest.mark.timeout(300)]
 
@@ -29,9 +27,8 @@ def norfab() -> Path:
 
 
 def _ready(f: Fabric, names: set[str]) -> None:
-    s = Settings(broker=f.endpoint, keepalive_interval=f.interval, keepalive_multiplier=f.multiplier)
-    with Client(settings=s, name="probe") as c:
-        wait_for(lambda: names <= {w["name"] for w in c.mmi("show_workers")}, 20, what=f"{names} registered")
+    with f.client("probe") as c:
+        wait_workers(c, names)
 
 
 def test_norfab_client_runs_a_job_and_reads_show_workers(tmp_path: Path, norfab: Path) -> None:

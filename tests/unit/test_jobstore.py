@@ -38,17 +38,18 @@ def store(path: Path) -> Iterator[JobStore]:
 
 
 def read_now(store: JobStore, uuid: str) -> tuple[StoredJob | None, list[str]]:
-    """Read on the writer thread and wait for the answer."""
+    """Read the job on the writer thread (after all queued writes) and its events as stored text."""
     done = threading.Event()
-    answer: list[tuple[StoredJob | None, list[str]]] = []
+    answer: list[StoredJob | None] = []
 
-    def reply(job: StoredJob | None, events: list[str]) -> None:
-        answer.append((job, list(events)))
+    def reply(job: StoredJob | None) -> None:
+        answer.append(job)
         done.set()
 
     store.read(uuid, reply, timeout=WAIT)
     assert done.wait(WAIT), "the job store did not answer a read in time"
-    return answer[0]
+    events = [json.dumps(e, separators=(",", ":")) for e in store.events_of(uuid)]
+    return answer[0], events
 
 
 def flush(store: JobStore) -> None:

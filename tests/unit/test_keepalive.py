@@ -3,21 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from fakeclock import FakeClock
 
 from service.keepalive import DEFAULT_INTERVAL, DEFAULT_MULTIPLIER, KeepAlive
-
-
-class FakeClock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = [start]
-
-    def __call__(self) -> float:
-        return self.now[0]
-
-    def advance(self, seconds: float) -> None:
-        self.now[0] += seconds
 
 
 @pytest.fixture

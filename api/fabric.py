@@ -10,8 +10,8 @@ import asyncio
 import time
 from typing import Any
 
-from service.client import Client
-from service.clientjob import JobFuture
+from service.client.client import Client
+from service.client.clientjob import JobFuture
 from service.errors import BrokerUnavailableError
 
 MMI_TIMEOUT = 2.0

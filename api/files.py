@@ -19,9 +19,9 @@ from urllib.parse import quote
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
-from service.client import Client
+from service.client.client import Client
+from service.client.filestream import FileStream
 from service.errors import BadRequestError, JobTimeoutError, ZfabError
-from service.filestream import FileStream
 
 from .auth import Principal
 from .fabric import await_result, wait_done

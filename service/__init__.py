@@ -5,9 +5,9 @@ with Client(broker="tcp://127.0.0.1:5555") as c:
     print(c.run_job("demo", "echo", kwargs={"data": "hi"}))
 """
 
-from .broker import Broker
-from .client import Client
-from .clientjob import JobFuture
+from .broker.broker import Broker
+from .client.client import Client
+from .client.clientjob import JobFuture
 from .errors import (
     BackpressureError,
     BadRequestError,
@@ -23,10 +23,10 @@ from .errors import (
     WorkerLostError,
     ZfabError,
 )
-from .job import Job
 from .settings import Settings
-from .task import task
-from .worker import Worker
+from .worker.job import Job
+from .worker.task import task
+from .worker.worker import Worker
 
 __all__ = [
     "BackpressureError",

@@ -87,7 +87,7 @@ def load_worker_class(spec: str | None, service: str) -> type[Any]:
 
 
 def cmd_broker(ns: argparse.Namespace) -> int:
-    from .broker import Broker
+    from .broker.broker import Broker
 
     s = _settings(ns)
     _setup_logging(s.log_level)
@@ -185,7 +185,7 @@ def cmd_up(ns: argparse.Namespace) -> int:
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
-    from .client import Client
+    from .client.client import Client
     from .errors import ZfabError
 
     s = _settings(ns)
@@ -210,7 +210,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
 
 def cmd_mmi(ns: argparse.Namespace) -> int:
-    from .client import Client
+    from .client.client import Client
     from .errors import ZfabError
 
     s = _settings(ns)
@@ -245,7 +245,7 @@ def cmd_healthcheck(ns: argparse.Namespace) -> int:
         except Exception as exc:
             print(f"unhealthy: {ns.url}: {exc}", file=sys.stderr)
             return 1
-    from .client import Client
+    from .client.client import Client
     from .errors import ZfabError
 
     s = _settings(ns)
@@ -262,7 +262,7 @@ def cmd_healthcheck(ns: argparse.Namespace) -> int:
 def cmd_keys(ns: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .security import create_keys
+    from .transport.security import create_keys
 
     public, secret = create_keys(Path(ns.dir), ns.name, ns.worker)
     print(f"public key:  {public}   (copy into the broker's ZFAB_CURVE_CLIENTS directory)")
@@ -342,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
-    from .security import SecurityError
+    from .transport.security import SecurityError
 
     if os.environ.get("ZFAB_SWITCH"):
         sys.setswitchinterval(float(os.environ["ZFAB_SWITCH"]))

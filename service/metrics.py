@@ -19,10 +19,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from .broker import Broker
-    from .client import Client
-    from .clientjob import JobFuture
-    from .worker import Worker
+    from .broker.broker import Broker
+    from .client.client import Client
+    from .client.clientjob import JobFuture
+    from .worker.worker import Worker
 
 log = logging.getLogger(__name__)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..job import Job
-from ..task import task
-from ..worker import Worker
+from ..worker.job import Job
+from ..worker.task import task
+from ..worker.worker import Worker
 
 
 class DemoWorker(Worker):

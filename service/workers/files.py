@@ -12,10 +12,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..job import Job
 from ..settings import Settings
-from ..task import task
-from ..worker import Worker
+from ..worker.job import Job
+from ..worker.task import task
+from ..worker.worker import Worker
 
 MIN_CHUNK = 1024
 MAX_CHUNK = 8 * 1024 * 1024

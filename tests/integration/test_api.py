@@ -28,7 +28,7 @@ from api.auth import TokenSet
 from api.jobs import prefer_wait, wait_bound
 from api.jobtable import JobRecord, JobTable
 from api.settings import ApiSettings
-from service.clientjob import JobFuture
+from service.client.clientjob import JobFuture
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

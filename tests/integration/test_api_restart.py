@@ -16,7 +16,7 @@ from fabric import Fabric, fabric, free_port, wait_for
 from api.jobdb import JobDB, row_of
 from api.jobtable import JobRecord
 from api.models import JobState
-from service.clientjob import JobFuture
+from service.client.clientjob import JobFuture
 from service.errors import ClosedError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

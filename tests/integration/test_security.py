@@ -10,7 +10,7 @@ import pytest
 from fabric import ROOT, Fabric, fabric, wait_for
 
 from service import BrokerUnavailableError, Client, JobTimeoutError, Settings
-from service.security import create_keys
+from service.transport.security import create_keys
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from service import protocol as nfp
-from service.clientjob import ClientJob, JobFuture
+from service.client.clientjob import ClientJob, JobFuture
+from service.core import protocol as nfp
 from service.errors import (
     BadRequestError,
     BusyError,
@@ -361,7 +361,7 @@ def test_a_refused_get_poll_does_not_end_a_dispatched_job() -> None:
 
 
 def test_a_retried_job_travels_under_a_new_wire_uuid() -> None:
-    from service.clientjob import split_wire_uuid
+    from service.client.clientjob import split_wire_uuid
 
     job = make_job()
     job.retries_left = 1

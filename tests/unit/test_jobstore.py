@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from service.job import Job, JobState
-from service.jobstore import SCHEMA_VERSION, JobStore, StoredJob
+from service.worker.job import Job, JobState
+from service.worker.jobstore import SCHEMA_VERSION, JobStore, StoredJob
 
 WAIT = 10.0  # seconds; a deadline, never a sleep
 
@@ -285,7 +285,7 @@ def test_store_with_another_schema_version_is_moved_aside_not_misread(
     conn.close()
 
     # When the store opens
-    with caplog.at_level(logging.WARNING, logger="service.jobstore"):
+    with caplog.at_level(logging.WARNING, logger="service.worker.jobstore"):
         store = open_store(path)
     try:
         found, _ = read_now(store, "old-job")

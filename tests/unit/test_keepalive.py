@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fakeclock import FakeClock
 
-from service.keepalive import DEFAULT_INTERVAL, DEFAULT_MULTIPLIER, KeepAlive
+from service.core.keepalive import DEFAULT_INTERVAL, DEFAULT_MULTIPLIER, KeepAlive
 
 
 @pytest.fixture

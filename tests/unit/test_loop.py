@@ -10,8 +10,8 @@ import pytest
 import zmq
 
 from service.errors import BackpressureError, ClosedError
-from service.loop import OwnerLoop
-from service.wire import Frames
+from service.transport.loop import OwnerLoop
+from service.transport.wire import Frames
 
 
 class GuardedSocket(zmq.Socket):  # type: ignore[type-arg]

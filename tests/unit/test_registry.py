@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fakeclock import FakeClock
 
-from service.registry import Registry, WorkerRecord
+from service.broker.registry import Registry, WorkerRecord
 
 SVC = b"demo"
 INTERVAL, MULTIPLIER = 1.0, 3  # hold time 3 s

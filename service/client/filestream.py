@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import protocol as nfp
+from ..core import protocol as nfp
+from ..errors import BadRequestError, ChecksumError
+from ..transport.loop import OwnerLoop
 from .clientjob import JobFuture
-from .errors import BadRequestError, ChecksumError
-from .loop import OwnerLoop
 
 if TYPE_CHECKING:
     from .client import Client

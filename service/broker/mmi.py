@@ -13,7 +13,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from . import protocol as nfp
+from ..core import protocol as nfp
 
 if TYPE_CHECKING:
     from .broker import Broker

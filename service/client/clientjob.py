@@ -15,8 +15,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import protocol as nfp
-from .errors import (
+from ..core import protocol as nfp
+from ..errors import (
     BadRequestError,
     BusyError,
     JobError,

@@ -20,16 +20,16 @@ from typing import Any, ClassVar
 
 import zmq
 
-from . import protocol as nfp
+from ..core import protocol as nfp
+from ..core.keepalive import KeepAlive
+from ..settings import Settings
+from ..transport.loop import OwnerLoop
+from ..transport.wire import Frames, dealer_socket
 from .job import Job, JobState
 from .jobstore import JobStore, StoredJob
-from .keepalive import KeepAlive
-from .loop import OwnerLoop
 from .pool import JobPool
 from .runner import JobRunner
-from .settings import Settings
 from .task import TaskSpec, build_spec, is_task, task
-from .wire import Frames, dealer_socket
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from typing import Protocol, TypeVar
 
 import zmq
 
-from .errors import BackpressureError, ClosedError
+from ..errors import BackpressureError, ClosedError
 from .waker import Waker
 from .wire import Frames, Wire
 

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from .keepalive import Clock, KeepAlive
+from ..core.keepalive import Clock, KeepAlive
 
 
 @dataclass(slots=True)

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
-from . import protocol as nfp
+from ..core import protocol as nfp
+from ..errors import BadRequestError, JobTimeoutError
+from ..transport.loop import OwnerLoop
 from .clientjob import JobFuture
-from .errors import BadRequestError, JobTimeoutError
-from .loop import OwnerLoop
 
 _NO_ACK = b'{"ack":false}'
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import zmq
 
+from ..settings import Settings
 from .security import SecurityError, curve_client
-from .settings import Settings
 
 Frames = list[bytes]
 

@@ -16,13 +16,13 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from . import protocol as nfp
-from .errors import BackpressureError, ClosedError, JobCancelledError, JobTimeoutError
+from ..core import protocol as nfp
+from ..errors import BackpressureError, ClosedError, JobCancelledError, JobTimeoutError
+from ..transport.loop import OwnerLoop
+from ..transport.wire import Frames
 from .job import Job, JobState, iso
 from .jobstore import JobStore
-from .loop import OwnerLoop
 from .task import TaskArgumentsError, TaskSpec
-from .wire import Frames
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from .errors import JobCancelledError, JobTimeoutError
-from .schemacheck import check as check_schema
+from ..core.schemacheck import check as check_schema
+from ..errors import JobCancelledError, JobTimeoutError
 
 _EVENT_LOCK = threading.Lock()
 

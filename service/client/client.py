@@ -22,9 +22,9 @@ from typing import Any
 
 import zmq
 
-from . import protocol as nfp
-from .clientjob import ATTEMPT_SEP, ClientJob, JobFuture, outcome_of, split_wire_uuid
-from .errors import (
+from ..core import protocol as nfp
+from ..core.keepalive import KeepAlive
+from ..errors import (
     BadRequestError,
     BrokerUnavailableError,
     BusyError,
@@ -33,12 +33,12 @@ from .errors import (
     JobTimeoutError,
     ZfabError,
 )
+from ..settings import Settings
+from ..transport.loop import OwnerLoop
+from ..transport.wire import Frames, dealer_socket
+from .clientjob import ATTEMPT_SEP, ClientJob, JobFuture, outcome_of, split_wire_uuid
 from .filestream import FileStream, download, stream_request
 from .interaction import answer_input, iter_events
-from .keepalive import KeepAlive
-from .loop import OwnerLoop
-from .settings import Settings
-from .wire import Frames, dealer_socket
 
 log = logging.getLogger(__name__)
 

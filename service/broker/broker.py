@@ -13,13 +13,13 @@ from typing import Any
 
 import zmq
 
-from . import protocol as nfp
-from .loop import OwnerLoop
+from ..core import protocol as nfp
+from ..settings import Settings
+from ..transport.loop import OwnerLoop
+from ..transport.security import SecurityError, ZapHandler, curve_server, is_loopback
+from ..transport.wire import Frames
 from .mmi import MmiService
 from .registry import Registry, WorkerRecord
-from .security import SecurityError, ZapHandler, curve_server, is_loopback
-from .settings import Settings
-from .wire import Frames
 
 log = logging.getLogger(__name__)
 

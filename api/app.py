@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from service.client.client import Client
+from service import Client
 from service.metrics import ClientMetrics, FabricCollector, version
 
 from . import events, files, jobs, mmi, ops, problems

@@ -10,8 +10,7 @@ import asyncio
 import time
 from typing import Any
 
-from service.client.client import Client
-from service.client.clientjob import JobFuture
+from service import Client, JobFuture
 from service.errors import BrokerUnavailableError
 
 MMI_TIMEOUT = 2.0

@@ -19,13 +19,12 @@ from urllib.parse import quote
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
-from service.client.client import Client
-from service.client.filestream import FileStream
+from service import MAX_NAME_BYTES, Client, FileStream
 from service.errors import BadRequestError, JobTimeoutError, ZfabError
 
 from .auth import Principal
 from .fabric import await_result, wait_done
-from .models import MAX_NAME_BYTES, MMI_SERVICE
+from .models import MMI_SERVICE
 from .problems import ProblemError, from_fabric_error, responses
 from .state import api_state
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from service.errors import ClosedError
+from service.storage import open_sqlite
 
 from .jobtable import JobRecord, JobTable
 from .models import Job, JobState
@@ -110,11 +111,8 @@ class JobDB:
         self.path = path
         self.capacity = capacity
         self._lock = threading.Lock()  # a write cut off by shutdown may still run when the last one starts
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.executescript(SCHEMA)
+        # v1; files written before the version was recorded (user_version 0) have the same table.
+        self._conn = open_sqlite(path, SCHEMA, 1, table="jobs", check_same_thread=False, also_accept=(0,))
 
     def load(self, broker: str) -> list[JobRecord]:
         """The newest `capacity` jobs run through `broker`, oldest first (a job id means nothing elsewhere)."""

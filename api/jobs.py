@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 
+from service import MAX_JOB_UUID
 from service.errors import BadRequestError, ZfabError
 
 from .auth import Principal
@@ -33,7 +34,7 @@ PreferHeader = Annotated[
     str | None,
     Header(description="RFC 7240 `wait=N`: the same as ?wait=N (the query wins)", examples=["wait=10"]),
 ]
-JobUuid = Annotated[str, Path(description="The job's uuid", max_length=128)]
+JobUuid = Annotated[str, Path(description="The job's uuid", max_length=MAX_JOB_UUID)]
 
 
 def prefer_wait(prefer: str | None) -> float | None:

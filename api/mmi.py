@@ -6,11 +6,12 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request
 
+from service import MAX_NAME_BYTES
 from service.errors import NoWorkersError, ZfabError
 
 from .auth import Principal
 from .fabric import MMI_TIMEOUT, mmi, wait_done
-from .models import MAX_NAME_BYTES, MMI_SERVICE
+from .models import MMI_SERVICE
 from .problems import ProblemError, from_fabric_error, responses, unavailable
 from .state import api_state
 

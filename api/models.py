@@ -8,9 +8,10 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-# The broker drops frames whose service or worker name is longer than this (protocol.MAX_NAME_BYTES);
-# checking here turns a job that would silently time out into a 422.
-MAX_NAME_BYTES = 256
+from service import MAX_NAME_BYTES
+
+# The broker drops frames whose service or worker name is longer than MAX_NAME_BYTES; checking
+# here turns a job that would silently time out into a 422.
 MAX_JOB_TIMEOUT = 86_400.0
 MMI_SERVICE = "mmi.service.broker"
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import uvicorn
 
+from service.settings import settings_from as service_settings_from
+
 from .app import create_app
 from .auth import is_loopback_host
 from .settings import ApiSettings
@@ -23,19 +25,7 @@ UVICORN_LEVELS = {"critical", "error", "warning", "info", "debug", "trace"}
 
 def settings_from(ns: argparse.Namespace) -> ApiSettings:
     """Environment first, then the flags the user actually gave."""
-    given: dict[str, Any] = {}
-    for flag, field in (
-        ("host", "api_host"),
-        ("port", "api_port"),
-        ("broker", "broker"),
-        ("keepalive_interval", "keepalive_interval"),
-        ("keepalive_multiplier", "keepalive_multiplier"),
-        ("log_level", "log_level"),
-    ):
-        value = getattr(ns, flag, None)
-        if value is not None:
-            given[field] = value
-    s = ApiSettings(**given)
+    s = service_settings_from(ns, ApiSettings)
     # The server keeps its jobs across restarts by default; an app built in-process (tests,
     # embedding) keeps them in memory unless told where.
     return s if s.api_db is not None else s.model_copy(update={"api_db": s.default_api_db()})

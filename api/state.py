@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from service.client.client import Client
+from service import Client
 
 from .fabric import FabricView
 from .jobtable import JobTable

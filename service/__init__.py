@@ -5,48 +5,29 @@ with Client(broker="tcp://127.0.0.1:5555") as c:
     print(c.run_job("demo", "echo", kwargs={"data": "hi"}))
 """
 
+from . import errors
 from .broker.broker import Broker
 from .client.client import Client
 from .client.clientjob import JobFuture
-from .errors import (
-    BackpressureError,
-    BadRequestError,
-    BrokerUnavailableError,
-    BusyError,
-    ChecksumError,
-    ClosedError,
-    JobCancelledError,
-    JobError,
-    JobNotFoundError,
-    JobTimeoutError,
-    NoWorkersError,
-    WorkerLostError,
-    ZfabError,
-)
+from .client.filestream import FileStream
+from .core.payloads import MAX_JOB_UUID
+from .core.protocol import MAX_NAME_BYTES
+from .errors import *  # noqa: F403 - every error class is part of the face
 from .settings import Settings
 from .worker.job import Job
 from .worker.task import task
 from .worker.worker import Worker
 
 __all__ = [
-    "BackpressureError",
-    "BadRequestError",
+    "MAX_JOB_UUID",
+    "MAX_NAME_BYTES",
     "Broker",
-    "BrokerUnavailableError",
-    "BusyError",
-    "ChecksumError",
     "Client",
-    "ClosedError",
+    "FileStream",
     "Job",
-    "JobCancelledError",
-    "JobError",
     "JobFuture",
-    "JobNotFoundError",
-    "JobTimeoutError",
-    "NoWorkersError",
     "Settings",
     "Worker",
-    "WorkerLostError",
-    "ZfabError",
     "task",
+    *errors.__all__,
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -14,16 +15,13 @@ import threading
 import time
 from typing import Any
 
-from .settings import Settings
+from .settings import Settings, settings_from
 
 log = logging.getLogger("zfab")
 
 
 def _settings(ns: argparse.Namespace, **extra: Any) -> Settings:
-    """Environment first, then the flags the user actually gave."""
-    given = {k: v for k, v in vars(ns).items() if v is not None and k in Settings.model_fields}
-    given.update({k: v for k, v in extra.items() if v is not None})
-    return Settings(**given)
+    return settings_from(ns, Settings, **extra)
 
 
 def _setup_logging(level: str) -> None:
@@ -225,15 +223,6 @@ def cmd_mmi(ns: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_api(ns: argparse.Namespace) -> int:
-    try:
-        from api.server import run_api  # type: ignore[import-not-found, unused-ignore]
-    except ImportError as exc:
-        raise SystemExit(f"the HTTP API is not available: {exc}") from None
-    run_api(ns)
-    return 0
-
-
 def cmd_healthcheck(ns: argparse.Namespace) -> int:
     """Exit 0 when healthy: for container HEALTHCHECKs (slim images have no curl)."""
     if ns.url:
@@ -319,11 +308,14 @@ def build_parser() -> argparse.ArgumentParser:
     _curve_flags(m)
     m.set_defaults(fn=cmd_mmi)
 
-    a = sub.add_parser("api", help="run the HTTP control plane")
-    _common(a)
-    a.add_argument("--host", default=None)
-    a.add_argument("--port", type=int, default=None)
-    a.set_defaults(fn=cmd_api)
+    # Commands from other installed packages (the HTTP API registers `zfab api` this way), so
+    # the fabric never imports them: entry points of group "zfab.commands", each a
+    # register(subparsers, common_flags) function.
+    for ep in importlib.metadata.entry_points(group="zfab.commands"):
+        try:
+            ep.load()(sub, _common)
+        except ImportError as exc:
+            log.debug("zfab command %s unavailable: %s", ep.name, exc)
 
     k = sub.add_parser("keys", help="create a CURVE key pair (NAME.key public, NAME.key_secret secret)")
     k.add_argument("--dir", required=True, help="directory for the certificates")
@@ -342,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
-    from .transport.security import SecurityError
+    from .errors import SecurityError
 
     if os.environ.get("ZFAB_SWITCH"):
         sys.setswitchinterval(float(os.environ["ZFAB_SWITCH"]))

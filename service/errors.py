@@ -1,62 +1,37 @@
-"""The specific errors zfab raises. Each message says what happened and what to do."""
+"""The specific errors zfab raises (defined in `service.core.errors`, so pure code can raise them too)."""
 
-from __future__ import annotations
+from .core.errors import (
+    BackpressureError,
+    BadRequestError,
+    BrokerUnavailableError,
+    BusyError,
+    ChecksumError,
+    ClosedError,
+    JobCancelledError,
+    JobError,
+    JobNotFoundError,
+    JobTimeoutError,
+    NoWorkersError,
+    ProtocolError,
+    SecurityError,
+    WorkerLostError,
+    ZfabError,
+)
 
-from typing import Any
-
-
-class ZfabError(Exception):
-    """Base class of every zfab error."""
-
-
-class BackpressureError(ZfabError):
-    """A bounded outbound queue stayed full past its timeout: the peer is slow or gone."""
-
-
-class ClosedError(ZfabError):
-    """The loop, client or worker is shutting down and accepts nothing more."""
-
-
-class BrokerUnavailableError(ZfabError):
-    """The broker has not answered within its hold time."""
-
-
-class JobError(ZfabError):
-    """A job did not produce a complete result. `results` holds what did arrive."""
-
-    def __init__(self, message: str, *, uuid: str = "", results: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.uuid = uuid
-        self.results: dict[str, Any] = results or {}
-
-
-class NoWorkersError(JobError):
-    """No live worker of the service matched the target."""
-
-
-class BusyError(JobError):
-    """The fabric is full (a queue at its bound); retry later."""
-
-
-class BadRequestError(JobError):
-    """The broker or a worker rejected the request (unknown task, bad arguments...)."""
-
-
-class JobTimeoutError(JobError):
-    """The job did not finish before its deadline."""
-
-
-class WorkerLostError(JobError):
-    """A worker running the job was lost (killed, stopped, or cut off) before it answered."""
-
-
-class JobCancelledError(JobError):
-    """The job was cancelled."""
-
-
-class JobNotFoundError(JobError):
-    """The worker does not know the job (expired from its store, or never received)."""
-
-
-class ChecksumError(JobError):
-    """A transferred file's checksum differs from the one its worker computed."""
+__all__ = [
+    "BackpressureError",
+    "BadRequestError",
+    "BrokerUnavailableError",
+    "BusyError",
+    "ChecksumError",
+    "ClosedError",
+    "JobCancelledError",
+    "JobError",
+    "JobNotFoundError",
+    "JobTimeoutError",
+    "NoWorkersError",
+    "ProtocolError",
+    "SecurityError",
+    "WorkerLostError",
+    "ZfabError",
+]

@@ -5,7 +5,9 @@ Nothing is read at import time: `Settings()` reads the environment when called.
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
+from typing import Any, TypeVar
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -47,3 +49,14 @@ class Settings(BaseSettings):
     @property
     def bind_endpoint(self) -> str:
         return self.endpoint or self.broker
+
+
+S = TypeVar("S", bound=Settings)
+
+
+def settings_from(ns: argparse.Namespace, cls: type[S] = Settings, **extra: Any) -> S:  # type: ignore[assignment]
+    """The one mapping from command-line flags to settings: environment first, then the flags the
+    user actually gave. A flag's `dest` is the field's name (`--port` of `zfab api` is api_port)."""
+    given = {k: v for k, v in vars(ns).items() if v is not None and k in cls.model_fields}
+    given.update({k: v for k, v in extra.items() if v is not None})
+    return cls(**given)

@@ -13,11 +13,15 @@ from typing import Any
 
 import zmq
 
+from ..core import payloads
 from ..core import protocol as nfp
+from ..core.keepalive import Clock
+from ..core.payloads import Word
+from ..errors import SecurityError
 from ..settings import Settings
+from ..transport.base import Frames, LoopFactory, Transport
 from ..transport.loop import OwnerLoop
-from ..transport.security import SecurityError, ZapHandler, curve_server, is_loopback
-from ..transport.wire import Frames
+from ..transport.security import ZapHandler, curve_server, is_loopback
 from .mmi import MmiService
 from .registry import Registry, WorkerRecord
 
@@ -32,7 +36,15 @@ class Broker:
 
     TOLD_TO_LEAVE_MAX = 10_000  # unknown identities remembered for DISCONNECT rate-limiting
 
-    def __init__(self, settings: Settings | None = None, *, endpoint: str | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        endpoint: str | None = None,
+        transport: LoopFactory | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        """`transport` and `clock` are for tests: a StubTransport and its FakeClock (transport/stub.py)."""
         self.settings = settings or Settings()
         self.endpoint = endpoint or self.settings.bind_endpoint
         s = self.settings
@@ -41,7 +53,9 @@ class Broker:
             multiplier=s.keepalive_multiplier,
             max_inflight_per_worker=s.max_inflight_per_worker,
             max_routes=s.max_routes,
+            clock=clock,
         )
+        self.clock = clock
         self.started_at = time.time()
         self.rejected: Counter[str] = Counter()  # malformed frames by reason
         self.counts: Counter[str] = Counter()  # routed traffic by kind
@@ -52,7 +66,7 @@ class Broker:
         self.mmi = MmiService(self)
         self.zap: ZapHandler | None = None
         self.told_to_leave: OrderedDict[bytes, float] = OrderedDict()  # unknown worker -> last DISCONNECT
-        self.loop = OwnerLoop(
+        self.loop: Transport = (transport or OwnerLoop)(
             self,
             name="broker",
             outbound_size=s.outbound_queue_size,
@@ -177,11 +191,23 @@ class Broker:
             self.send(nfp.broker_reply(sender, nfp.KEEPALIVE, req.service, req.uuid, nfp.ST_OK, b""))
             return
         if req.service == nfp.MMI_SERVICE:
-            self.mmi.process(sender, req)
+            self.process_mmi(sender, req)
             return
         if req.command in (nfp.OPEN, nfp.DISCONNECT):
             return  # NorFab clients may announce themselves; nothing to route
         self.dispatch(sender, req)
+
+    def process_mmi(self, sender: bytes, req: nfp.ClientRequest) -> None:
+        try:
+            status, answer = self.mmi.answer(req.body)
+        except nfp.ProtocolError as exc:
+            self.reject(exc.reason, exc.detail)
+            self.reply(sender, nfp.MMI_SERVICE, req.uuid, nfp.ST_BAD_REQUEST, {"errors": [exc.detail]})
+            return
+        self.counts["mmi"] += 1
+        # NorFab's broker answers MMI twice, as RESPONSE and as MMI; its clients read either.
+        for cmd in (nfp.RESPONSE, nfp.MMI):
+            self.send(nfp.broker_reply(sender, cmd, nfp.MMI_SERVICE, req.uuid, status, answer))
 
     def dispatch(self, sender: bytes, req: nfp.ClientRequest) -> None:
         """Send a client's POST/GET/PUT/DELETE to the workers its target names."""
@@ -190,7 +216,7 @@ class Broker:
             target = nfp.parse_target(req.target)
         except nfp.ProtocolError as exc:
             self.reject(exc.reason, exc.detail)
-            self._refuse(sender, req, nfp.ST_BAD_REQUEST, "FAILED", f"bad target: {exc.detail}")
+            self._refuse(sender, req, nfp.ST_BAD_REQUEST, Word.FAILED, f"bad target: {exc.detail}")
             return
         route = reg.routes.get(req.uuid) if req.command == nfp.POST else None
         if route is not None:
@@ -219,7 +245,7 @@ class Broker:
                 if known
                 else f"service '{svc}' is unknown: no worker has registered it"
             )
-            self._refuse(sender, req, nfp.ST_BAD_REQUEST, "FAILED", why)
+            self._refuse(sender, req, nfp.ST_BAD_REQUEST, Word.FAILED, why)
             return
         if req.command == nfp.POST:
             if not reg.has_capacity(workers):
@@ -228,7 +254,7 @@ class Broker:
                     sender,
                     req,
                     nfp.ST_BUSY,
-                    "BUSY",
+                    Word.BUSY,
                     "broker is at its bound of jobs in flight for these workers; retry later",
                 )
                 return
@@ -243,34 +269,12 @@ class Broker:
             self.send(nfp.broker_job(w.name, req.command, sender, req.uuid, req.body))
 
     def _dispatched(self, sender: bytes, req: nfp.ClientRequest, workers: list[WorkerRecord]) -> None:
-        self.reply(
-            sender,
-            req.service,
-            req.uuid,
-            nfp.ST_DISPATCHED,
-            {
-                "workers": [w.label for w in workers],
-                "uuid": req.uuid.decode(errors="replace"),
-                "target": req.target.decode(errors="replace"),
-                "status": "DISPATCHED",
-                "service": req.service.decode(errors="replace"),
-            },
-        )
+        answer = payloads.dispatched(req.uuid, req.target, req.service, [w.label for w in workers])
+        self.reply(sender, req.service, req.uuid, nfp.ST_DISPATCHED, answer)
 
-    def _refuse(self, sender: bytes, req: nfp.ClientRequest, status: bytes, state: str, why: str) -> None:
+    def _refuse(self, sender: bytes, req: nfp.ClientRequest, status: bytes, word: Word, why: str) -> None:
         self.reply(
-            sender,
-            req.service,
-            req.uuid,
-            status,
-            {
-                "workers": None,
-                "uuid": req.uuid.decode(errors="replace"),
-                "target": req.target.decode(errors="replace"),
-                "status": state,
-                "service": req.service.decode(errors="replace"),
-                "errors": [why],
-            },
+            sender, req.service, req.uuid, status, payloads.refusal(req.uuid, req.target, req.service, word, why)
         )
 
     # ---- workers -------------------------------------------------------------
@@ -326,7 +330,7 @@ class Broker:
         # Once per keepalive interval per identity: a burst of frames from before the worker
         # re-registers must not make it reconnect again (and lose what it was sent meanwhile).
         self.counts["unknown_worker"] += 1
-        now = time.monotonic()
+        now = self.clock()
         last = self.told_to_leave.get(sender)
         if last is not None and now - last < self.settings.keepalive_interval:
             return
@@ -336,22 +340,13 @@ class Broker:
             self.told_to_leave.popitem(last=False)
         self.send(nfp.broker_control(sender, nfp.DISCONNECT, service))
 
-    def _lose(self, worker: WorkerRecord, why: str) -> None:
+    def _lose(self, worker: WorkerRecord, why_lost: str) -> None:
         lost = self.registry.remove_worker(worker)
         for uuid, client in lost.items():
             self.counts["jobs_lost"] += 1
+            why = f"worker '{worker.label}' was lost ({why_lost}) before it answered"
             self.reply(
-                client,
-                worker.service,
-                uuid,
-                nfp.ST_WORKER_LOST,
-                {
-                    "worker": worker.label,
-                    "uuid": uuid.decode(errors="replace"),
-                    "status": "LOST",
-                    "service": worker.service.decode(errors="replace"),
-                    "errors": [f"worker '{worker.label}' was lost ({why}) before it answered"],
-                },
+                client, worker.service, uuid, nfp.ST_WORKER_LOST, payloads.lost(worker.label, uuid, worker.service, why)
             )
 
     def purge_workers(self) -> None:

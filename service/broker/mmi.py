@@ -11,12 +11,14 @@ import importlib.metadata
 import json
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from collections import Counter, OrderedDict
+from typing import Any, Protocol
 
 from ..core import protocol as nfp
-
-if TYPE_CHECKING:
-    from .broker import Broker
+from ..core.errors import ProtocolError
+from ..settings import Settings
+from ..transport.base import Transport
+from .registry import Registry
 
 
 def _version(pkg: str) -> str:
@@ -26,32 +28,40 @@ def _version(pkg: str) -> str:
         return ""
 
 
+class BrokerFacts(Protocol):
+    """The narrow view of the broker that MMI answers from (the Broker satisfies it)."""
+
+    settings: Settings
+    registry: Registry
+    loop: Transport
+    bound_endpoint: str
+    started_at: float
+    rejected: Counter[str]
+    counts: Counter[str]
+    purged: Counter[str]
+    told_to_leave: OrderedDict[bytes, float]
+    TOLD_TO_LEAVE_MAX: int
+
+
 class MmiService:
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: BrokerFacts) -> None:
         self.broker = broker
 
-    def process(self, sender: bytes, req: nfp.ClientRequest) -> None:
+    def answer(self, body: bytes) -> tuple[bytes, bytes]:
+        """(status, JSON payload) for an MMI request body; ProtocolError("json", why) when it is malformed."""
         try:
-            body = json.loads(req.body) if req.body else {}
-            if not isinstance(body, dict):
+            req = json.loads(body) if body else {}
+            if not isinstance(req, dict):
                 raise ValueError("body must be a JSON object")
-            task = str(body.get("task", ""))
-            kwargs = body.get("kwargs") or {}
+            task = str(req.get("task", ""))
+            kwargs = req.get("kwargs") or {}
             if not isinstance(kwargs, dict):
                 raise ValueError("kwargs must be a JSON object")
-        except ValueError as exc:
-            self.broker.reject("json", f"MMI request: {exc}")
-            self.broker.reply(sender, nfp.MMI_SERVICE, req.uuid, nfp.ST_BAD_REQUEST, {"errors": [str(exc)]})
-            return
-        self.broker.counts["mmi"] += 1
+        except (ValueError, RecursionError) as exc:
+            raise ProtocolError("json", f"MMI request: {exc}") from None
         if task not in self.TASKS:
-            status, result = nfp.ST_BAD_REQUEST, f"Unsupported task '{task}'"
-        else:
-            status, result = nfp.ST_OK, self.run(task, kwargs)
-        reply = nfp.dumps(result)
-        # NorFab's broker answers MMI twice, as RESPONSE and as MMI; its clients read either.
-        for cmd in (nfp.RESPONSE, nfp.MMI):
-            self.broker.send(nfp.broker_reply(sender, cmd, nfp.MMI_SERVICE, req.uuid, status, reply))
+            return nfp.ST_BAD_REQUEST, nfp.dumps(f"Unsupported task '{task}'")
+        return nfp.ST_OK, nfp.dumps(self.run(task, kwargs))
 
     TASKS = ("show_workers", "show_broker", "show_services", "show_clients", "get_status", "show_broker_version")
 

@@ -22,8 +22,9 @@ from typing import Any
 
 import zmq
 
+from ..core import payloads
 from ..core import protocol as nfp
-from ..core.keepalive import KeepAlive
+from ..core.keepalive import Clock, KeepAlive
 from ..errors import (
     BadRequestError,
     BrokerUnavailableError,
@@ -34,15 +35,15 @@ from ..errors import (
     ZfabError,
 )
 from ..settings import Settings
+from ..transport.base import Frames, LoopFactory, Transport
 from ..transport.loop import OwnerLoop
-from ..transport.wire import Frames, dealer_socket
-from .clientjob import ATTEMPT_SEP, ClientJob, JobFuture, outcome_of, split_wire_uuid
-from .filestream import FileStream, download, stream_request
+from ..transport.wire import dealer_socket
+from .clientjob import ClientJob, JobFuture, outcome_of
+from .filestream import FileStream, download, resume_offset, stream_request
 from .interaction import answer_input, iter_events
 
 log = logging.getLogger(__name__)
 
-_NO_ACK = b'{"ack":false}'
 EventCallback = Callable[[dict[str, Any]], None]
 Workers = str | list[str]
 
@@ -63,7 +64,10 @@ class Client:
         acks: bool = True,
         push: bool = True,
         poll_after: float | None = None,
+        transport: LoopFactory | None = None,
+        clock: Clock = time.monotonic,
     ) -> None:
+        """`transport` and `clock` are for tests: a StubTransport and its FakeClock (transport/stub.py)."""
         self.settings = s = settings or Settings()
         self.broker = broker or s.broker
         self.name = name
@@ -72,15 +76,16 @@ class Client:
         self.push = push
         self.poll_after = poll_after if poll_after is not None else max(1.0, 2 * s.keepalive_interval)
         self.max_jobs = s.max_client_jobs
-        self.keepalive = KeepAlive(s.keepalive_interval, s.keepalive_multiplier)
+        self.clock = clock
+        self.keepalive = KeepAlive(s.keepalive_interval, s.keepalive_multiplier, clock)
         self._broker_seen = False
         self._jobs: dict[str, ClientJob] = {}
         self._timers: list[tuple[float, str]] = []  # (monotonic due, uuid): deadlines and poll checks
         self._lock = threading.Lock()
         self._callbacks: dict[str, EventCallback] = {}
         self.counts: dict[str, int] = {"late": 0, "rejected_frames": 0, "polls": 0, "completed": 0}
-        self._flags = nfp.dumps({"push": push, "ack": acks})
-        self.loop = OwnerLoop(
+        self._flags = payloads.flags(push=push, ack=acks)
+        self.loop: Transport = (transport or OwnerLoop)(
             self, name=f"client {name}", outbound_size=s.outbound_queue_size, submit_timeout=s.submit_timeout
         )
         self._started = False
@@ -141,16 +146,7 @@ class Client:
         """
         if timeout <= 0:
             raise ValueError("timeout must be positive")
-        body = nfp.dumps(
-            {
-                "task": task,
-                "args": args or [],
-                "kwargs": kwargs or {},
-                "timeout": timeout,
-                "push": self.push,
-                "ack": self.acks,
-            }
-        )
+        body = payloads.post_body(task, args, kwargs, timeout=timeout, push=self.push, ack=self.acks)
         target = (json.dumps(workers) if isinstance(workers, list) else workers).encode()
         return self._submit(service.encode(), target, body, timeout, uuid=uuid, on_event=on_event, retries=retries)
 
@@ -177,9 +173,8 @@ class Client:
         """
         if not workers:
             raise ValueError("recover needs the names of the workers that ran the job")
-        body = nfp.dumps({"task": "", "args": [], "kwargs": {}})
         return self._submit(
-            service.encode(), nfp.dumps(sorted(workers)), body, timeout, uuid=uuid, expected=set(workers)
+            service.encode(), nfp.dumps(sorted(workers)), payloads.EMPTY_BODY, timeout, uuid=uuid, expected=set(workers)
         )
 
     def mmi(self, task: str, timeout: float = 5.0, **kwargs: Any) -> Any:
@@ -238,7 +233,7 @@ class Client:
         body = stream_request(path, offset=offset, chunk_size=chunk_size, window=window, timeout=timeout)
         # Acknowledgements on: credits go to the worker the broker names in its 202.
         fut = self._submit(service.encode(), workers.encode(), body, timeout, stream_window=window)
-        return FileStream(self.loop, fut, service)
+        return FileStream(self.loop, fut, service, offset)
 
     def fetch_file(
         self,
@@ -253,17 +248,12 @@ class Client:
         timeout: float = 600.0,
     ) -> dict[str, Any]:
         """Download a file to dest and verify its sha256. With resume, continue a partial dest."""
-        return download(
-            self,
-            service,
-            path,
-            Path(dest),
-            workers=workers,
-            resume=resume,
-            chunk_size=chunk_size,
-            window=window,
-            timeout=timeout,
+        target = Path(dest)
+        offset = resume_offset(target, resume)
+        stream = self.open_stream(
+            service, path, workers=workers, offset=offset, chunk_size=chunk_size, window=window, timeout=timeout
         )
+        return download(stream, target)
 
     # ---- internals -------------------------------------------------------------
 
@@ -283,14 +273,14 @@ class Client:
     ) -> JobFuture:
         if not self._started:
             self.start()
-        if uuid is not None and (ATTEMPT_SEP in uuid or not uuid or len(uuid) > 100):
-            raise ValueError(f"job uuid must be 1..100 characters without {ATTEMPT_SEP!r}")
+        if uuid is not None:
+            payloads.check_job_uuid(uuid)
         juuid = uuid or uuidlib.uuid4().hex
         fut = JobFuture(juuid, stream_window)
         fut.timings["submitted"] = time.time()
-        now = time.monotonic()
-        flags = nfp.dumps({"push": True, "ack": True}) if stream_window else self._flags
-        job = ClientJob(juuid, service, target, body, flags, fut, now + timeout, mmi=mmi, retries_left=retries)
+        now = self.clock()
+        flags = payloads.flags(push=True, ack=True) if stream_window else self._flags
+        job = ClientJob(juuid, service, target, body, flags, fut, now + timeout, now, mmi=mmi, retries_left=retries)
         job.expected = expected  # known already when recovering a job by GET
         with self._lock:
             if len(self._jobs) >= self.max_jobs:
@@ -303,7 +293,7 @@ class Client:
             if on_event is not None:
                 self._callbacks[juuid] = on_event
         cmd = nfp.MMI if mmi else nfp.GET if expected else nfp.POST
-        flags = _NO_ACK if expected else job.flags
+        flags = payloads.NO_ACK if expected else job.flags
         try:
             self.loop.submit(nfp.client_request(cmd, service, target, juuid.encode(), body, flags))
         except BaseException:
@@ -398,7 +388,7 @@ class Client:
         """The job went quiet: ask its workers (GET), or re-send the POST if none is known yet."""
         self.counts["polls"] += 1
         job.polls += 1
-        job.last_heard = time.monotonic()
+        job.last_heard = self.clock()
         uuid_b = job.wire_uuid.encode()
         if job.mmi or job.expected is None:
             # Not known to be dispatched: POST again. The broker and the workers dedupe by
@@ -406,9 +396,10 @@ class Client:
             cmd = nfp.MMI if job.mmi else nfp.POST
             self.loop.send_now(nfp.client_request(cmd, job.service, job.target, uuid_b, job.body, job.flags))
             return
-        body = nfp.dumps({"task": "", "args": [], "kwargs": {}})
         for worker in sorted(job.pending):
-            self.loop.send_now(nfp.client_request(nfp.GET, job.service, worker.encode(), uuid_b, body, _NO_ACK))
+            self.loop.send_now(
+                nfp.client_request(nfp.GET, job.service, worker.encode(), uuid_b, payloads.EMPTY_BODY, payloads.NO_ACK)
+            )
 
     def on_frames(self, frames: Frames) -> None:
         try:
@@ -425,7 +416,7 @@ class Client:
             self._broker_returned()
         if reply.command == nfp.KEEPALIVE:
             return
-        uuid, attempt = split_wire_uuid(reply.uuid.decode(errors="replace"))
+        uuid, attempt = payloads.split_wire_uuid(reply.uuid.decode(errors="replace"))
         job = self._jobs.get(uuid)
         if job is None or attempt != job.attempt:
             self.counts["late"] += 1  # a finished job, or an earlier attempt of a retried one
@@ -434,7 +425,7 @@ class Client:
             self._event(job, reply)
             return
         if reply.command == nfp.STREAM:
-            job.last_heard = time.monotonic()
+            job.last_heard = self.clock()
             if job.future.chunks is None:
                 self.counts["rejected_frames"] += 1
                 return
@@ -446,7 +437,7 @@ class Client:
                 self._finish(job, BadRequestError(f"job {uuid}: stream overran its credit window", uuid=uuid))
             return
         try:
-            done = job.apply(reply)
+            done = job.apply(reply, self.clock())
         except ValueError as exc:
             self.counts["rejected_frames"] += 1
             log.warning("client %s: unreadable reply for job %s: %s", self.name, uuid, exc)
@@ -473,7 +464,7 @@ class Client:
             return
         if not isinstance(payload, dict):
             return
-        job.last_heard = time.monotonic()
+        job.last_heard = self.clock()
         if job.future.worker is None and isinstance(payload.get("worker"), str):
             job.future.worker = payload["worker"]
         job.future.add_event(payload)

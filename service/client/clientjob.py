@@ -15,7 +15,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core import payloads
 from ..core import protocol as nfp
+from ..core.lazy import lazy
 from ..errors import (
     BadRequestError,
     BusyError,
@@ -26,14 +28,7 @@ from ..errors import (
 )
 
 MAX_EVENTS_PER_JOB = 10_000
-_CHANGED_LOCK = threading.Lock()
-ATTEMPT_SEP = "~"  # wire uuid of a retried job: <uuid>~<attempt>
-
-
-def split_wire_uuid(wire: str) -> tuple[str, int]:
-    """(job uuid, attempt) of a uuid as it travels; attempt 1 has no suffix."""
-    base, _, n = wire.partition(ATTEMPT_SEP)
-    return base, int(n) if n.isdigit() else 1
+_NOT_YET = frozenset({nfp.ST_WORKER_ACCEPTED, nfp.ST_PENDING, nfp.ST_WAITING_INPUT})
 
 
 class JobFuture(Future[Any]):
@@ -57,13 +52,7 @@ class JobFuture(Future[Any]):
     @property
     def changed(self) -> threading.Condition:
         """Notified on each event and when the job ends."""
-        c = self._changed
-        if c is None:
-            with _CHANGED_LOCK:
-                if self._changed is None:
-                    self._changed = threading.Condition()
-                c = self._changed
-        return c
+        return lazy(self, "_changed", threading.Condition)
 
     def add_event(self, event: dict[str, Any]) -> None:
         with self.changed:
@@ -88,13 +77,13 @@ class ClientJob:
     flags: bytes
     future: JobFuture
     deadline: float  # monotonic
+    last_heard: float  # monotonic: the last reply, or the submission
     mmi: bool = False
     expected: set[str] | None = None  # workers the broker dispatched to (from 202)
     results: dict[str, Any] = field(default_factory=dict)
     statuses: dict[str, bytes] = field(default_factory=dict)
     lost: set[str] = field(default_factory=set)
     refused: JobError | None = None
-    last_heard: float = field(default_factory=time.monotonic)
     polls: int = 0
     retries_left: int = 0
     attempt: int = 1
@@ -102,7 +91,7 @@ class ClientJob:
     @property
     def wire_uuid(self) -> str:
         """The uuid this attempt travels under: replies to an earlier attempt cannot pass for it."""
-        return self.uuid if self.attempt == 1 else f"{self.uuid}{ATTEMPT_SEP}{self.attempt}"
+        return payloads.wire_uuid(self.uuid, self.attempt)
 
     def retry(self) -> bool:
         """After a worker was lost: True (and the job reset for another attempt) if retries remain."""
@@ -110,9 +99,7 @@ class ClientJob:
             return False
         self.retries_left -= 1
         self.attempt += 1
-        body = json.loads(self.body)
-        body["attempt"] = self.attempt
-        self.body = json.dumps(body, separators=(",", ":")).encode()
+        self.body = payloads.with_attempt(self.body, self.attempt)
         self.expected = None
         self.results, self.statuses, self.lost, self.refused = {}, {}, set(), None
         self.future.timings["retried"] = time.time()
@@ -126,9 +113,9 @@ class ClientJob:
             return set()
         return self.expected - set(self.statuses) - self.lost
 
-    def apply(self, reply: nfp.BrokerReply) -> bool:
-        """Take one reply into account; True when the job is now finished."""
-        self.last_heard = time.monotonic()
+    def apply(self, reply: nfp.BrokerReply, now: float) -> bool:
+        """Take one reply (at monotonic time `now`) into account; True when the job is now finished."""
+        self.last_heard = now
         if self.mmi:
             if reply.command == nfp.RESPONSE:
                 payload = json.loads(reply.payload) if reply.payload else None
@@ -139,6 +126,8 @@ class ClientJob:
                 return True
             return False
         status = reply.status
+        if status in _NOT_YET:
+            return False  # 201/300/102: the job goes on; nothing in their bodies changes what it waits for
         try:
             payload = json.loads(reply.payload) if reply.payload else {}
         except ValueError:
@@ -154,29 +143,25 @@ class ClientJob:
                 if len(workers) == 1:
                     self.future.worker = str(workers[0])
             return False
-        if status in (nfp.ST_WORKER_ACCEPTED, nfp.ST_PENDING, nfp.ST_WAITING_INPUT):
-            return False
         if status == nfp.ST_WORKER_LOST:
             worker = str(payload.get("worker", ""))
             self.lost.add(worker)
             if self.expected is None:  # results-only mode: the lost worker was the one running it
                 self.expected = {worker}
             return self._done()
-        if "workers" in payload and "errors" in payload and payload.get("workers") is None:
+        if payloads.is_refusal(status, payload):
             if self.expected is not None:
                 # A refused GET poll: the job's worker is not registered (yet), e.g. after a
                 # broker restart. The job goes on; a 410 or its deadline ends it.
                 return False
             # A refusal from the broker itself: no worker matched, or the fabric is full.
-            errors = "; ".join(str(e) for e in payload.get("errors") or []) or "refused by broker"
             cls: type[JobError] = BusyError if status == nfp.ST_BUSY else NoWorkersError
-            self.refused = cls(errors, uuid=self.uuid)
+            self.refused = cls(payloads.errors_of(payload, "refused by broker"), uuid=self.uuid)
             return True
         if status == nfp.ST_BUSY:
             worker = str(payload.get("worker", ""))
             self.statuses[worker] = status
-            errors = "; ".join(str(e) for e in payload.get("errors") or []) or "worker busy"
-            self.refused = BusyError(f"worker '{worker}': {errors}", uuid=self.uuid)
+            self.refused = BusyError(f"worker '{worker}': {payloads.errors_of(payload, 'worker busy')}", uuid=self.uuid)
             if self.expected is None:
                 self.expected = {worker}
             return self._done()

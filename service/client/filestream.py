@@ -6,26 +6,23 @@ import hashlib
 import queue
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..core import payloads
 from ..core import protocol as nfp
 from ..errors import BadRequestError, ChecksumError
-from ..transport.loop import OwnerLoop
+from ..transport.base import Transport
 from .clientjob import JobFuture
-
-if TYPE_CHECKING:
-    from .client import Client
-
-_NO_ACK = b'{"ack":false}'
 
 
 class FileStream:
     """The chunks of a streaming job, in order. Each chunk taken grants the worker one more credit."""
 
-    def __init__(self, loop: OwnerLoop, future: JobFuture, service: str) -> None:
+    def __init__(self, loop: Transport, future: JobFuture, service: str, offset: int = 0) -> None:
         self.loop = loop
         self.future = future
         self.service = service.encode()
+        self.offset = offset  # where in the file the stream starts
         self.received = 0
 
     def __iter__(self) -> Iterator[bytes]:
@@ -49,7 +46,7 @@ class FileStream:
             return
         body = nfp.dumps({"credit": n})
         uuid = self.future.uuid.encode()
-        self.loop.submit(nfp.client_request(nfp.PUT, self.service, worker.encode(), uuid, body, _NO_ACK))
+        self.loop.submit(nfp.client_request(nfp.PUT, self.service, worker.encode(), uuid, body, payloads.NO_ACK))
 
     def details(self, timeout: float = 30.0) -> dict[str, Any]:
         """The worker's final answer: size, sha256, chunks sent."""
@@ -66,33 +63,22 @@ class FileStream:
 def stream_request(path: str, *, offset: int, chunk_size: int, window: int, timeout: float) -> bytes:
     """The POST body of a fetch_file job (acknowledged: credits go to the worker named in the 202)."""
     kwargs = {"path": path, "offset": offset, "chunk_size": chunk_size, "window": window}
-    return nfp.dumps(
-        {"task": "fetch_file", "args": [], "kwargs": kwargs, "timeout": timeout, "push": True, "ack": True}
-    )
+    return payloads.post_body("fetch_file", [], kwargs, timeout=timeout, push=True, ack=True)
 
 
-def download(
-    client: Client,
-    service: str,
-    path: str,
-    dest: Path,
-    *,
-    workers: str,
-    resume: bool,
-    chunk_size: int,
-    window: int,
-    timeout: float,
-) -> dict[str, Any]:
-    """Stream `path` into `dest` (appending from its size when resuming) and verify the sha256."""
-    offset = dest.stat().st_size if resume and dest.exists() else 0
+def resume_offset(dest: Path, resume: bool) -> int:
+    """Where a download into `dest` starts: its size when resuming, else 0."""
+    return dest.stat().st_size if resume and dest.exists() else 0
+
+
+def download(stream: FileStream, dest: Path) -> dict[str, Any]:
+    """Write an open stream into `dest` (appending from the stream's offset) and verify the sha256."""
+    offset = stream.offset
     h = hashlib.sha256()
     if offset:
         with dest.open("rb") as f:
             while block := f.read(1 << 20):
                 h.update(block)
-    stream = client.open_stream(
-        service, path, workers=workers, offset=offset, chunk_size=chunk_size, window=window, timeout=timeout
-    )
     try:
         with dest.open("r+b" if offset else "wb") as out:
             out.seek(offset)
@@ -107,7 +93,8 @@ def download(
         raise
     if details.get("sha256") != h.hexdigest():
         raise ChecksumError(
-            f"{path}: sha256 {h.hexdigest()} of the download differs from the worker's {details.get('sha256')}",
+            f"{details.get('path')}: sha256 {h.hexdigest()} of the download differs from the worker's "
+            f"{details.get('sha256')}",
             uuid=stream.future.uuid,
         )
     return details

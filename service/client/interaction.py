@@ -7,12 +7,11 @@ from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
+from ..core import payloads
 from ..core import protocol as nfp
 from ..errors import BadRequestError, JobTimeoutError
-from ..transport.loop import OwnerLoop
+from ..transport.base import Transport
 from .clientjob import JobFuture
-
-_NO_ACK = b'{"ack":false}'
 
 
 def _has_news(fut: JobFuture, seen: int) -> bool:
@@ -35,7 +34,7 @@ def iter_events(fut: JobFuture, timeout: float) -> Iterator[dict[str, Any]]:
 
 
 def answer_input(
-    loop: OwnerLoop, service: bytes, fut: JobFuture, wire_uuid: str, value: Any, input_id: str | None, timeout: float
+    loop: Transport, service: bytes, fut: JobFuture, wire_uuid: str, value: Any, input_id: str | None, timeout: float
 ) -> None:
     """PUT the answer to the job's latest input request and wait for the worker's verdict."""
     uuid = fut.uuid
@@ -47,7 +46,7 @@ def answer_input(
     worker = str(req.get("worker", ""))
     body = nfp.dumps({"input_id": rid, "value": value})
     before = len(fut.events)
-    loop.submit(nfp.client_request(nfp.PUT, service, worker.encode(), wire_uuid.encode(), body, _NO_ACK))
+    loop.submit(nfp.client_request(nfp.PUT, service, worker.encode(), wire_uuid.encode(), body, payloads.NO_ACK))
 
     def answered() -> dict[str, Any] | None:
         for e in list(fut.events)[before:]:

@@ -1,6 +1,6 @@
 """NFP, the NorFab protocol, as zfab speaks it: frame constants, encoders and decoders.
 
-Pure code: no sockets, no threads, nothing of ours imported. `docs/protocol.md` is the
+Pure code: no sockets, no threads, nothing imported from outside `core`. `docs/protocol.md` is the
 spec this module implements; every decoder raises `ProtocolError` with a short,
 bounded `reason` (used as a metric label) and never anything else.
 """
@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any, Final
+
+from .errors import ProtocolError as ProtocolError  # re-exported: callers catch nfp.ProtocolError
 
 CLIENT: Final = b"NFPC01"
 WORKER: Final = b"NFPW01"
@@ -87,15 +89,6 @@ FINAL_STATUSES: Final = frozenset({ST_OK, ST_ERROR, ST_NOT_FOUND, ST_BAD_REQUEST
 DEFAULT_MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
 MAX_NAME_BYTES: Final = 256
 MAX_UUID_BYTES: Final = 128
-
-
-class ProtocolError(Exception):
-    """A frame list that is not valid NFP. `reason` is a short fixed token for metrics."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 @dataclass(slots=True)

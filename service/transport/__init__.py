@@ -1,1 +1,19 @@
-"""transport"""
+"""The single-owner loop shared by every role, its wire helpers, the wake descriptor, CURVE/ZAP,
+and the stub transport roles are unit-tested on. Imports only `core` and the shared settings."""
+
+from .base import Frames, Item, LoopFactory, LoopStats, Role, Transport
+from .loop import OwnerLoop
+from .stub import FakeClock, StubLoop, StubTransport
+
+__all__ = [
+    "FakeClock",
+    "Frames",
+    "Item",
+    "LoopFactory",
+    "LoopStats",
+    "OwnerLoop",
+    "Role",
+    "StubLoop",
+    "StubTransport",
+    "Transport",
+]

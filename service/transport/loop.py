@@ -18,52 +18,15 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Protocol, TypeVar
 
 import zmq
 
 from ..errors import BackpressureError, ClosedError
+from .base import Frames, Item, LoopStats, Role, T
 from .waker import Waker
-from .wire import Frames, Wire
+from .wire import Wire
 
 log = logging.getLogger(__name__)
-
-# A frame; a frame and what to do once it is sent; or a call to run on the owner.
-Item = Frames | tuple[Frames, Callable[[], None]] | Callable[[], None]
-T = TypeVar("T")
-
-
-class Role(Protocol):
-    """What a broker, worker or client plugs into the loop. Every method runs on the owner."""
-
-    def open_socket(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
-        """Create, configure and bind/connect the socket (also on every reconnect)."""
-
-    def on_connected(self) -> None:
-        """Called right after open_socket: send READY and the like."""
-
-    def on_frames(self, frames: Frames) -> None:
-        """One received multipart message."""
-
-    def on_batch_end(self) -> None:
-        """After a batch of on_frames calls: flush work gathered across the batch."""
-
-    def on_timer(self, now: float) -> float | None:
-        """Do what is due; return the next monotonic deadline, or None for none."""
-
-    def on_closing(self) -> None:
-        """The loop is about to close the socket: last words such as DISCONNECT."""
-
-
-@dataclass(slots=True)
-class LoopStats:
-    sent: int = 0
-    received: int = 0
-    send_dropped: int = 0
-    handler_errors: int = 0
-    wakeups: int = 0
-    reconnects: int = 0
 
 
 class OwnerLoop:
@@ -186,23 +149,36 @@ class OwnerLoop:
         return self._sock
 
     def send_now(self, frames: Frames) -> bool:
-        """Owner-direct send. False (and counted) when the peer cannot take it now."""
+        """Owner-direct send. False (and counted as dropped) when the peer cannot take it now:
+        an owner never waits on a peer."""
+        sent = self._send(frames)
+        if sent is False:
+            self._dropped("peer cannot take more (high-water mark)")
+        return bool(sent)
+
+    def _send(self, frames: Frames) -> bool | None:
+        """The one send path: True when sent, False when the peer cannot take it now (HWM: the
+        caller may retry), None when it was dropped for good (no socket, peer gone; counted)."""
         wire = self._wire
         if wire is None:
-            self.stats.send_dropped += 1
-            return False
+            self._dropped("socket closed")
+            return None
         try:
             wire.send(frames)
         except zmq.Again:
-            self.stats.send_dropped += 1
             return False
         except zmq.ZMQError as exc:
             # EHOSTUNREACH from a ROUTER_MANDATORY socket: the peer has gone.
-            self.stats.send_dropped += 1
-            log.debug("%s: send failed: %s", self.name, exc)
-            return False
+            self._dropped(str(exc))
+            return None
         self.stats.sent += 1
         return True
+
+    def _dropped(self, why: str) -> None:
+        self.stats.send_dropped += 1
+        n = self.stats.send_dropped
+        if n <= 3 or n % 1000 == 0:
+            log.warning("%s: dropped an outbound message (%d so far): %s", self.name, n, why)
 
     def _open(self) -> None:
         self._sock = self.role.open_socket(self._ctx)
@@ -299,12 +275,12 @@ class OwnerLoop:
         return not self._queue.empty()
 
     def _send_item(self, item: Frames | tuple[Frames, Callable[[], None]]) -> bool:
-        if isinstance(item, list):
-            return self._try_send(item)
-        frames, after = item
-        if not self._try_send(frames):
+        """A queued frame: False leaves it stalled (retried first); a dropped one still runs its follow-up."""
+        frames, after = (item, None) if isinstance(item, list) else item
+        if self._send(frames) is False:
             return False
-        self._run_call(after)
+        if after is not None:
+            self._run_call(after)
         return True
 
     def _run_call(self, fn: Callable[[], None]) -> None:
@@ -313,19 +289,6 @@ class OwnerLoop:
         except Exception:
             self.stats.handler_errors += 1
             log.exception("%s: queued call failed", self.name)
-
-    def _try_send(self, frames: Frames) -> bool:
-        assert self._wire is not None  # only called while the socket is open
-        try:
-            self._wire.send(frames)
-        except zmq.Again:
-            return False
-        except zmq.ZMQError as exc:
-            self.stats.send_dropped += 1
-            log.warning("%s: dropped a queued frame: %s", self.name, exc)
-            return True
-        self.stats.sent += 1
-        return True
 
     def _timers(self) -> float | None:
         try:

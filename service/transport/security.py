@@ -19,15 +19,12 @@ import zmq
 import zmq.auth
 from zmq.utils import z85
 
+from ..errors import SecurityError
 from .waker import Waker
 
 log = logging.getLogger(__name__)
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
-
-
-class SecurityError(ValueError):
-    """A key or endpoint setting that would leave the fabric open or broken."""
 
 
 def create_keys(key_dir: Path, name: str, worker: str | None = None) -> tuple[Path, Path]:

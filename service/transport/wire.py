@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import zmq
 
+from ..errors import SecurityError
 from ..settings import Settings
-from .security import SecurityError, curve_client
-
-Frames = list[bytes]
+from .base import Frames
+from .security import curve_client
 
 _NOBLOCK = int(zmq.NOBLOCK)
 _SNDMORE = int(zmq.SNDMORE)

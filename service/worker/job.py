@@ -7,14 +7,13 @@ import time
 import uuid as uuidlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from ..core.lazy import lazy
+from ..core.payloads import iso
 from ..core.schemacheck import check as check_schema
 from ..errors import JobCancelledError, JobTimeoutError
-
-_EVENT_LOCK = threading.Lock()
 
 
 class JobState(StrEnum):
@@ -31,10 +30,6 @@ class JobState(StrEnum):
         return self in (JobState.COMPLETED, JobState.FAILED)
 
 
-def iso(ts: float | None) -> str | None:
-    return datetime.fromtimestamp(ts, UTC).isoformat() if ts is not None else None
-
-
 @dataclass(slots=True, eq=False)
 class Job:
     """Task code receives this when it declares a parameter annotated `Job`."""
@@ -48,7 +43,8 @@ class Job:
     push: bool
     ack: bool
     request: bytes = b""  # the raw POST body, as stored
-    received_at: float = field(default_factory=time.time)
+    received_at: float = field(default_factory=time.time)  # epoch: shown in results and stored
+    received_mono: float = field(default_factory=time.monotonic)  # the deadline's base: immune to clock steps
     started_at: float | None = None
     completed_at: float | None = None
     state: JobState = JobState.RECEIVED
@@ -68,28 +64,16 @@ class Job:
     @property
     def cancel_event(self) -> threading.Event:
         """Set when the job is cancelled; tasks may wait on it instead of sleeping."""
-        # Made on first use: most jobs never need one, and an Event costs a Condition.
-        ev = self._cancel
-        if ev is None:
-            with _EVENT_LOCK:
-                if self._cancel is None:
-                    self._cancel = threading.Event()
-                ev = self._cancel
-        return ev
+        return lazy(self, "_cancel", threading.Event)
 
     @property
     def deadline(self) -> float | None:
-        return self.received_at + self.timeout if self.timeout else None
+        """Monotonic time by which the job must be done."""
+        return self.received_mono + self.timeout if self.timeout else None
 
     @property
     def cond(self) -> threading.Condition:
-        c = self._cond
-        if c is None:
-            with _EVENT_LOCK:
-                if self._cond is None:
-                    self._cond = threading.Condition()
-                c = self._cond
-        return c
+        return lazy(self, "_cond", threading.Condition)
 
     def claim(self) -> bool:
         """True for the first caller only: the pool thread about to run the job, or a DELETE
@@ -112,7 +96,7 @@ class Job:
 
     def expired(self) -> bool:
         d = self.deadline
-        return d is not None and time.time() >= d
+        return d is not None and time.monotonic() >= d
 
     def check(self) -> None:
         """Raise if the job was cancelled or ran past its deadline: call it between steps."""

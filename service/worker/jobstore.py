@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..storage import open_sqlite
+
 if TYPE_CHECKING:
     from .job import Job
 
@@ -95,7 +97,6 @@ class JobStore:
         self.failure_payload: Callable[[str, str, str], bytes] | None = None
 
     def open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(ready,), name="zfab-jobstore", daemon=True)
         self._thread.start()
@@ -117,21 +118,7 @@ class JobStore:
     # ---- writer thread ----------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=True)
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        has_tables = conn.execute("SELECT count(*) FROM sqlite_master WHERE name='jobs'").fetchone()[0]
-        if has_tables and version != SCHEMA_VERSION:
-            # A store from another zfab version: keep it aside rather than misread it.
-            conn.close()
-            aside = self.path.with_name(f"{self.path.name}.v{version}.{int(time.time())}")
-            self.path.rename(aside)
-            log.warning("job store %s has schema v%d; moved aside to %s", self.path, version, aside)
-            conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=True)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.executescript(SCHEMA)
-        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-        return conn
+        return open_sqlite(self.path, SCHEMA, SCHEMA_VERSION, table="jobs")
 
     def _run(self, ready: threading.Event) -> None:
         conn = self._connect()

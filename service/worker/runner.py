@@ -16,11 +16,12 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from ..core import payloads
 from ..core import protocol as nfp
+from ..core.payloads import Outcome, Word
 from ..errors import BackpressureError, ClosedError, JobCancelledError, JobTimeoutError
-from ..transport.loop import OwnerLoop
-from ..transport.wire import Frames
-from .job import Job, JobState, iso
+from ..transport.base import Frames, Transport
+from .job import Job, JobState
 from .jobstore import JobStore
 from .task import TaskArgumentsError, TaskSpec
 
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 
 class JobRunner:
     def __init__(
-        self, *, name: str, service: str, tasks: dict[str, TaskSpec], store: JobStore, loop: OwnerLoop
+        self, *, name: str, service: str, tasks: dict[str, TaskSpec], store: JobStore, loop: Transport
     ) -> None:
         self.name = name
         self.service = service
@@ -41,43 +42,13 @@ class JobRunner:
         self.counts: dict[str, int] = {"completed": 0, "failed": 0}
         self._lock = threading.Lock()
 
-    # ---- shapes ------------------------------------------------------------------
-
-    def entry(
-        self,
-        uuid: str,
-        task_name: str,
-        result: Any,
-        failed: bool,
-        status: str,
-        errors: list[str],
-        received: float | None = None,
-        started: float | None = None,
-        completed: float | None = None,
-    ) -> dict[str, Any]:
-        """One worker's result: NorFab's Result keys, then zfab's per-hop timestamps (epoch seconds)."""
-        return {
-            "result": result,
-            "failed": failed,
-            "errors": errors,
-            "messages": [],
-            "juuid": uuid,
-            "task": f"{self.name}:{task_name}",
-            "status": status,
-            "resources": [],
-            "resources_failed": [],
-            "task_started": iso(started),
-            "task_completed": iso(completed),
-            "service": self.service,
-            "worker": self.name,
-            "timestamps": {"received": received, "started": started, "completed": completed},
-        }
+    # ---- shapes (core/payloads.py holds the rules) ---------------------------------------------
 
     def failure(self, uuid: str, task_name: str, errors: list[str]) -> dict[str, Any]:
-        return {self.name: self.entry(uuid, task_name, None, True, "error", errors)}
+        return payloads.failure(self.name, self.service, uuid, task_name, errors)
 
-    def status(self, uuid: str, status: str, **extra: Any) -> dict[str, Any]:
-        return {"worker": self.name, "uuid": uuid, "service": self.service, "status": status, **extra}
+    def status(self, uuid: str, word: str, **extra: Any) -> dict[str, Any]:
+        return payloads.worker_status(self.name, self.service, uuid, word, **extra)
 
     # ---- sending from pool and store threads ------------------------------------------
 
@@ -96,7 +67,7 @@ class JobRunner:
     def acknowledge(self, jobs: list[Job]) -> None:
         """Writer thread: the jobs are committed; acknowledge them (NorFab's 201)."""
         for job in jobs:
-            payload = nfp.dumps(self.status(job.uuid, "ACCEPTED"))
+            payload = nfp.dumps(self.status(job.uuid, Word.ACCEPTED))
             self.send(nfp.worker_reply(nfp.RESPONSE, job.client, job.uuid.encode(), nfp.ST_WORKER_ACCEPTED, payload))
 
     def emit(self, job: Job, payload: dict[str, Any]) -> None:
@@ -125,16 +96,16 @@ class JobRunner:
         errors: list[str] = []
         messages: list[str] = []
         result: Any = None
-        status, code = "completed", nfp.ST_OK
+        status, code = Outcome.COMPLETED, nfp.ST_OK
         if job.cancelled:
-            status, errors = "cancelled", ["cancelled before it started"]
+            status, errors = Outcome.CANCELLED, ["cancelled before it started"]
         elif job.expired():
-            status, errors = "timeout", [f"deadline of {job.timeout} s passed before the job started"]
+            status, errors = Outcome.TIMEOUT, [f"deadline of {job.timeout} s passed before the job started"]
         else:
             try:
                 kwargs = spec.bind(job.args, job.kwargs)
             except TaskArgumentsError as exc:
-                status, code, errors = "error", nfp.ST_BAD_REQUEST, [str(exc)]
+                status, code, errors = Outcome.ERROR, nfp.ST_BAD_REQUEST, [str(exc)]
             else:
                 # Kept in memory only: a restart marks every unfinished stored job
                 # interrupted, so a per-job "running" write would buy nothing.
@@ -144,11 +115,11 @@ class JobRunner:
                 try:
                     result = spec.fn(**kwargs)
                 except JobCancelledError:
-                    status, errors = "cancelled", ["cancelled while running"]
+                    status, errors = Outcome.CANCELLED, ["cancelled while running"]
                 except JobTimeoutError as exc:
-                    status, errors = "timeout", [str(exc)]
+                    status, errors = Outcome.TIMEOUT, [str(exc)]
                 except Exception as exc:
-                    status, errors = "error", [traceback.format_exc()]
+                    status, errors = Outcome.ERROR, [traceback.format_exc()]
                     messages.append(f"{type(exc).__name__}: {exc}")
                     log.debug("worker %s: task %s raised %r", self.name, job.task, exc)
         self.complete(job, code, result, status, errors, messages)
@@ -157,22 +128,26 @@ class JobRunner:
         self, job: Job, code: bytes, result: Any, status: str, errors: list[str], messages: list[str] | None = None
     ) -> None:
         job.completed_at = time.time()
-        entry = self.entry(
-            job.uuid,
-            job.task,
-            result,
-            status != "completed",
-            status,
-            errors,
-            job.received_at,
-            job.started_at,
-            job.completed_at,
+        entry = payloads.result_entry(
+            worker=self.name,
+            service=self.service,
+            uuid=job.uuid,
+            task=job.task,
+            result=result,
+            failed=status != Outcome.COMPLETED,
+            status=status,
+            errors=errors,
+            messages=messages,
+            received=job.received_at,
+            started=job.started_at,
+            completed=job.completed_at,
         )
-        entry["messages"] = messages or []
         try:
             payload = nfp.dumps({self.name: entry})
         except (TypeError, ValueError) as exc:  # a result JSON cannot carry
-            entry.update(result=None, failed=True, status="error", errors=[f"result is not JSON-serialisable: {exc}"])
+            entry.update(
+                result=None, failed=True, status=Outcome.ERROR, errors=[f"result is not JSON-serialisable: {exc}"]
+            )
             payload = nfp.dumps({self.name: entry})
         job.result_payload = payload
         job.status_code = code

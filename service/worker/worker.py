@@ -20,11 +20,15 @@ from typing import Any, ClassVar
 
 import zmq
 
+from ..core import payloads
 from ..core import protocol as nfp
-from ..core.keepalive import KeepAlive
+from ..core.errors import ProtocolError
+from ..core.keepalive import Clock, KeepAlive
+from ..core.payloads import Outcome, Word
 from ..settings import Settings
+from ..transport.base import Frames, LoopFactory, Transport
 from ..transport.loop import OwnerLoop
-from ..transport.wire import Frames, dealer_socket
+from ..transport.wire import dealer_socket
 from .job import Job, JobState
 from .jobstore import JobStore, StoredJob
 from .pool import JobPool
@@ -48,7 +52,10 @@ class Worker:
         name: str | None = None,
         service: str | None = None,
         settings: Settings | None = None,
+        transport: LoopFactory | None = None,
+        clock: Clock = time.monotonic,
     ) -> None:
+        """`transport` and `clock` are for tests: a StubTransport and its FakeClock (transport/stub.py)."""
         self.settings = s = settings or Settings()
         self.broker = broker or s.broker
         self.service_name = service or type(self).service
@@ -63,7 +70,7 @@ class Worker:
             if is_task(fn):
                 assert fn is not None
                 self.tasks[attr] = build_spec(attr, fn, Job)
-        self.keepalive = KeepAlive(s.keepalive_interval, s.keepalive_multiplier)
+        self.keepalive = KeepAlive(s.keepalive_interval, s.keepalive_multiplier, clock)
         self.jobs: OrderedDict[str, Job] = OrderedDict()  # owner thread only
         self._received = 0  # owner thread only
         self._unstored: list[Job] = []  # owner thread only: received in this batch, not yet stored
@@ -75,7 +82,7 @@ class Worker:
             retention_seconds=s.job_retention_seconds,
             retention_count=s.job_retention_count,
         )
-        self.loop = OwnerLoop(
+        self.loop: Transport = (transport or OwnerLoop)(
             self,
             name=f"worker {self.name}",
             outbound_size=s.outbound_queue_size,
@@ -185,7 +192,7 @@ class Worker:
         elif msg.command == nfp.PUT:
             self.handle_put(msg)
         else:
-            self._reply(msg, nfp.ST_BAD_REQUEST, self.runner.status(msg.uuid.decode(), "UNSUPPORTED"))
+            self._reply(msg, nfp.ST_BAD_REQUEST, self.runner.status(msg.uuid.decode(), Word.UNSUPPORTED))
 
     # ---- job handling (owner) ------------------------------------------------------
 
@@ -225,20 +232,11 @@ class Worker:
             self.handle_get(msg)  # ran before this worker restarted: its stored outcome answers
             return
         try:
-            body = json.loads(msg.body)
-            if not isinstance(body, dict):
-                raise ValueError("POST body must be a JSON object")
-            task_name = str(body.get("task", ""))
-            args = body.get("args") or []
-            kwargs = body.get("kwargs") or {}
-            timeout = body.get("timeout")
-            if not isinstance(args, list) or not isinstance(kwargs, dict):
-                raise ValueError("args must be a JSON list and kwargs a JSON object")
-            if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
-                raise ValueError("timeout must be a positive number of seconds")
-        except ValueError as exc:
-            self._reply(msg, nfp.ST_BAD_REQUEST, self.runner.failure(uuid, "", [f"bad request body: {exc}"]))
+            body = payloads.read_post_body(msg.body)
+        except ProtocolError as exc:
+            self._reply(msg, nfp.ST_BAD_REQUEST, self.runner.failure(uuid, "", [exc.detail]))
             return
+        task_name = body.task
         if task_name not in self.tasks:
             why = (
                 f"task '{task_name}' is not a task of service '{self.service_name}'; "
@@ -248,21 +246,21 @@ class Worker:
             return
         if self._draining:
             self.counts["busy"] += 1
-            self._reply(msg, nfp.ST_BUSY, self.runner.status(uuid, "BUSY", errors=["worker is stopping"]))
+            self._reply(msg, nfp.ST_BUSY, self.runner.status(uuid, Word.BUSY, errors=["worker is stopping"]))
             return
         if self._received - self.runner.finished >= self.pool.capacity:
             self.counts["busy"] += 1
-            self._reply(msg, nfp.ST_BUSY, self.runner.status(uuid, "BUSY", errors=["worker job queue is full"]))
+            self._reply(msg, nfp.ST_BUSY, self.runner.status(uuid, Word.BUSY, errors=["worker job queue is full"]))
             return
         job = Job(
             uuid=uuid,
             client=msg.client,
             task=task_name,
-            args=args,
-            kwargs=kwargs,
-            timeout=timeout,
-            push=bool(body.get("push", False)),
-            ack=bool(body.get("ack", True)),
+            args=body.args,
+            kwargs=body.kwargs,
+            timeout=body.timeout,
+            push=body.push,
+            ack=body.ack,
             request=msg.body,
             emit=self.runner.emit,
             stream_out=self.runner.stream_out,
@@ -305,7 +303,7 @@ class Worker:
             frames = nfp.worker_reply(nfp.RESPONSE, client, job.uuid.encode(), job.status_code, job.result_payload)
         else:
             status = nfp.ST_WAITING_INPUT if job.state == JobState.WAITING_INPUT else nfp.ST_PENDING
-            state = "STARTED" if job.state != JobState.RECEIVED else "PENDING"
+            state = Word.STARTED if job.state != JobState.RECEIVED else Word.PENDING
             frames = nfp.worker_reply(
                 nfp.RESPONSE, client, job.uuid.encode(), status, nfp.dumps(self.runner.status(job.uuid, state))
             )
@@ -320,31 +318,31 @@ class Worker:
 
         def reply(found: StoredJob | None) -> None:
             if found is None:
-                status, payload = nfp.ST_NOT_FOUND, nfp.dumps(self.runner.status(uuid, "JOB NOT FOUND"))
+                status, payload = nfp.ST_NOT_FOUND, nfp.dumps(self.runner.status(uuid, Word.NOT_FOUND))
             elif found.result is not None:
                 status, payload = (found.status_code or "200").encode(), found.result.encode()
             else:
-                status, payload = nfp.ST_PENDING, nfp.dumps(self.runner.status(uuid, "PENDING"))
+                status, payload = nfp.ST_PENDING, nfp.dumps(self.runner.status(uuid, Word.PENDING))
             self.runner.send(nfp.worker_reply(nfp.RESPONSE, msg.client, msg.uuid, status, payload))
 
         try:
             self.store.read(uuid, reply)
         except queue.Full:
-            self._reply(msg, nfp.ST_BUSY, self.runner.status(uuid, "BUSY", errors=["worker job store is busy"]))
+            self._reply(msg, nfp.ST_BUSY, self.runner.status(uuid, Word.BUSY, errors=["worker job store is busy"]))
 
     def handle_delete(self, msg: nfp.BrokerJob) -> None:
         uuid = msg.uuid.decode(errors="replace")
         job = self.jobs.get(uuid)
         if job is None:
-            self._reply(msg, nfp.ST_NOT_FOUND, self.runner.status(uuid, "JOB NOT FOUND"))
+            self._reply(msg, nfp.ST_NOT_FOUND, self.runner.status(uuid, Word.NOT_FOUND))
             return
         if not job.state.final:
             job.cancel()
             if job.claim():
                 # Still queued: it ends now, without waiting for a pool thread.
                 job.started_at = time.time()
-                self.runner.complete(job, nfp.ST_OK, None, "cancelled", ["cancelled before it started"])
-        state = job.state.value if job.state.final else "CANCELLING"
+                self.runner.complete(job, nfp.ST_OK, None, Outcome.CANCELLED, ["cancelled before it started"])
+        state = job.state.value if job.state.final else Word.CANCELLING
         self._reply(msg, nfp.ST_DISPATCHED, self.runner.status(uuid, state))
 
     def handle_put(self, msg: nfp.BrokerJob) -> None:

@@ -17,6 +17,7 @@ from service.errors import (
     WorkerLostError,
 )
 
+NOW = 0.0
 UUID = "job-1"
 
 
@@ -29,6 +30,7 @@ def make_job(*, target: bytes = b"any", mmi: bool = False) -> ClientJob:
         b"",
         JobFuture(UUID),
         time.monotonic() + 60,
+        NOW,
         mmi=mmi,
     )
 
@@ -82,7 +84,7 @@ def refusal(status: bytes, why: str) -> nfp.BrokerReply:
 def test_dispatch_ack_sets_the_expected_workers_without_finishing() -> None:
     job = make_job(target=b"all")
 
-    assert job.apply(dispatched("w1", "w2")) is False
+    assert job.apply(dispatched("w1", "w2"), NOW) is False
 
     assert job.expected == {"w1", "w2"}
     assert job.pending == {"w1", "w2"}
@@ -92,9 +94,9 @@ def test_dispatch_ack_sets_the_expected_workers_without_finishing() -> None:
 def test_a_second_dispatch_ack_does_not_change_the_expected_workers() -> None:
     # A retried POST is acknowledged again; the first answer stands
     job = make_job()
-    job.apply(dispatched("w1"))
+    job.apply(dispatched("w1"), NOW)
 
-    job.apply(dispatched("w2"))
+    job.apply(dispatched("w2"), NOW)
 
     assert job.expected == {"w1"}
 
@@ -102,9 +104,9 @@ def test_a_second_dispatch_ack_does_not_change_the_expected_workers() -> None:
 @pytest.mark.parametrize("status", [nfp.ST_WORKER_ACCEPTED, nfp.ST_PENDING, nfp.ST_WAITING_INPUT])
 def test_progress_statuses_do_not_finish_the_job(status: bytes) -> None:
     job = make_job()
-    job.apply(dispatched("w1"))
+    job.apply(dispatched("w1"), NOW)
 
-    assert job.apply(status_only(status, "w1", "PENDING")) is False
+    assert job.apply(status_only(status, "w1", "PENDING"), NOW) is False
     assert job.pending == {"w1"}
     assert job.results == {}
 
@@ -115,11 +117,11 @@ def test_progress_statuses_do_not_finish_the_job(status: bytes) -> None:
 def test_result_from_the_dispatched_worker_finishes_the_job_with_a_dict_keyed_by_worker() -> None:
     # Given a job dispatched to w1 and accepted by it
     job = make_job()
-    job.apply(dispatched("w1"))
-    job.apply(status_only(nfp.ST_WORKER_ACCEPTED, "w1", "ACCEPTED"))
+    job.apply(dispatched("w1"), NOW)
+    job.apply(status_only(nfp.ST_WORKER_ACCEPTED, "w1", "ACCEPTED"), NOW)
 
     # When w1's result arrives
-    done = job.apply(result("w1", result={"echo": 42}))
+    done = job.apply(result("w1", result={"echo": 42}), NOW)
 
     # Then the job is finished with w1's entry
     assert done is True
@@ -132,11 +134,11 @@ def test_result_from_the_dispatched_worker_finishes_the_job_with_a_dict_keyed_by
 
 def test_job_for_all_needs_a_result_from_every_dispatched_worker() -> None:
     job = make_job(target=b"all")
-    job.apply(dispatched("w1", "w2"))
+    job.apply(dispatched("w1", "w2"), NOW)
 
-    assert job.apply(result("w1", result=1)) is False
+    assert job.apply(result("w1", result=1), NOW) is False
     assert job.pending == {"w2"}
-    assert job.apply(result("w2", result=2)) is True
+    assert job.apply(result("w2", result=2), NOW) is True
 
     results, error = job.outcome()
     assert error is None
@@ -149,7 +151,7 @@ def test_result_without_a_dispatch_ack_finishes_a_single_worker_job() -> None:
     job = make_job()
 
     # When the worker's result arrives
-    done = job.apply(result("w1", result="ok"))
+    done = job.apply(result("w1", result="ok"), NOW)
 
     # Then the job finishes with it
     assert done is True
@@ -161,10 +163,10 @@ def test_result_without_a_dispatch_ack_finishes_a_single_worker_job() -> None:
 def test_failed_entries_are_data_not_exceptions() -> None:
     # Given two workers, one of which ran the task and failed
     job = make_job(target=b"all")
-    job.apply(dispatched("w1", "w2"))
-    job.apply(result("w1", result=1))
+    job.apply(dispatched("w1", "w2"), NOW)
+    job.apply(result("w1", result=1), NOW)
 
-    done = job.apply(result("w2", failed=True, errors=["ZeroDivisionError"]))
+    done = job.apply(result("w2", failed=True, errors=["ZeroDivisionError"]), NOW)
 
     # Then the dictionary comes back with the failure in it
     assert done is True
@@ -176,9 +178,9 @@ def test_failed_entries_are_data_not_exceptions() -> None:
 
 def test_one_bad_request_among_good_results_still_returns_the_dict() -> None:
     job = make_job(target=b"all")
-    job.apply(dispatched("w1", "w2"))
-    job.apply(result("w1", result=1))
-    job.apply(result("w2", nfp.ST_BAD_REQUEST, failed=True, errors=["unknown task 'nope'"]))
+    job.apply(dispatched("w1", "w2"), NOW)
+    job.apply(result("w1", result=1), NOW)
+    job.apply(result("w2", nfp.ST_BAD_REQUEST, failed=True, errors=["unknown task 'nope'"]), NOW)
 
     results, error = job.outcome()
 
@@ -193,7 +195,7 @@ def test_broker_refusal_when_no_worker_matches_raises_no_workers_error() -> None
     job = make_job()
     why = "service 'demo' is unknown: no worker has registered it"
 
-    done = job.apply(refusal(nfp.ST_BAD_REQUEST, why))
+    done = job.apply(refusal(nfp.ST_BAD_REQUEST, why), NOW)
 
     assert done is True
     results, error = job.outcome()
@@ -206,7 +208,7 @@ def test_broker_refusal_when_no_worker_matches_raises_no_workers_error() -> None
 def test_broker_refusal_when_full_raises_busy_error() -> None:
     job = make_job()
 
-    done = job.apply(refusal(nfp.ST_BUSY, "broker is at its bound of jobs in flight; retry later"))
+    done = job.apply(refusal(nfp.ST_BUSY, "broker is at its bound of jobs in flight; retry later"), NOW)
 
     assert done is True
     results, error = job.outcome()
@@ -217,9 +219,9 @@ def test_broker_refusal_when_full_raises_busy_error() -> None:
 
 def test_busy_worker_raises_busy_error_naming_the_worker() -> None:
     job = make_job()
-    job.apply(dispatched("w1"))
+    job.apply(dispatched("w1"), NOW)
 
-    done = job.apply(status_only(nfp.ST_BUSY, "w1", "BUSY", errors=["worker job queue is full"]))
+    done = job.apply(status_only(nfp.ST_BUSY, "w1", "BUSY", errors=["worker job queue is full"]), NOW)
 
     assert done is True
     _, error = job.outcome()
@@ -230,9 +232,9 @@ def test_busy_worker_raises_busy_error_naming_the_worker() -> None:
 def test_busy_worker_among_several_keeps_the_others_results_on_the_error() -> None:
     # Given a job for two workers where w1 answered and w2 was too busy to take it
     job = make_job(target=b"all")
-    job.apply(dispatched("w1", "w2"))
-    job.apply(result("w1", result="done"))
-    job.apply(status_only(nfp.ST_BUSY, "w2", "BUSY", errors=["worker job queue is full"]))
+    job.apply(dispatched("w1", "w2"), NOW)
+    job.apply(result("w1", result="done"), NOW)
+    job.apply(status_only(nfp.ST_BUSY, "w2", "BUSY", errors=["worker job queue is full"]), NOW)
 
     # Then the error says busy and, like every JobError, holds what did arrive
     _, error = job.outcome()
@@ -243,11 +245,11 @@ def test_busy_worker_among_several_keeps_the_others_results_on_the_error() -> No
 def test_lost_worker_raises_worker_lost_error_with_partial_results() -> None:
     # Given a job for two workers where one answered
     job = make_job(target=b"all")
-    job.apply(dispatched("w1", "w2"))
-    job.apply(result("w1", result="done"))
+    job.apply(dispatched("w1", "w2"), NOW)
+    job.apply(result("w1", result="done"), NOW)
 
     # When the broker reports the other lost
-    done = job.apply(status_only(nfp.ST_WORKER_LOST, "w2", "LOST", errors=["worker 'w2' was lost"]))
+    done = job.apply(status_only(nfp.ST_WORKER_LOST, "w2", "LOST", errors=["worker 'w2' was lost"]), NOW)
 
     # Then the job ends with WorkerLostError carrying what did arrive
     assert done is True
@@ -260,11 +262,11 @@ def test_lost_worker_raises_worker_lost_error_with_partial_results() -> None:
 
 def test_lost_worker_before_the_other_answers_waits_for_the_other() -> None:
     job = make_job(target=b"all")
-    job.apply(dispatched("w1", "w2"))
+    job.apply(dispatched("w1", "w2"), NOW)
 
-    assert job.apply(status_only(nfp.ST_WORKER_LOST, "w1", "LOST")) is False
+    assert job.apply(status_only(nfp.ST_WORKER_LOST, "w1", "LOST"), NOW) is False
     assert job.pending == {"w2"}
-    assert job.apply(result("w2", result=2)) is True
+    assert job.apply(result("w2", result=2), NOW) is True
     assert isinstance(job.outcome()[1], WorkerLostError)
 
 
@@ -273,7 +275,7 @@ def test_lost_worker_without_a_dispatch_ack_finishes_the_job() -> None:
     job = make_job()
 
     # When the broker reports the worker lost
-    done = job.apply(status_only(nfp.ST_WORKER_LOST, "w1", "LOST"))
+    done = job.apply(status_only(nfp.ST_WORKER_LOST, "w1", "LOST"), NOW)
 
     # Then the job ends at once with WorkerLostError, as it does with acks
     assert done is True
@@ -282,9 +284,9 @@ def test_lost_worker_without_a_dispatch_ack_finishes_the_job() -> None:
 
 def test_bad_request_from_every_worker_raises_bad_request_error_naming_the_error() -> None:
     job = make_job()
-    job.apply(dispatched("w1"))
+    job.apply(dispatched("w1"), NOW)
 
-    done = job.apply(result("w1", nfp.ST_BAD_REQUEST, failed=True, errors=["task 'nope' is not a task of demo"]))
+    done = job.apply(result("w1", nfp.ST_BAD_REQUEST, failed=True, errors=["task 'nope' is not a task of demo"]), NOW)
 
     assert done is True
     results, error = job.outcome()
@@ -296,9 +298,9 @@ def test_bad_request_from_every_worker_raises_bad_request_error_naming_the_error
 
 def test_job_unknown_to_its_worker_raises_job_not_found() -> None:
     job = make_job()
-    job.apply(dispatched("w1"))
+    job.apply(dispatched("w1"), NOW)
 
-    done = job.apply(status_only(nfp.ST_NOT_FOUND, "w1", "JOB NOT FOUND"))
+    done = job.apply(status_only(nfp.ST_NOT_FOUND, "w1", "JOB NOT FOUND"), NOW)
 
     assert done is True
     results, error = job.outcome()
@@ -309,10 +311,10 @@ def test_job_unknown_to_its_worker_raises_job_not_found() -> None:
 
 def test_unreadable_payload_is_not_taken_as_a_result() -> None:
     job = make_job()
-    job.apply(dispatched("w1"))
+    job.apply(dispatched("w1"), NOW)
 
-    assert job.apply(reply(nfp.ST_OK, b"\xff not json")) is False
-    assert job.apply(reply(nfp.ST_OK, b"[1, 2]")) is False
+    assert job.apply(reply(nfp.ST_OK, b"\xff not json"), NOW) is False
+    assert job.apply(reply(nfp.ST_OK, b"[1, 2]"), NOW) is False
     assert job.results == {} and job.pending == {"w1"}
 
 
@@ -325,22 +327,22 @@ def test_mmi_job_finishes_on_response_and_ignores_the_mmi_duplicate() -> None:
     answer = {"workers": ["w1"]}
 
     # When the MMI copy arrives first it does not finish the job
-    assert job.apply(reply(nfp.ST_OK, answer, command=nfp.MMI)) is False
+    assert job.apply(reply(nfp.ST_OK, answer, command=nfp.MMI), NOW) is False
     assert job.results == {}
 
     # When the RESPONSE arrives the job finishes with the broker's answer
-    assert job.apply(reply(nfp.ST_OK, answer)) is True
+    assert job.apply(reply(nfp.ST_OK, answer), NOW) is True
     assert job.outcome() == ({"result": answer}, None)
 
     # And a late MMI copy changes nothing
-    assert job.apply(reply(nfp.ST_OK, {"other": 1}, command=nfp.MMI)) is False
+    assert job.apply(reply(nfp.ST_OK, {"other": 1}, command=nfp.MMI), NOW) is False
     assert job.outcome() == ({"result": answer}, None)
 
 
 def test_refused_mmi_request_raises_bad_request_error() -> None:
     job = make_job(mmi=True)
 
-    assert job.apply(reply(nfp.ST_BAD_REQUEST, "Unsupported task 'nope'")) is True
+    assert job.apply(reply(nfp.ST_BAD_REQUEST, "Unsupported task 'nope'"), NOW) is True
 
     results, error = job.outcome()
     assert results is None
@@ -351,22 +353,22 @@ def test_refused_mmi_request_raises_bad_request_error() -> None:
 def test_a_refused_get_poll_does_not_end_a_dispatched_job() -> None:
     # Given a dispatched job whose worker is not registered at a restarted broker yet
     job = make_job()
-    job.apply(dispatched("w1"))
+    job.apply(dispatched("w1"), NOW)
     refusal = {"workers": None, "uuid": UUID, "target": "w1", "status": "FAILED", "service": "demo", "errors": ["x"]}
     # When the broker refuses the client's GET poll, the job goes on
-    assert job.apply(reply(nfp.ST_BAD_REQUEST, refusal)) is False
+    assert job.apply(reply(nfp.ST_BAD_REQUEST, refusal), NOW) is False
     # Then the worker's result still finishes it
-    assert job.apply(reply(nfp.ST_OK, {"w1": entry("late but fine")})) is True
+    assert job.apply(reply(nfp.ST_OK, {"w1": entry("late but fine")}), NOW) is True
     assert job.outcome() == ({"w1": entry("late but fine")}, None)
 
 
 def test_a_retried_job_travels_under_a_new_wire_uuid() -> None:
-    from service.client.clientjob import split_wire_uuid
+    from service.core.payloads import split_wire_uuid
 
     job = make_job()
     job.retries_left = 1
-    job.apply(dispatched("w1"))
-    job.apply(reply(nfp.ST_WORKER_LOST, {"worker": "w1", "uuid": UUID, "status": "LOST", "errors": ["gone"]}))
+    job.apply(dispatched("w1"), NOW)
+    job.apply(reply(nfp.ST_WORKER_LOST, {"worker": "w1", "uuid": UUID, "status": "LOST", "errors": ["gone"]}), NOW)
     assert job.wire_uuid == UUID
     assert job.retry() is True and job.attempt == 2
     assert job.wire_uuid == f"{UUID}~2" and split_wire_uuid(job.wire_uuid) == (UUID, 2)

@@ -1,0 +1,250 @@
+"""The payload rules of NFP as zfab speaks it: every JSON body inside a frame, built and read here.
+
+`protocol.py` owns the frames; this module owns what travels in them: the POST body and the
+flags frame a client sends, the result entries and status replies a worker sends, the
+broker's dispatch replies and refusals, the status words they carry, and the per-attempt
+wire uuid of a retried job. Producers and consumers both use it, so a rule lives in one
+place. Pure: no sockets, no threads. `docs/protocol.md` documents each shape.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Final
+
+from .errors import ProtocolError
+from .protocol import ST_BAD_REQUEST, ST_BUSY, dumps
+
+# ---- job uuids ----------------------------------------------------------------------
+
+ATTEMPT_SEP: Final = "~"
+MAX_JOB_UUID: Final = 100
+"""Characters a job uuid may have. Its wire form adds `~N` for attempt N ≥ 2 and stays within
+MAX_UUID_BYTES (128), the bound every decoder checks."""
+
+
+def check_job_uuid(uuid: str) -> None:
+    """Raise ValueError unless `uuid` can name a job: 1..MAX_JOB_UUID characters of ASCII, no `~`."""
+    if not uuid or len(uuid) > MAX_JOB_UUID or ATTEMPT_SEP in uuid or not uuid.isascii():
+        raise ValueError(f"job uuid must be 1..{MAX_JOB_UUID} ASCII characters without {ATTEMPT_SEP!r}")
+
+
+def wire_uuid(uuid: str, attempt: int) -> str:
+    """The uuid attempt `attempt` of a job travels under: replies to an earlier attempt cannot pass for it."""
+    return uuid if attempt <= 1 else f"{uuid}{ATTEMPT_SEP}{attempt}"
+
+
+def split_wire_uuid(wire: str) -> tuple[str, int]:
+    """(job uuid, attempt) of a uuid as it travels; attempt 1 has no suffix."""
+    base, _, n = wire.partition(ATTEMPT_SEP)
+    return base, int(n) if n.isdigit() else 1
+
+
+# ---- status words -----------------------------------------------------------------------
+
+
+class Word(StrEnum):
+    """The `status` word of a broker or worker status payload (NorFab's spelling where it has one)."""
+
+    DISPATCHED = "DISPATCHED"  #: broker, 202: sent to the workers named in `workers`
+    FAILED = "FAILED"  #: broker, 400: refused (no worker matched, unknown service, bad target)
+    BUSY = "BUSY"  #: broker or worker, 503: a bound is full
+    LOST = "LOST"  #: broker, 410: the worker running the job was lost
+    ACCEPTED = "ACCEPTED"  #: worker, 201: stored
+    PENDING = "PENDING"  #: worker, 300: queued on the worker
+    STARTED = "STARTED"  #: worker, 300/102: running
+    NOT_FOUND = "JOB NOT FOUND"  #: worker, 404
+    CANCELLING = "CANCELLING"  #: worker, 202 to DELETE: the running job was asked to stop
+    UNSUPPORTED = "UNSUPPORTED"  #: worker, 400: a command it does not take
+
+
+class Outcome(StrEnum):
+    """The `status` of a result entry: how the task ended on its worker."""
+
+    COMPLETED = "completed"  #: the task returned
+    ERROR = "error"  #: the task raised, or the request was bad
+    TIMEOUT = "timeout"  #: the job's deadline passed
+    CANCELLED = "cancelled"  #: DELETE stopped it
+
+
+# ---- client → broker: the POST body and the flags frame ---------------------------------
+
+EMPTY_BODY: Final = b'{"task":"","args":[],"kwargs":{}}'
+"""The body of a GET (and of a POST that only recovers a job): workers read the uuid, not the body."""
+
+
+def post_body(
+    task: str,
+    args: list[Any] | None = None,
+    kwargs: dict[str, Any] | None = None,
+    *,
+    timeout: float | None = None,
+    push: bool | None = None,
+    ack: bool | None = None,
+) -> bytes:
+    """A POST body: NorFab's `task`, `args`, `kwargs`, plus zfab's `timeout`, `push`, `ack` when given."""
+    body: dict[str, Any] = {"task": task, "args": args or [], "kwargs": kwargs or {}}
+    if timeout is not None:
+        body["timeout"] = timeout
+    if push is not None:
+        body["push"] = push
+    if ack is not None:
+        body["ack"] = ack
+    return dumps(body)
+
+
+def with_attempt(body: bytes, attempt: int) -> bytes:
+    """The same POST body, marked as attempt `attempt` of its job."""
+    obj = json.loads(body)
+    obj["attempt"] = attempt
+    return dumps(obj)
+
+
+@dataclass(slots=True)
+class PostBody:
+    """A POST body as a worker reads it."""
+
+    task: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    timeout: float | None
+    push: bool
+    ack: bool
+
+
+def read_post_body(raw: bytes) -> PostBody:
+    """Read and check a POST body; raises ProtocolError("json", why) for anything malformed."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep for the parser
+        raise ProtocolError("json", f"bad request body: {exc}") from None
+    if not isinstance(body, dict):
+        raise ProtocolError("json", "bad request body: POST body must be a JSON object")
+    args = body.get("args") or []
+    kwargs = body.get("kwargs") or {}
+    timeout = body.get("timeout")
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise ProtocolError("json", "bad request body: args must be a JSON list and kwargs a JSON object")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0):
+        raise ProtocolError("json", "bad request body: timeout must be a positive number of seconds")
+    return PostBody(
+        task=str(body.get("task", "")),
+        args=args,
+        kwargs=kwargs,
+        timeout=float(timeout) if timeout is not None else None,
+        push=bool(body.get("push", False)),
+        ack=bool(body.get("ack", True)),
+    )
+
+
+def flags(*, push: bool, ack: bool) -> bytes:
+    """The optional 8th client frame: `push` results when ready, `ack` (202/201) or results only."""
+    return dumps({"push": push, "ack": ack})
+
+
+NO_ACK: Final = b'{"ack":false}'
+"""Flags of GETs and PUTs a zfab client sends: no 202 from the broker (it knows its workers)."""
+
+
+# ---- worker → client: result entries and status replies -----------------------------------
+
+
+def iso(ts: float | None) -> str | None:
+    return datetime.fromtimestamp(ts, UTC).isoformat() if ts is not None else None
+
+
+def result_entry(
+    *,
+    worker: str,
+    service: str,
+    uuid: str,
+    task: str,
+    result: Any,
+    failed: bool,
+    status: str,
+    errors: list[str],
+    messages: list[str] | None = None,
+    received: float | None = None,
+    started: float | None = None,
+    completed: float | None = None,
+) -> dict[str, Any]:
+    """One worker's result: NorFab's Result keys, then zfab's per-hop timestamps (epoch seconds)."""
+    return {
+        "result": result,
+        "failed": failed,
+        "errors": errors,
+        "messages": messages or [],
+        "juuid": uuid,
+        "task": f"{worker}:{task}",
+        "status": status,
+        "resources": [],
+        "resources_failed": [],
+        "task_started": iso(started),
+        "task_completed": iso(completed),
+        "service": service,
+        "worker": worker,
+        "timestamps": {"received": received, "started": started, "completed": completed},
+    }
+
+
+def failure(worker: str, service: str, uuid: str, task: str, errors: list[str]) -> dict[str, Any]:
+    """{worker: entry} for a job that failed before it ran (bad body, unknown task, interrupted)."""
+    entry = result_entry(
+        worker=worker, service=service, uuid=uuid, task=task, result=None, failed=True, status="error", errors=errors
+    )
+    return {worker: entry}
+
+
+def worker_status(worker: str, service: str, uuid: str, word: str, **extra: Any) -> dict[str, Any]:
+    """A worker's status reply (201, 300, 102, 404, 503, and its answer to DELETE)."""
+    return {"worker": worker, "uuid": uuid, "service": service, "status": word, **extra}
+
+
+# ---- broker → client: dispatch replies, refusals, lost workers -------------------------------
+
+
+def dispatched(uuid: bytes, target: bytes, service: bytes, workers: list[str]) -> dict[str, Any]:
+    """The broker's 202: the job went to these workers."""
+    return {
+        "workers": workers,
+        "uuid": uuid.decode(errors="replace"),
+        "target": target.decode(errors="replace"),
+        "status": Word.DISPATCHED.value,
+        "service": service.decode(errors="replace"),
+    }
+
+
+def refusal(uuid: bytes, target: bytes, service: bytes, word: Word, why: str) -> dict[str, Any]:
+    """The broker's 400/503: the job went nowhere. `workers` is null, which no worker reply has."""
+    return {
+        "workers": None,
+        "uuid": uuid.decode(errors="replace"),
+        "target": target.decode(errors="replace"),
+        "status": word.value,
+        "service": service.decode(errors="replace"),
+        "errors": [why],
+    }
+
+
+def lost(worker: str, uuid: bytes, service: bytes, why: str) -> dict[str, Any]:
+    """The broker's 410: the worker running the job was lost before it answered."""
+    return {
+        "worker": worker,
+        "uuid": uuid.decode(errors="replace"),
+        "status": Word.LOST.value,
+        "service": service.decode(errors="replace"),
+        "errors": [why],
+    }
+
+
+def is_refusal(status: bytes, payload: dict[str, Any]) -> bool:
+    """True for the broker's own 400/503 (it sent the job nowhere), as opposed to a worker's."""
+    return status in (ST_BAD_REQUEST, ST_BUSY) and "target" in payload and payload.get("workers", 0) is None
+
+
+def errors_of(payload: dict[str, Any], default: str) -> str:
+    """The `errors` of a status payload as one line."""
+    return "; ".join(str(e) for e in payload.get("errors") or []) or default

@@ -1,0 +1,173 @@
+"""A transport without a socket, for unit tests of the roles (dramatiq's StubBroker is the model).
+
+    clock = FakeClock()
+    broker = Broker(settings, transport=StubTransport(clock), clock=clock).start()
+    broker.loop.feed([b"w1", b"", b"NFPW01", b"0x01", b"demo"])     # a worker says READY
+    clock.advance(2.5); broker.loop.tick()                          # timers fire
+    assert broker.loop.take()                                       # what the broker sent
+
+Everything runs on the test's thread, which plays the owner: `feed` calls the role's
+on_frames and on_batch_end, `tick` its on_timer, and queued items (frames and calls handed
+over with `submit`, as other threads do) run at `flush` — or at once from feed/tick, as the
+real loop would run them before it sleeps again.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from ..core.keepalive import Clock
+from ..errors import BackpressureError, ClosedError
+from .base import Frames, Item, LoopStats, Role, T
+
+
+class FakeClock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class StubLoop:
+    """Implements `Transport` for one role: records what the role sends, feeds what it receives."""
+
+    def __init__(
+        self,
+        role: Role,
+        *,
+        name: str,
+        clock: Clock,
+        outbound_size: int = 10_000,
+        submit_timeout: float = 1.0,
+        linger: float = 1.0,
+    ) -> None:
+        self.role = role
+        self.name = name
+        self.clock = clock
+        self.outbound_size = outbound_size
+        self.submit_timeout = submit_timeout
+        self.stats = LoopStats()
+        self.sent: list[Frames] = []
+        self.user_id_next: bytes | None = None  # the ZAP user id the next fed message comes with
+        self.full = False  # a test sets it to make the peer refuse sends (high-water mark reached)
+        self.started = threading.Event()
+        self.stopped = threading.Event()
+        self._queue: deque[Item] = deque()
+        self._closing = False
+        self._user_id: bytes | None = None
+        self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
+
+    # ---- Transport -------------------------------------------------------------------
+
+    def start(self, timeout: float = 10.0) -> None:
+        self.role.on_connected()
+        self.started.set()
+
+    def stop(self, timeout: float | None = None) -> None:
+        self._closing = True
+        self.flush()
+        self.role.on_closing()
+        self.stopped.set()
+        if self._ctx is not None:
+            self._ctx.term()
+
+    def submit(self, item: Item, timeout: float | None = None) -> None:
+        if self._closing:
+            raise ClosedError(f"{self.name} is shutting down; nothing more is accepted")
+        if len(self._queue) >= self.outbound_size:
+            raise BackpressureError(f"{self.name}: outbound queue full ({self.outbound_size} frames)")
+        self._queue.append(item)
+
+    def call(self, fn: Callable[[], T], timeout: float = 5.0) -> T:
+        return fn()
+
+    def send_now(self, frames: Frames) -> bool:
+        if self.full:
+            self.stats.send_dropped += 1
+            return False
+        self.sent.append(list(frames))
+        self.stats.sent += 1
+        return True
+
+    def request_reconnect(self) -> None:
+        self.stats.reconnects += 1
+        self.role.on_connected()
+
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    @property
+    def user_id(self) -> bytes | None:
+        return self._user_id
+
+    @property
+    def context(self) -> zmq.Context[zmq.Socket[bytes]]:
+        if self._ctx is None:
+            self._ctx = zmq.Context()
+        return self._ctx
+
+    # ---- the test's side ----------------------------------------------------------------
+
+    def feed(self, *messages: Frames, user_id: bytes | None = None) -> None:
+        """Messages arrive as one receive batch; queued items then run."""
+        self._user_id = user_id
+        for frames in messages:
+            self.stats.received += 1
+            self.role.on_frames([bytes(f) for f in frames])
+        self.role.on_batch_end()
+        self._user_id = None
+        self.flush()
+
+    def tick(self) -> float | None:
+        """The role's timers at the clock's current time; returns its next deadline."""
+        self.flush()
+        deadline = self.role.on_timer(self.clock())
+        self.flush()
+        return deadline
+
+    def flush(self) -> None:
+        """Run what other threads queued: frames are sent (then their follow-ups run), calls are made."""
+        while self._queue:
+            item = self._queue.popleft()
+            if isinstance(item, list):
+                self.send_now(item)
+            elif isinstance(item, tuple):
+                frames, after = item
+                self.send_now(frames)
+                after()
+            else:
+                item()
+
+    def take(self) -> list[Frames]:
+        """What was sent since the last take."""
+        self.flush()
+        out, self.sent = self.sent, []
+        return out
+
+
+class StubTransport:
+    """A `LoopFactory` making StubLoops on one fake clock: `Broker(..., transport=StubTransport(clock))`."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock: Clock = clock if clock is not None else FakeClock()
+        self.loops: list[StubLoop] = []
+
+    def __call__(self, role: Role, **kwargs: Any) -> StubLoop:
+        loop = StubLoop(role, clock=self.clock, **kwargs)
+        self.loops.append(loop)
+        return loop

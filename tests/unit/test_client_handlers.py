@@ -1,0 +1,141 @@
+"""The client's reply handling on the stub transport: submit, results, refusals, loss, retries,
+deadlines, polls and the broker's liveness. No sockets; the broker is played by the test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from service import Client, Settings
+from service.core import protocol as nfp
+from service.errors import BusyError, JobTimeoutError, NoWorkersError, WorkerLostError
+from service.transport import FakeClock, StubLoop, StubTransport
+
+INTERVAL, MULTIPLIER = 1.0, 3
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def client(clock: FakeClock) -> Iterator[Client]:
+    s = Settings(keepalive_interval=INTERVAL, keepalive_multiplier=MULTIPLIER)
+    c = Client(settings=s, name="t", transport=StubTransport(clock), clock=clock, poll_after=2.0).start()
+    yield c
+    c.close()
+
+
+def stub(c: Client) -> StubLoop:
+    assert isinstance(c.loop, StubLoop)
+    return c.loop
+
+
+def from_broker(c: Client, uuid: str, status: bytes, payload: Any, command: bytes = nfp.RESPONSE) -> None:
+    stub(c).feed([b"", nfp.BROKER, command, b"demo", uuid.encode(), status, nfp.dumps(payload)])
+
+
+def sent_posts(c: Client) -> list[list[bytes]]:
+    return [f for f in stub(c).take() if f[2] in (nfp.POST, nfp.GET, nfp.DELETE)]
+
+
+def alive(c: Client) -> None:
+    stub(c).feed([b"", nfp.BROKER, nfp.KEEPALIVE, nfp.MMI_SERVICE, b"", nfp.ST_OK, b""])
+
+
+def test_a_job_is_posted_with_its_flags_and_resolves_when_its_workers_answer(client: Client) -> None:
+    fut = client.submit("demo", "echo", kwargs={"data": 1}, timeout=5)
+    ((_, _, cmd, service, target, uuid, body, flags),) = sent_posts(client)
+    assert (cmd, service, target, uuid.decode()) == (nfp.POST, b"demo", b"any", fut.uuid)
+    assert b'"task":"echo"' in body and flags == b'{"push":true,"ack":true}'
+    from_broker(client, fut.uuid, nfp.ST_DISPATCHED, {"workers": ["w1", "w2"], "target": "any"})
+    from_broker(client, fut.uuid, nfp.ST_OK, {"w1": {"result": 1, "failed": False}})
+    assert not fut.done() and fut.dispatched == ["w1", "w2"]
+    from_broker(client, fut.uuid, nfp.ST_OK, {"w2": {"result": 1, "failed": False}})
+    assert sorted(fut.result(0)) == ["w1", "w2"]
+
+
+def test_a_broker_refusal_ends_the_job_with_the_matching_error(client: Client) -> None:
+    no = client.submit("nope", "echo", timeout=5)
+    busy = client.submit("demo", "echo", timeout=5)
+    refusal = {"workers": None, "target": "any", "errors": ["service 'nope' is unknown"]}
+    from_broker(client, no.uuid, nfp.ST_BAD_REQUEST, {**refusal, "status": "FAILED"})
+    from_broker(client, busy.uuid, nfp.ST_BUSY, {**refusal, "status": "BUSY", "errors": ["full"]})
+    with pytest.raises(NoWorkersError, match="unknown"):
+        no.result(0)
+    with pytest.raises(BusyError, match="full"):
+        busy.result(0)
+
+
+def test_a_lost_worker_fails_the_job_or_retries_it_under_a_new_wire_uuid(client: Client) -> None:
+    once = client.submit("demo", "sleep", timeout=5)
+    again = client.submit("demo", "sleep", timeout=5, retries=1)
+    sent_posts(client)
+    for fut in (once, again):
+        from_broker(client, fut.uuid, nfp.ST_DISPATCHED, {"workers": ["w1"]})
+        from_broker(client, fut.uuid, nfp.ST_WORKER_LOST, {"worker": "w1", "status": "LOST", "errors": ["gone"]})
+    with pytest.raises(WorkerLostError, match="w1"):
+        once.result(0)
+    ((_, _, cmd, _, _, wire, body, _),) = sent_posts(client)
+    assert cmd == nfp.POST and wire.decode() == f"{again.uuid}~2" and b'"attempt":2' in body
+    # a late answer of the lost attempt does not pass for the retry's
+    from_broker(client, again.uuid, nfp.ST_OK, {"w1": {"result": "stale"}})
+    assert not again.done()
+    from_broker(client, f"{again.uuid}~2", nfp.ST_OK, {"w2": {"result": "fresh", "juuid": f"{again.uuid}~2"}})
+    entry = again.result(0)["w2"]
+    assert entry["result"] == "fresh" and entry["juuid"] == again.uuid and entry["attempt"] == 2
+
+
+def test_a_job_past_its_deadline_ends_with_a_timeout(client: Client, clock: FakeClock) -> None:
+    alive(client)
+    fut = client.submit("demo", "sleep", timeout=1.5)
+    from_broker(client, fut.uuid, nfp.ST_DISPATCHED, {"workers": ["w1"]})
+    sent_posts(client)
+    alive(client)
+    clock.advance(1.6)
+    alive(client)
+    stub(client).tick()
+    with pytest.raises(JobTimeoutError):
+        fut.result(0)
+    # nobody waits for it any more: its worker is asked to stop it
+    assert [(f[2], f[4]) for f in sent_posts(client)] == [(nfp.DELETE, b'["w1"]')]
+
+
+def test_a_quiet_job_is_polled_from_its_pending_workers(client: Client, clock: FakeClock) -> None:
+    fut = client.submit("demo", "sleep", timeout=30)
+    from_broker(client, fut.uuid, nfp.ST_DISPATCHED, {"workers": ["w1", "w2"]})
+    from_broker(client, fut.uuid, nfp.ST_OK, {"w1": {"result": 1}})
+    sent_posts(client)
+    for _ in range(3):  # the broker keeps answering keepalives while the job is quiet
+        clock.advance(INTERVAL)
+        alive(client)
+        stub(client).tick()
+    polls = [(f[2], f[4]) for f in sent_posts(client)]
+    assert polls == [(nfp.GET, b"w2")] and client.counts["polls"] == 1
+
+
+def test_the_broker_is_alive_while_it_answers_and_dead_past_the_hold_time(client: Client, clock: FakeClock) -> None:
+    assert not client.broker_alive  # nothing heard yet
+    alive(client)
+    assert client.broker_alive
+    clock.advance(INTERVAL * MULTIPLIER + 0.1)
+    assert not client.broker_alive
+    keepalives = [f for f in stub(client).take() if f[2] == nfp.KEEPALIVE]
+    assert keepalives  # the client announced itself at start
+
+
+def test_a_malformed_reply_is_counted_and_the_job_goes_on(client: Client) -> None:
+    fut = client.submit("demo", "echo", timeout=5)
+    stub(client).feed([b"", nfp.BROKER, nfp.RESPONSE, b"demo", fut.uuid.encode(), b"999", b"{}"], [b"x"])
+    assert client.counts["rejected_frames"] == 2 and not fut.done()
+
+
+def test_mmi_resolves_to_the_broker_answer(client: Client) -> None:
+    fut = client.mmi_future("show_broker")
+    ((_, _, _, service, _, uuid, _, _),) = [f for f in stub(client).take() if f[2] == nfp.MMI]
+    assert service == nfp.MMI_SERVICE
+    from_broker(client, uuid.decode(), nfp.ST_OK, {"workers": 0})
+    assert fut.result(0) == {"result": {"workers": 0}}

@@ -1,0 +1,190 @@
+"""The worker's admission and answers on the stub transport: POST, GET, DELETE, PUT. No sockets.
+
+The pool and the job store are real (threads, SQLite in a temporary folder): what the stub
+replaces is the socket and the broker behind it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service import Settings
+from service.core import protocol as nfp
+from service.transport import FakeClock, StubLoop, StubTransport
+from service.workers.demo import DemoWorker
+
+Frames = list[bytes]
+PAUSE = threading.Event()  # never set: waits below are bounded polls with a deadline
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def worker(tmp_path: Path, clock: FakeClock) -> Iterator[DemoWorker]:
+    s = Settings(data_dir=str(tmp_path), keepalive_interval=1.0, keepalive_multiplier=3, pool_size=1, job_queue_size=2)
+    w = DemoWorker(name="w1", settings=s, transport=StubTransport(clock), clock=clock)
+    w.start()
+    yield w
+    w.stop(drain=0)
+
+
+def stub(w: DemoWorker) -> StubLoop:
+    assert isinstance(w.loop, StubLoop)
+    return w.loop
+
+
+def job(w: DemoWorker, command: bytes, uuid: bytes, body: Any = b"{}") -> None:
+    raw = body if isinstance(body, bytes) else nfp.dumps(body)
+    stub(w).feed([b"", nfp.BROKER, command, b"c1", b"", uuid, raw])
+
+
+def answers(frames: list[Frames]) -> list[tuple[bytes, bytes, bytes, Any]]:
+    """(command, uuid, status, payload) of the worker's replies."""
+    out = []
+    for f in frames:
+        if f[1] == nfp.WORKER and len(f) == 8:
+            out.append((f[2], f[5], f[6], json.loads(f[7])))
+    return out
+
+
+def collect(w: DemoWorker, until: Callable[[list[Any]], bool], timeout: float = 5.0) -> list[Any]:
+    """The worker's replies, gathered until `until` holds for them (or fail at the deadline)."""
+    got: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        got += answers(stub(w).take())
+        if until(got):
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"replies so far: {got}")
+        PAUSE.wait(0.005)
+
+
+def final(uuid: bytes) -> Callable[[list[Any]], bool]:
+    return lambda got: any(c == nfp.RESPONSE and u == uuid and st in nfp.FINAL_STATUSES for c, u, st, _ in got)
+
+
+def test_ready_is_the_first_frame_and_keepalives_follow_each_interval(worker: DemoWorker, clock: FakeClock) -> None:
+    first = stub(worker).take()
+    assert first[0][1:] == [nfp.WORKER, nfp.READY, b"demo"]
+    clock.advance(1.0)
+    stub(worker).tick()
+    (ka,) = stub(worker).take()
+    assert ka[2] == nfp.KEEPALIVE and json.loads(ka[4])["pool_size"] == 1
+
+
+def test_a_post_runs_and_is_both_acknowledged_and_answered(worker: DemoWorker) -> None:
+    stub(worker).take()
+    job(worker, nfp.POST, b"j1", {"task": "echo", "kwargs": {"data": 7}})
+    # The job runs while its insert is being committed: the 201 may come before or after the 200.
+    got = collect(worker, lambda g: sorted(st for c, u, st, _ in g if c == nfp.RESPONSE) == [b"200", b"201"])
+    (entry,) = [p["w1"] for c, u, st, p in got if c == nfp.RESPONSE and st == nfp.ST_OK]
+    assert entry["result"] == 7 and entry["failed"] is False and entry["juuid"] == "j1"
+    assert entry["task"] == "w1:echo" and entry["status"] == "completed"
+
+
+def test_a_bad_body_and_an_unknown_task_are_refused_at_once(worker: DemoWorker) -> None:
+    stub(worker).take()
+    job(worker, nfp.POST, b"bad", b"[not json")
+    job(worker, nfp.POST, b"unk", {"task": "nope"})
+    got = answers(stub(worker).take())
+    by_uuid = {u: (st, p) for _, u, st, p in got}
+    assert by_uuid[b"bad"][0] == nfp.ST_BAD_REQUEST and "bad request body" in by_uuid[b"bad"][1]["w1"]["errors"][0]
+    st, payload = by_uuid[b"unk"]
+    assert st == nfp.ST_BAD_REQUEST and "'nope'" in payload["w1"]["errors"][0] and "echo" in payload["w1"]["errors"][0]
+
+
+def test_bad_arguments_fail_with_the_field_named(worker: DemoWorker) -> None:
+    stub(worker).take()
+    job(worker, nfp.POST, b"j1", {"task": "add", "kwargs": {"a": "x", "b": 1}})
+    got = collect(worker, final(b"j1"))
+    ((st, payload),) = [(st, p) for c, u, st, p in got if c == nfp.RESPONSE and st in nfp.FINAL_STATUSES]
+    assert st == nfp.ST_BAD_REQUEST and "a:" in payload["w1"]["errors"][0]
+
+
+def test_a_repeated_post_is_answered_with_the_job_not_run_again(worker: DemoWorker) -> None:
+    stub(worker).take()
+    job(worker, nfp.POST, b"j1", {"task": "echo", "kwargs": {"data": 1}})
+    collect(worker, final(b"j1"))
+    job(worker, nfp.POST, b"j1", {"task": "echo", "kwargs": {"data": 1}})
+    (again,) = answers(stub(worker).take())
+    assert again[2] == nfp.ST_OK and worker.runner.counts["completed"] == 1
+
+
+def test_a_full_job_queue_answers_busy(worker: DemoWorker) -> None:
+    stub(worker).take()
+    for i in range(3):  # capacity 2: one runs, one waits, the third is refused
+        job(worker, nfp.POST, f"s{i}".encode(), {"task": "sleep", "kwargs": {"seconds": 5}})
+    busy = [(u, p) for _, u, st, p in answers(stub(worker).take()) if st == nfp.ST_BUSY]
+    assert [u for u, _ in busy] == [b"s2"] and busy[0][1]["errors"] == ["worker job queue is full"]
+    for i in range(2):
+        job(worker, nfp.DELETE, f"s{i}".encode())
+
+
+def test_get_answers_pending_then_the_result_and_404_for_an_unknown_job(worker: DemoWorker) -> None:
+    stub(worker).take()
+    job(worker, nfp.POST, b"j1", {"task": "sleep", "kwargs": {"seconds": 0.2}})
+    job(worker, nfp.GET, b"j1")
+    got = answers(stub(worker).take())
+    assert any(u == b"j1" and st == nfp.ST_PENDING for _, u, st, _ in got)
+    collect(worker, final(b"j1"))
+    job(worker, nfp.GET, b"j1")
+    assert [st for c, u, st, _ in answers(stub(worker).take()) if c == nfp.RESPONSE] == [nfp.ST_OK]
+    job(worker, nfp.GET, b"ghost")
+    got = collect(worker, lambda g: any(u == b"ghost" for _, u, _, _ in g))
+    assert [(st, p["status"]) for _, u, st, p in got if u == b"ghost"] == [(nfp.ST_NOT_FOUND, "JOB NOT FOUND")]
+
+
+def test_delete_ends_a_queued_job_at_once_and_asks_a_running_one_to_stop(worker: DemoWorker) -> None:
+    stub(worker).take()
+    job(worker, nfp.POST, b"run", {"task": "sleep", "kwargs": {"seconds": 5}})
+    job(worker, nfp.POST, b"wait", {"task": "echo", "kwargs": {"data": 1}})
+    collect(worker, lambda g: worker.pool.running == 1)
+    job(worker, nfp.DELETE, b"wait")
+    job(worker, nfp.DELETE, b"run")
+    got = collect(worker, lambda g: final(b"run")(g) and final(b"wait")(g))
+    results = {u: p["w1"]["status"] for c, u, st, p in got if c == nfp.RESPONSE and st == nfp.ST_OK}
+    assert results == {b"wait": "cancelled", b"run": "cancelled"}
+    words = {u: p["status"] for _, u, st, p in got if st == nfp.ST_DISPATCHED}
+    assert words[b"run"] == "CANCELLING" and words[b"wait"] == "failed"
+    job(worker, nfp.DELETE, b"ghost")
+    assert [st for _, _, st, _ in answers(stub(worker).take())] == [nfp.ST_NOT_FOUND]
+
+
+def test_put_answers_a_waiting_input_request_and_refuses_a_wrong_one(worker: DemoWorker) -> None:
+    stub(worker).take()
+    job(worker, nfp.POST, b"j1", {"task": "ask", "kwargs": {"question": "name?", "timeout": 5}})
+    got = collect(worker, lambda g: any(p.get("event_type") == "input_request" for c, _, _, p in g if c == nfp.EVENT))
+    (request,) = [p["extras"]["input_request"] for c, _, _, p in got if p.get("event_type") == "input_request"]
+    job(worker, nfp.PUT, b"j1", {"input_id": "wrong", "value": "Ada"})
+    job(worker, nfp.PUT, b"j1", {"input_id": request["id"], "value": 3})  # the schema wants a string
+    job(worker, nfp.PUT, b"j1", {"input_id": request["id"], "value": "Ada"})
+    got = collect(worker, final(b"j1"))
+    responses = [p["extras"]["input_response"] for _, _, _, p in got if p.get("event_type") == "input_response"]
+    verdicts = [r["accepted"] for r in responses]
+    assert verdicts == [False, False, True]
+    (entry,) = [p["w1"] for c, u, st, p in got if c == nfp.RESPONSE and st == nfp.ST_OK]
+    assert entry["result"] == {"question": "name?", "answer": "Ada"}
+
+
+def test_a_malformed_frame_is_counted_and_dropped(worker: DemoWorker) -> None:
+    stub(worker).take()
+    stub(worker).feed([b"", nfp.BROKER, b"0x99"], [b"junk"])
+    assert stub(worker).take() == [] and worker.counts["rejected_frames"] == 2
+
+
+def test_a_disconnect_from_the_broker_makes_the_worker_register_again(worker: DemoWorker) -> None:
+    stub(worker).take()
+    stub(worker).feed([b"", nfp.BROKER, nfp.DISCONNECT, b"demo"])
+    assert [f[2] for f in stub(worker).take()] == [nfp.READY]
+    assert worker.loop.stats.reconnects == 1

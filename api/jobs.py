@@ -60,7 +60,8 @@ def _applied(request: Request, response: Response, waited: float | None) -> None
         response.headers["Preference-Applied"] = f"wait={waited:g}"
 
 
-def _submit(st: ApiState, req: JobRequest, uuid: str | None, fp: str) -> JobRecord:
+def submit_record(st: ApiState, req: JobRequest, uuid: str | None, fp: str) -> JobRecord:
+    """Submit a job to the fabric and remember it in the table (POST /jobs, schedules)."""
     if not st.client.broker_alive:
         raise unavailable(f"the broker at {st.client.broker} is not answering; retry shortly")
     juuid = uuid or new_job_uuid()
@@ -139,7 +140,7 @@ async def submit_job(
         )
     fresh = rec is None or rec.refused()
     if rec is None or fresh:
-        rec = _submit(st, req, uuid, fp)
+        rec = submit_record(st, req, uuid, fp)
     else:
         await ensure_live(st, rec)
     bound = wait_bound(wait, prefer, st.settings.default_wait_max)

@@ -419,6 +419,14 @@ def test_stop_then_up_keeps_worker_names_and_delivers_the_job_running_across_it(
     if earlier:
         first = p.call("GET", f"/jobs/{earlier[0]}").json() or {}
         expect.that(first.get("state") == "completed", f"the first job, read after stop/up: {first}")
+    # Once more, `restart worker`: a name built from something that varies from start to start (a PID)
+    # can repeat by chance over one stop/up, rarely over two.
+    t = time.monotonic()
+    p.compose("restart", "-t", "30", "worker", timeout=240)
+    p.wait_healthy(3, timeout=120)
+    again = poll("3 alive demo workers after restart worker", 60, lambda: _n_alive(p, 3))
+    stack.report.time("restart worker -> healthy, 3 alive in MMI", time.monotonic() - t)
+    expect.that(again == before, f"worker names changed across `restart worker`: {before} -> {again}")
     expect.verify()
 
 

@@ -56,7 +56,8 @@ async def mmi(client: Client, task: str, timeout: float = MMI_TIMEOUT, **kwargs:
 
 
 class FabricView:
-    """The broker's show_broker + show_workers for /metrics, cached so scrapes stay cheap.
+    """The broker's show_broker + show_workers (gone ones too) + show_services for /metrics, cached
+    so scrapes stay cheap.
 
     `refresh` runs in the /metrics handler (async); the FabricCollector's fetch then reads
     `snapshot` synchronously, so generate_latest never waits on the fabric.
@@ -65,11 +66,11 @@ class FabricView:
     def __init__(self, client: Client, ttl: float) -> None:
         self.client = client
         self.ttl = ttl
-        self._value: tuple[dict[str, Any], list[dict[str, Any]]] = ({}, [])
+        self._value: tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]] = ({}, [], [])
         self._at = float("-inf")
         self._lock = asyncio.Lock()
 
-    def snapshot(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    def snapshot(self) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
         return self._value
 
     async def refresh(self) -> None:
@@ -79,11 +80,12 @@ class FabricView:
             if time.monotonic() - self._at < self.ttl:
                 return
             try:
-                broker, workers = await asyncio.gather(
+                broker, workers, services = await asyncio.gather(
                     mmi(self.client, "show_broker", METRICS_MMI_TIMEOUT),
-                    mmi(self.client, "show_workers", METRICS_MMI_TIMEOUT),
+                    mmi(self.client, "show_workers", METRICS_MMI_TIMEOUT, gone=True),
+                    mmi(self.client, "show_services", METRICS_MMI_TIMEOUT),
                 )
-                self._value = (dict(broker), list(workers))
+                self._value = (dict(broker), list(workers), list(services))
             except Exception:  # a scrape must still answer; zfab_broker_up says 0
-                self._value = ({}, [])
+                self._value = ({}, [], [])
             self._at = time.monotonic()

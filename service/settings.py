@@ -29,10 +29,48 @@ class Settings(BaseSettings):
     outbound_queue_size: int = Field(10_000, ge=1, description="Frames a loop queues before backpressure")
     submit_timeout: float = Field(1.0, gt=0, description="Seconds a full outbound queue is waited on")
     max_message_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="Largest accepted message")
-    max_inflight_per_worker: int = Field(1000, ge=1, description="Jobs the broker routes to one worker at once")
+    max_inflight_per_worker: int = Field(1000, ge=1, description="Most credits the broker grants one worker")
     max_routes: int = Field(100_000, ge=1, description="Jobs in flight across the whole broker")
     job_queue_size: int = Field(1000, ge=1, description="Jobs a worker holds waiting for its pool")
     pool_size: int = Field(4, ge=1, description="Threads that run jobs in a worker")
+    worker_prefetch: int = Field(
+        4, ge=0, description="Jobs a worker takes beyond its pool; its credits are pool size + prefetch"
+    )
+    async_concurrency: int = Field(100, ge=1, description="async def tasks a worker runs at once")
+    default_worker_credits: int = Field(
+        16, ge=1, description="Credits of a worker that announces none (a NorFab 0.25 worker)"
+    )
+    service_queue_size: int = Field(10_000, ge=1, description="Jobs the broker holds queued per service")
+    broker_queue_bytes: int = Field(
+        256 * 1024 * 1024, ge=1024, description="Bytes of queued request bodies the broker holds in all"
+    )
+    default_job_timeout: float = Field(
+        600.0, gt=0, description="Deadline of a job whose client gives none (NorFab clients), in seconds"
+    )
+    route_grace: float = Field(
+        10.0, ge=0, description="Seconds past a job's deadline before the broker frees its slot, unanswered"
+    )
+    startup_grace: float | None = Field(
+        None,
+        ge=0,
+        description="Seconds a new broker waits for workers before it calls a service unknown "
+        "(default: 2 keepalive intervals + 1 s)",
+    )
+    max_services: int = Field(1000, ge=1, description="Services the broker remembers")
+    service_memory_seconds: float = Field(
+        86_400.0, gt=0, description="How long the broker remembers a service with no worker and no queued job"
+    )
+    gone_worker_seconds: float = Field(
+        600.0, ge=0, description="How long metrics still show a worker that left (state dead, gauges 0)"
+    )
+    max_clients: int = Field(10_000, ge=1, description="Clients the broker remembers (for MMI)")
+    worker_recent_bytes: int = Field(
+        64 * 1024 * 1024, ge=0, description="Bytes of finished jobs a worker keeps in memory for GET (rest: store)"
+    )
+    client_inflight_bytes: int = Field(
+        256 * 1024 * 1024, ge=1024, description="Bytes of request bodies and results one client holds at once"
+    )
+    max_events_per_job: int = Field(1000, ge=1, description="Events kept per job (worker store and client)")
     drain_timeout: float = Field(30.0, ge=0, description="Seconds a stopping worker lets admitted jobs finish")
     job_retention_seconds: float = Field(7 * 86400, gt=0, description="How long a worker keeps job records")
     job_retention_count: int = Field(100_000, ge=1, description="Most job records a worker keeps")
@@ -49,6 +87,14 @@ class Settings(BaseSettings):
     @property
     def bind_endpoint(self) -> str:
         return self.endpoint or self.broker
+
+    @property
+    def hold_time(self) -> float:
+        return self.keepalive_interval * self.keepalive_multiplier
+
+    @property
+    def broker_startup_grace(self) -> float:
+        return self.startup_grace if self.startup_grace is not None else 2 * self.keepalive_interval + 1.0
 
 
 S = TypeVar("S", bound=Settings)

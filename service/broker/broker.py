@@ -1,12 +1,15 @@
-"""The broker: its ROUTER socket is owned by one mediate loop (see loop.py).
+"""The broker: its ROUTER socket is owned by one mediate loop (transport/loop.py).
 
-Named after what the spec says happens: `process_client`, `process_worker`,
-`dispatch`, `purge_workers`, `send_keepalives`. MMI lives in mmi.py.
+Named after what the spec says happens: `process_client`, `process_worker`, `post` (admission),
+`forward`, `purge_workers`, `send_keepalives`. The job queue and credits are dispatcher.py's,
+the tables registry.py's, MMI mmi.py's.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import time
 from collections import Counter, OrderedDict
 from typing import Any
@@ -22,19 +25,28 @@ from ..settings import Settings
 from ..transport.base import Frames, LoopFactory, Transport
 from ..transport.loop import OwnerLoop
 from ..transport.security import ZapHandler, curve_server, is_loopback
+from .admission import Refusal, answer, bad, read_job, unknown_task
+from .dispatcher import Dispatcher
+from .jobqueue import NAMED, Spot
 from .mmi import MmiService
-from .registry import Registry, WorkerRecord
+from .registry import PROTOCOL_V2, Registry, ServiceRecord, WorkerRecord
 
 log = logging.getLogger(__name__)
 
+HOUSEKEEPING = 60.0  # seconds between sweeps of the tables keyed by what peers chose
+MAX_TASKS = 1000  # tasks a worker may announce
+MAX_NAMES_SEEN = 10_000  # worker names remembered per service (to tell a typo from a worker away)
+
 
 class Broker:
-    """Routes jobs from clients to workers grouped in services.
+    """Routes jobs from clients to workers grouped in services, through per-service queues.
 
     `start()` binds and runs the mediate loop on its own thread; `stop()` ends it.
     """
 
     TOLD_TO_LEAVE_MAX = 10_000  # unknown identities remembered for DISCONNECT rate-limiting
+    GONE_MAX = 1000  # workers that left, kept a while for metrics (state dead)
+    KEYS_MAX = 100_000  # identities bound to the CURVE key that first used them
 
     def __init__(
         self,
@@ -45,34 +57,38 @@ class Broker:
         clock: Clock = time.monotonic,
     ) -> None:
         """`transport` and `clock` are for tests: a StubTransport and its FakeClock (transport/stub.py)."""
-        self.settings = settings or Settings()
-        self.endpoint = endpoint or self.settings.bind_endpoint
-        s = self.settings
+        self.settings = s = settings or Settings()
+        self.endpoint = endpoint or s.bind_endpoint
+        self.clock = clock
         self.registry = Registry(
             interval=s.keepalive_interval,
             multiplier=s.keepalive_multiplier,
             max_inflight_per_worker=s.max_inflight_per_worker,
             max_routes=s.max_routes,
+            max_clients=s.max_clients,
+            max_services=s.max_services,
+            service_memory=s.service_memory_seconds,
             clock=clock,
         )
-        self.clock = clock
         self.started_at = time.time()
+        self.boot = os.urandom(8).hex()  # this broker's incarnation: clients see a restart in keepalives
+        self.grace_until: float | None = clock() + s.broker_startup_grace
         self.rejected: Counter[str] = Counter()  # malformed frames by reason
         self.counts: Counter[str] = Counter()  # routed traffic by kind
-        self.purged: Counter[str] = Counter()  # workers purged, by service
         self._warned: Counter[str] = Counter()
-        self._next_timer = 0.0
+        self._seq = itertools.count()
+        self._next_keepalive = 0.0
+        self._next_housekeeping = clock() + HOUSEKEEPING
         self.bound_endpoint = ""
-        self.mmi = MmiService(self)
         self.zap: ZapHandler | None = None
         self.told_to_leave: OrderedDict[bytes, float] = OrderedDict()  # unknown worker -> last DISCONNECT
+        self.gone: OrderedDict[bytes, dict[str, Any]] = OrderedDict()  # worker name -> how it left
+        self.keys: OrderedDict[bytes, bytes] = OrderedDict()  # identity -> ZAP user id of its first frame
         self.loop: Transport = (transport or OwnerLoop)(
-            self,
-            name="broker",
-            outbound_size=s.outbound_queue_size,
-            submit_timeout=s.submit_timeout,
-            linger=1.0,
+            self, name="broker", outbound_size=s.outbound_queue_size, submit_timeout=s.submit_timeout, linger=1.0
         )
+        self.dispatch = Dispatcher(self.registry, s, reply=self.reply, send=self.send, counts=self.counts, clock=clock)
+        self.mmi = MmiService(self)
 
     # ---- lifecycle (any thread) ------------------------------------------------
 
@@ -91,7 +107,7 @@ class Broker:
             self.zap = ZapHandler(self.loop.context, s.curve_clients)
             self.zap.start()
         self.loop.start()
-        log.info("broker listening on %s%s", self.bound_endpoint, " (CURVE)" if curve else "")
+        log.debug("broker listening on %s%s", self.bound_endpoint, " (CURVE)" if curve else "")
         return self
 
     def stop(self) -> None:
@@ -112,55 +128,71 @@ class Broker:
     # ---- Role: owner thread only ------------------------------------------------
 
     def open_socket(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
+        s = self.settings
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
-        # A worker reconnecting with its old identity takes the route over at once.
-        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        # No handover: a second connection under an identity in use is ignored by libzmq, so no
+        # peer can take another's route (and its frames). zfab peers make a fresh identity per
+        # connection, so they never collide with a stale one of their own.
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 0)
         # Unroutable sends raise instead of vanishing silently, so they are counted.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        sock.setsockopt(zmq.MAXMSGSIZE, self.settings.max_message_bytes)
+        sock.setsockopt(zmq.MAXMSGSIZE, s.max_message_bytes)
         sock.setsockopt(zmq.SNDHWM, 10_000)
         sock.setsockopt(zmq.RCVHWM, 10_000)
-        if self.settings.curve_secret:
-            curve_server(sock, self.settings.curve_secret)
+        # ZMTP heartbeats drop half-open connections (a peer's host gone) within the hold time.
+        sock.setsockopt(zmq.HEARTBEAT_IVL, int(s.keepalive_interval * 1000))
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(s.hold_time * 1000))
+        if s.curve_secret:
+            curve_server(sock, s.curve_secret)
         sock.bind(self.endpoint)
         self.bound_endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         return sock
-
-    def on_batch_end(self) -> None:
-        pass
 
     def on_connected(self) -> None:
         pass
 
     def on_closing(self) -> None:
         for w in list(self.registry.workers.values()):
-            self.send(nfp.broker_control(w.name, nfp.DISCONNECT, w.service))
+            self.send(nfp.broker_control(w.ident, nfp.DISCONNECT, w.service))
+
+    def on_batch_end(self) -> None:
+        if self.dispatch.dirty:
+            self.dispatch.pump()
 
     def on_timer(self, now: float) -> float | None:
-        if not self.registry.workers:
-            return None
-        if now >= self._next_timer:
+        reg = self.registry
+        if reg.workers and now >= self._next_keepalive:
             self.purge_workers()
             self.send_keepalives()
-            self._next_timer = min(
-                (w.keepalive.next_deadline() for w in self.registry.workers.values()), default=now + 3600
-            )
-        return self._next_timer
+            self._next_keepalive = min((w.keepalive.next_deadline() for w in reg.workers.values()), default=now + 3600)
+        d = self.dispatch
+        d.expire(now)
+        d.due(now)
+        if self.grace_until is not None and now >= self.grace_until:
+            self.end_grace()
+        if now >= self._next_housekeeping:
+            self.housekeeping(now)
+        if d.dirty:
+            d.pump()
+        deadlines = [self._next_housekeeping, d.next_deadline(), self.grace_until]
+        if reg.workers:
+            deadlines.append(self._next_keepalive)
+        return min(t for t in deadlines if t is not None)
 
     def on_frames(self, frames: Frames) -> None:
         if len(frames) < 3:
             self.reject("frame_count", f"{len(frames)} frames")
             return
         sender, header = frames[0], frames[2]
+        if self.zap is not None and not self._same_key(sender):
+            self.reject("identity", f"{sender[:64]!r} used by another key than the one that first used it")
+            return
         body = frames[1:]
         try:
             if header == nfp.CLIENT:
                 self.process_client(sender, nfp.decode_client(body, self.settings.max_message_bytes))
             elif header == nfp.WORKER:
-                if self.zap is not None and not self.zap.may_register(sender, self.loop.user_id):
-                    self.reject("auth", f"worker frame from {sender[:64]!r} with a key not issued for that name")
-                    return
                 self.process_worker(sender, nfp.decode_worker(body, self.settings.max_message_bytes))
             else:
                 raise nfp.ProtocolError("header", f"unknown header {bytes(header[:16])!r}")
@@ -177,10 +209,32 @@ class Broker:
         self.rejected[reason] += 1
         n = self._warned[reason] = self._warned[reason] + 1
         if n <= 3 or n % 1000 == 0:
-            log.warning("broker dropped a malformed message (%s, %d so far): %s", reason, n, detail)
+            log.warning("broker dropped a message (%s, %d so far): %s", reason, n, detail)
 
     def reply(self, client: bytes, service: bytes, uuid: bytes, status: bytes, payload: Any) -> None:
         self.send(nfp.broker_reply(client, nfp.RESPONSE, service, uuid, status, nfp.dumps(payload)))
+
+    def _refuse(self, sender: bytes, req: nfp.ClientRequest, r: Refusal) -> None:
+        body = payloads.refusal(req.uuid, req.target, req.service, r.word, r.why)
+        if r.retry_after is not None:
+            body["retry_after"] = r.retry_after
+        self.counts[f"refused_{r.status.decode()}"] += 1
+        self.reply(sender, req.service, req.uuid, r.status, body)
+
+    def _same_key(self, sender: bytes) -> bool:
+        """CURVE: an identity belongs to the key that first used it (bounded, least recent forgotten)."""
+        user = self.loop.user_id or b""
+        bound = self.keys.get(sender)
+        if bound is None:
+            self.keys[sender] = user
+            if len(self.keys) > self.KEYS_MAX:
+                self.keys.popitem(last=False)
+            return True
+        self.keys.move_to_end(sender)
+        return bound == user
+
+    def in_grace(self) -> bool:
+        return self.grace_until is not None
 
     # ---- clients -------------------------------------------------------------
 
@@ -188,18 +242,34 @@ class Broker:
         self.registry.touch_client(sender)
         if req.command == nfp.KEEPALIVE:
             self.counts["client_keepalive"] += 1
-            self.send(nfp.broker_reply(sender, nfp.KEEPALIVE, req.service, req.uuid, nfp.ST_OK, b""))
+            boot = nfp.dumps({"boot": self.boot})
+            self.send(nfp.broker_reply(sender, nfp.KEEPALIVE, req.service, req.uuid, nfp.ST_OK, boot))
             return
         if req.service == nfp.MMI_SERVICE:
             self.process_mmi(sender, req)
             return
         if req.command in (nfp.OPEN, nfp.DISCONNECT):
             return  # NorFab clients may announce themselves; nothing to route
-        self.dispatch(sender, req)
+        try:
+            if req.command == nfp.POST:
+                self.post(sender, req)
+            elif req.command == nfp.DELETE:
+                self.delete(sender, req)
+            else:
+                self.route_request(sender, req)
+        except Refusal as r:
+            if r.malformed is not None:
+                self.reject(r.malformed, r.why)
+            self._refuse(sender, req, r)
+        except Exception as exc:  # RecursionError, MemoryError...: the request is answered, the loop goes on
+            self.counts["handler_errors"] += 1
+            log.exception("broker failed on a %s", nfp.COMMAND_NAMES[req.command])
+            why = f"the broker could not handle this request: {type(exc).__name__}: {str(exc)[:200]}"
+            self._refuse(sender, req, Refusal(nfp.ST_ERROR, Word.FAILED, why))
 
     def process_mmi(self, sender: bytes, req: nfp.ClientRequest) -> None:
         try:
-            status, answer = self.mmi.answer(req.body)
+            status, answer_ = self.mmi.answer(req.body)
         except nfp.ProtocolError as exc:
             self.reject(exc.reason, exc.detail)
             self.reply(sender, nfp.MMI_SERVICE, req.uuid, nfp.ST_BAD_REQUEST, {"errors": [exc.detail]})
@@ -207,75 +277,135 @@ class Broker:
         self.counts["mmi"] += 1
         # NorFab's broker answers MMI twice, as RESPONSE and as MMI; its clients read either.
         for cmd in (nfp.RESPONSE, nfp.MMI):
-            self.send(nfp.broker_reply(sender, cmd, nfp.MMI_SERVICE, req.uuid, status, answer))
+            self.send(nfp.broker_reply(sender, cmd, nfp.MMI_SERVICE, req.uuid, status, answer_))
 
-    def dispatch(self, sender: bytes, req: nfp.ClientRequest) -> None:
-        """Send a client's POST/GET/PUT/DELETE to the workers its target names."""
-        reg = self.registry
-        try:
-            target = nfp.parse_target(req.target)
-        except nfp.ProtocolError as exc:
-            self.reject(exc.reason, exc.detail)
-            self._refuse(sender, req, nfp.ST_BAD_REQUEST, Word.FAILED, f"bad target: {exc.detail}")
+    def post(self, sender: bytes, req: nfp.ClientRequest) -> None:
+        """Admission: a POST is queued or sent at once (dispatcher.py), or refused with a reason."""
+        reg, d = self.registry, self.dispatch
+        waiting = d.queued.get(req.uuid)
+        if waiting is not None:
+            d.requeued(waiting)  # idempotent by uuid: the same answer, no second copy
             return
-        route = reg.routes.get(req.uuid) if req.command == nfp.POST else None
+        route = reg.routes.get(req.uuid)
         if route is not None:
             # A retried POST of a job in flight goes back to the workers that have it;
             # they answer with its state instead of running it twice.
             self.counts["post_retried"] += 1
-            workers = [reg.workers[n] for n in route.workers if n in reg.workers]
-            self._dispatched(sender, req, workers)
-            for w in workers:
-                self.send(nfp.broker_job(w.name, req.command, sender, req.uuid, req.body))
+            workers = [w for n in route.workers if (w := reg.by_name.get(n)) is not None]
+            self._resend(sender, req, workers)
             return
-        done_on = reg.finished_on(req.uuid) if req.command == nfp.POST else None
+        done_on = reg.finished_on(req.uuid)
         if done_on is not None:
             # Finished already: the worker answers with the stored result instead of a rerun.
             self.counts["post_retried"] += 1
-            self._dispatched(sender, req, [done_on])
-            self.send(nfp.broker_job(done_on.name, req.command, sender, req.uuid, req.body))
+            self._resend(sender, req, [done_on])
             return
-        workers = reg.select(req.service, target)
+        job = read_job(
+            sender, req, now=self.clock(), seq=next(self._seq), default_timeout=self.settings.default_job_timeout
+        )
+        svc = self._service_for(req)
+        if job.task and svc.tasks is not None and job.task not in svc.tasks:
+            raise unknown_task(svc.label, job.task, svc.tasks)
+        if job.kind == NAMED and job.names and not self.in_grace() and not req.flags.get("known"):
+            seen = svc.workers_seen
+            if not any(n.encode() in seen for n in job.names):
+                names = ", ".join(job.names)
+                raise Refusal(
+                    nfp.ST_NOT_FOUND, Word.FAILED, f"no worker named {names} has registered for service '{svc.label}'"
+                )
+        d.admit(svc, job, announce_now=not svc.tentative)
+
+    def _resend(self, sender: bytes, req: nfp.ClientRequest, workers: list[WorkerRecord]) -> None:
+        self.reply(
+            sender,
+            req.service,
+            req.uuid,
+            nfp.ST_DISPATCHED,
+            payloads.dispatched(req.uuid, req.target, req.service, [w.label for w in workers]),
+        )
+        for w in workers:
+            self.send(nfp.broker_job(w.ident, req.command, sender, req.uuid, req.body))
+
+    def _service_for(self, req: nfp.ClientRequest) -> ServiceRecord:
+        """The service a POST names; a name never registered is refused, except while the broker
+        starts (its workers may not be back yet) or when the client vouches for it (`known`: a job
+        of it was admitted before, e.g. by the broker that restarted)."""
+        reg = self.registry
+        svc = reg.service(req.service)
+        if svc is not None:
+            return svc
+        label = req.service.decode(errors="replace")
+        known = bool(req.flags.get("known"))
+        if not known and not self.in_grace():
+            raise Refusal(
+                nfp.ST_NOT_FOUND,
+                Word.FAILED,
+                f"service '{label}' is unknown: no worker has registered it with this broker "
+                f"(up {time.time() - self.started_at:.0f} s)",
+            )
+        svc = reg.service(req.service, create=True, tentative=not known)
+        if svc is None:
+            raise Refusal(nfp.ST_BUSY, Word.BUSY, f"the broker remembers {reg.max_services} services already")
+        return svc
+
+    def end_grace(self) -> None:
+        """The startup grace is over: a service no worker confirmed was a mistake (a typo), and the
+        jobs that waited for it are refused now (they had no answer yet)."""
+        self.grace_until = None
+        reg = self.registry
+        for svc in [s for s in reg.services.values() if s.tentative]:
+            for job in list(svc.queue.waiting.values()):
+                why = f"service '{svc.label}' is unknown: no worker registered it while the broker started"
+                body = answer(job, Word.FAILED, why)
+                self.dispatch.cancel_quietly(job)
+                self.reply(job.client, job.service, job.uuid, nfp.ST_NOT_FOUND, body)
+            del reg.services[svc.name]
+
+    def delete(self, sender: bytes, req: nfp.ClientRequest) -> None:
+        """Cancel: a waiting job leaves the queue at once; a dispatched one is asked of its workers."""
+        job = self.dispatch.queued.get(req.uuid)
+        if job is not None and job.spot is not Spot.DIRECTED:
+            self.dispatch.cancel(job)
+            return
+        if job is not None:
+            self.dispatch.cancel_parts(job)
+            if req.uuid not in self.registry.routes:
+                return  # no part had left: nothing to ask of a worker
+        self.route_request(sender, req)
+
+    def route_request(self, sender: bytes, req: nfp.ClientRequest) -> None:
+        """GET/PUT/DELETE go to the workers named (or the job's, for its uuid), as they are now."""
+        reg = self.registry
+        try:
+            target = nfp.parse_target(req.target)
+        except nfp.ProtocolError as exc:
+            raise bad(f"bad target: {exc.detail}", malformed=exc.reason) from None
+        svc = reg.service(req.service)
+        if svc is None:
+            raise Refusal(nfp.ST_NOT_FOUND, Word.FAILED, f"service '{req.service.decode(errors='replace')}' is unknown")
+        route = reg.routes.get(req.uuid)
+        if target == "any":
+            workers = [w for n in route.workers if (w := reg.by_name.get(n))] if route else []
+            if not workers and (w := reg.least_loaded(svc) or next(iter(reg.live(svc)), None)) is not None:
+                workers = [w]
+        else:
+            workers = reg.resolve(svc, None if target == "all" else [target] if isinstance(target, str) else target)
         if not workers:
             self.counts["no_workers"] += 1
-            svc = req.service.decode(errors="replace")
-            known = req.service in reg.services
-            why = (
-                f"service '{svc}' has no live worker matching target {req.target.decode(errors='replace')!r}"
-                if known
-                else f"service '{svc}' is unknown: no worker has registered it"
+            raise bad(
+                f"service '{svc.label}' has no live worker matching target {req.target.decode(errors='replace')!r}"
             )
-            self._refuse(sender, req, nfp.ST_BAD_REQUEST, Word.FAILED, why)
-            return
-        if req.command == nfp.POST:
-            if not reg.has_capacity(workers):
-                self.counts["busy"] += 1
-                self._refuse(
-                    sender,
-                    req,
-                    nfp.ST_BUSY,
-                    Word.BUSY,
-                    "broker is at its bound of jobs in flight for these workers; retry later",
-                )
-                return
-            reg.add_route(req.uuid, sender, req.service, workers, push=bool(req.flags.get("push")))
-            self.counts["post"] += 1
-        else:
-            self.counts[nfp.COMMAND_NAMES[req.command].lower()] += 1
-        # Without a 202 a client can only wait for one worker: ack=false skips it for one worker only.
-        if req.command in (nfp.POST, nfp.GET) and (req.flags.get("ack", True) or len(workers) > 1):
-            self._dispatched(sender, req, workers)
+        self.counts[nfp.COMMAND_NAMES[req.command].lower()] += 1
+        if req.command == nfp.GET and (req.flags.get("ack", True) or len(workers) > 1):
+            self.reply(
+                sender,
+                req.service,
+                req.uuid,
+                nfp.ST_DISPATCHED,
+                payloads.dispatched(req.uuid, req.target, req.service, [w.label for w in workers]),
+            )
         for w in workers:
-            self.send(nfp.broker_job(w.name, req.command, sender, req.uuid, req.body))
-
-    def _dispatched(self, sender: bytes, req: nfp.ClientRequest, workers: list[WorkerRecord]) -> None:
-        answer = payloads.dispatched(req.uuid, req.target, req.service, [w.label for w in workers])
-        self.reply(sender, req.service, req.uuid, nfp.ST_DISPATCHED, answer)
-
-    def _refuse(self, sender: bytes, req: nfp.ClientRequest, status: bytes, word: Word, why: str) -> None:
-        self.reply(
-            sender, req.service, req.uuid, status, payloads.refusal(req.uuid, req.target, req.service, word, why)
-        )
+            self.send(nfp.broker_job(w.ident, req.command, sender, req.uuid, req.body))
 
     # ---- workers -------------------------------------------------------------
 
@@ -284,12 +414,7 @@ class Broker:
         worker = reg.workers.get(sender)
         if isinstance(msg, nfp.WorkerControl):
             if msg.command == nfp.READY:
-                if worker is not None:
-                    # Same identity, fresh start (restart or reconnect): its jobs in flight are gone.
-                    self._lose(worker, "re-registered")
-                rec = reg.register_worker(sender, msg.service)
-                self._next_timer = 0.0
-                log.info("worker %s ready for service %s", rec.label, msg.service.decode(errors="replace"))
+                self.ready(sender, msg)
                 return
             if worker is None:
                 self._disconnect_unknown(sender, msg.service)
@@ -297,7 +422,11 @@ class Broker:
             if msg.command == nfp.KEEPALIVE:
                 worker.keepalive.heard()
                 if msg.stats is not None:
+                    was = (worker.draining, worker.throttle)
                     worker.stats = msg.stats
+                    worker.throttle = 0  # a fresh report: its own figures say what it holds
+                    if (worker.draining, worker.throttle) != was:
+                        self._relevel(worker)
             elif msg.command == nfp.DISCONNECT:
                 log.info("worker %s disconnected", worker.label)
                 self._lose(worker, "disconnected")
@@ -308,19 +437,75 @@ class Broker:
         worker.keepalive.heard(keepalive=False)
         self.forward(worker, msg)
 
+    def _relevel(self, w: WorkerRecord) -> None:
+        svc = self.registry.services.get(w.service)
+        if svc is not None:
+            self.registry.set_level(svc, w)
+            self.dispatch.dirty.add(svc.name)
+
+    def ready(self, sender: bytes, msg: nfp.WorkerControl) -> None:
+        """READY: a worker (re)connects. zfab workers announce name, credits and tasks (docs/protocol.md)."""
+        reg = self.registry
+        ann = msg.stats or {}
+        name = ann.get("name")
+        name_b = name.encode() if isinstance(name, str) and 0 < len(name.encode()) <= nfp.MAX_NAME_BYTES else sender
+        if self.zap is not None and not self.zap.may_register(name_b, self.loop.user_id):
+            self.reject("auth", f"READY as {name_b[:64]!r} with a key not issued for that worker name")
+            return
+        credits = ann.get("credits")
+        if isinstance(credits, bool) or not isinstance(credits, int) or credits < 1:
+            credits = self.settings.default_worker_credits
+        tasks = ann.get("tasks")
+        tasks = tasks if isinstance(tasks, dict) and len(tasks) <= MAX_TASKS else None
+        old = reg.workers.get(sender)
+        if old is not None:  # same connection, fresh start: its jobs in flight are gone
+            self._lose(old, "re-registered")
+        other = reg.by_name.get(name_b)
+        if other is not None:
+            # Another connection holds the name: a restart whose old connection is not gone yet, or
+            # a second process under the same name. The newest wins; the other is told to leave and
+            # its jobs are reported lost (retried where the client asked).
+            self.counts["worker_replaced"] += 1
+            log.warning("worker %s registered again from a new connection; the previous one is dropped", other.label)
+            self._lose(other, "replaced by a new connection under the same name")
+            self._tell_to_leave(other, "replaced")
+        svc = reg.service(msg.service, create=True)
+        if svc is None:
+            self.counts["services_full"] += 1
+            self.reject("services_full", f"READY for a new service with {reg.max_services} services known")
+            return
+        was_tentative = svc.tentative
+        svc.tentative = False
+        rec = reg.register_worker(sender, name_b, svc, credits=credits, v2=ann.get("v") == PROTOCOL_V2, tasks=tasks)
+        if len(svc.workers_seen) < MAX_NAMES_SEEN:
+            svc.workers_seen.add(name_b)
+        self.gone.pop(name_b, None)
+        self._next_keepalive = 0.0
+        self.dispatch.dirty.add(svc.name)
+        if was_tentative:
+            self.dispatch.pump()
+            self.dispatch.announce_waiting(svc)
+        log.debug("worker %s ready for service %s (%d credits)", rec.label, svc.label, rec.credits)
+
     def forward(self, worker: WorkerRecord, msg: nfp.WorkerReply) -> None:
-        """Route a worker's reply to its client; final replies close the worker's share of the job."""
+        """Route a worker's reply to its client; final replies free the worker's credit."""
         forward = True
-        if msg.command == nfp.RESPONSE and msg.status in nfp.FINAL_STATUSES:
-            route = self.registry.complete(worker, msg.uuid)
-            if route is not None and not route.push:
-                # A NorFab client collects results with GET; the completion only frees the slot.
-                forward = False
-            elif route is None and msg.uuid in self.registry.routes:
-                # The job is in flight elsewhere now (this worker was purged and the job
-                # retried): a late result from the lost attempt is discarded.
-                self.counts["stale_results"] += 1
-                forward = False
+        if msg.command == nfp.RESPONSE:
+            if msg.status in nfp.FINAL_STATUSES:
+                route = self.registry.complete(worker, msg.uuid)
+                self.dispatch.dirty.add(worker.service)
+                if route is not None and not route.push:
+                    # A NorFab client collects results with GET; the completion only frees the slot.
+                    forward = False
+                elif route is None and msg.uuid in self.registry.routes:
+                    # The job is in flight elsewhere now (this worker was purged and the job
+                    # retried): a late result from the lost attempt is discarded.
+                    self.counts["stale_results"] += 1
+                    forward = False
+            elif msg.status == nfp.ST_BUSY:
+                svc = self.registry.services.get(worker.service)
+                if svc is not None and self.dispatch.busy(svc, worker, msg.uuid):
+                    return  # back in the queue: the client waits on, nothing to tell it
         if forward:
             self.counts["forwarded"] += 1
             self.send(nfp.broker_reply(msg.client, msg.command, worker.service, msg.uuid, msg.status, msg.payload))
@@ -340,24 +525,51 @@ class Broker:
             self.told_to_leave.popitem(last=False)
         self.send(nfp.broker_control(sender, nfp.DISCONNECT, service))
 
+    def _tell_to_leave(self, w: WorkerRecord, reason: str) -> None:
+        frames = nfp.broker_control(w.ident, nfp.DISCONNECT, w.service)
+        if w.v2:
+            frames.append(nfp.dumps({"reason": reason}))  # zfab workers drop jobs they have not started
+        self.send(frames)
+
     def _lose(self, worker: WorkerRecord, why_lost: str) -> None:
-        lost = self.registry.remove_worker(worker)
+        reg = self.registry
+        svc = reg.services.get(worker.service)
+        lost = reg.remove_worker(worker)
+        lost.update(self.dispatch.worker_lost(svc, worker))
+        self.gone[worker.name] = {"service": worker.service, "at": self.clock(), "why": why_lost}
+        self.gone.move_to_end(worker.name)
+        while len(self.gone) > self.GONE_MAX:
+            self.gone.popitem(last=False)
+        why = f"worker '{worker.label}' was lost ({why_lost}) before it answered"
         for uuid, client in lost.items():
             self.counts["jobs_lost"] += 1
-            why = f"worker '{worker.label}' was lost ({why_lost}) before it answered"
             self.reply(
                 client, worker.service, uuid, nfp.ST_WORKER_LOST, payloads.lost(worker.label, uuid, worker.service, why)
             )
+        if svc is not None:
+            self.dispatch.dirty.add(svc.name)
 
     def purge_workers(self) -> None:
         for w in self.registry.expired_workers():
             log.warning("worker %s missed its keepalives for %.1f s; purged", w.label, w.keepalive.hold_time)
-            self.purged[w.service.decode(errors="replace")] += 1
-            self.send(nfp.broker_control(w.name, nfp.DISCONNECT, w.service))
+            svc = self.registry.services.get(w.service)
+            if svc is not None:
+                svc.purged += 1
+            self._tell_to_leave(w, "purged")
             self._lose(w, "keepalives expired")
 
     def send_keepalives(self) -> None:
         for w in self.registry.workers.values():
             if w.keepalive.due():
-                self.send(nfp.broker_control(w.name, nfp.KEEPALIVE, w.service))
+                self.send(nfp.broker_control(w.ident, nfp.KEEPALIVE, w.service))
                 w.keepalive.mark_sent()
+
+    def housekeeping(self, now: float) -> None:
+        """Forget what peers chose names for and nobody used for a while (bounded tables stay small)."""
+        self._next_housekeeping = now + HOUSEKEEPING
+        self.registry.forget_idle_services()
+        keep = self.settings.gone_worker_seconds
+        while self.gone and now - next(iter(self.gone.values()))["at"] > keep:
+            self.gone.popitem(last=False)
+        while self.told_to_leave and now - next(iter(self.told_to_leave.values())) > HOUSEKEEPING:
+            self.told_to_leave.popitem(last=False)

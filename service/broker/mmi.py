@@ -16,8 +16,10 @@ from typing import Any, Protocol
 
 from ..core import protocol as nfp
 from ..core.errors import ProtocolError
+from ..core.keepalive import Clock
 from ..settings import Settings
 from ..transport.base import Transport
+from .dispatcher import Dispatcher
 from .registry import Registry
 
 
@@ -33,14 +35,21 @@ class BrokerFacts(Protocol):
 
     settings: Settings
     registry: Registry
+    dispatch: Dispatcher
     loop: Transport
     bound_endpoint: str
     started_at: float
+    boot: str
+    grace_until: float | None
+    clock: Clock
     rejected: Counter[str]
     counts: Counter[str]
-    purged: Counter[str]
     told_to_leave: OrderedDict[bytes, float]
+    gone: OrderedDict[bytes, dict[str, Any]]
+    keys: OrderedDict[bytes, bytes]
     TOLD_TO_LEAVE_MAX: int
+    GONE_MAX: int
+    KEYS_MAX: int
 
 
 class MmiService:
@@ -63,15 +72,25 @@ class MmiService:
             return nfp.ST_BAD_REQUEST, nfp.dumps(f"Unsupported task '{task}'")
         return nfp.ST_OK, nfp.dumps(self.run(task, kwargs))
 
-    TASKS = ("show_workers", "show_broker", "show_services", "show_clients", "get_status", "show_broker_version")
+    TASKS = (
+        "show_workers",
+        "show_broker",
+        "show_services",
+        "show_tasks",
+        "show_clients",
+        "get_status",
+        "show_broker_version",
+    )
 
     def run(self, task: str, kwargs: dict[str, Any]) -> Any:
         if task == "show_workers":
-            return self.show_workers(kwargs.get("service"), kwargs.get("status"))
+            return self.show_workers(kwargs.get("service"), kwargs.get("status"), bool(kwargs.get("gone")))
         if task == "show_broker":
             return self.show_broker()
         if task == "show_services":
             return self.show_services()
+        if task == "show_tasks":
+            return self.show_tasks(str(kwargs.get("service", "")))
         if task == "show_clients":
             return self.show_clients()
         if task == "get_status":
@@ -80,7 +99,10 @@ class MmiService:
             return self.show_broker_version()
         raise ValueError(f"unsupported MMI task '{task}'")
 
-    def show_workers(self, service: str | None = None, status: str | None = None) -> list[dict[str, Any]]:
+    def show_workers(
+        self, service: str | None = None, status: str | None = None, gone: bool = False
+    ) -> list[dict[str, Any]]:
+        """Registered workers; with `gone`, also those that left lately (state "gone", for metrics)."""
         out = []
         for w in self.broker.registry.workers.values():
             ka = w.keepalive
@@ -102,27 +124,73 @@ class MmiService:
                     "alive_for_s": round(ka.alive_for(), 3),
                     "jobs_in_flight": len(w.inflight),
                     "jobs_dispatched": w.jobs_dispatched,
+                    "credits": w.credits,
+                    "credits_free": max(0, w.free),
+                    "jobs_waiting_for_it": len(w.directed),
+                    "draining": w.draining,
                     "reported": w.stats,
                 }
             )
+        if gone:
+            now = self.broker.clock()
+            for name, info in self.broker.gone.items():
+                out.append(
+                    {
+                        "name": name.decode(errors="replace"),
+                        "service": info["service"].decode(errors="replace"),
+                        "status": "gone",
+                        "alive": False,
+                        "gone_for_s": round(now - info["at"], 3),
+                        "why": info["why"],
+                        "jobs_in_flight": 0,
+                        "credits": 0,
+                        "holdtime_left_s": 0.0,
+                    }
+                )
         if service and service != "all":
             out = [w for w in out if w["service"] == service]
-        if status in ("alive", "dead"):
+        if status in ("alive", "dead", "gone"):
             out = [w for w in out if w["status"] == status]
         return out
 
     def show_services(self) -> list[dict[str, Any]]:
-        reg = self.broker.registry
-        return [
-            {
-                "service": s.name.decode(errors="replace"),
-                "workers": len(s.workers),
-                "alive": sum(1 for w in s.workers.values() if w.keepalive.is_alive()),
-                "jobs_in_flight": sum(len(w.inflight) for w in s.workers.values()),
-                "purged": self.broker.purged[s.name.decode(errors="replace")],
-            }
-            for s in reg.services.values()
-        ]
+        b = self.broker
+        now = b.clock()
+        out = []
+        for s in b.registry.services.values():
+            q = s.queue
+            h = b.dispatch.queued_seconds.get(s.name)
+            out.append(
+                {
+                    "service": s.label,
+                    "workers": len(s.workers),
+                    "alive": sum(1 for w in s.workers.values() if w.keepalive.is_alive()),
+                    "jobs_in_flight": sum(len(w.inflight) for w in s.workers.values()),
+                    "credits": sum(w.credits for w in s.workers.values()),
+                    "purged": s.purged,
+                    "queue_depth": q.depth,
+                    "queue_capacity": b.settings.service_queue_size,
+                    "queue_bytes": q.bytes,
+                    "queue_oldest_age_s": round(q.oldest_age(now), 3),
+                    "queue_delayed": len(q.delayed),
+                    "queue_parked": len(q.parked),
+                    "jobs_dispatched": s.dispatched,
+                    "expired_in_queue": s.expired_queue,
+                    "expired_in_flight": s.expired_worker,
+                    "queued_seconds": h.snapshot() if h is not None else None,
+                    "tasks": sorted(s.tasks) if s.tasks is not None else None,
+                    "tentative": s.tentative,
+                }
+            )
+        return out
+
+    def show_tasks(self, service: str) -> dict[str, Any] | None:
+        """The tasks a service's workers announced, with the JSON schema of their arguments (None:
+        the service is unknown or its workers announce none, as NorFab's do)."""
+        svc = self.broker.registry.services.get(service.encode())
+        if svc is None or svc.tasks is None:
+            return None
+        return {"service": svc.label, "tasks": svc.tasks}
 
     def show_clients(self) -> list[dict[str, Any]]:
         reg = self.broker.registry
@@ -159,6 +227,17 @@ class MmiService:
             "jobs_finished_capacity": reg.max_finished,
             "unknown_workers_remembered": len(b.told_to_leave),
             "unknown_workers_capacity": b.TOLD_TO_LEAVE_MAX,
+            "gone_workers_remembered": len(b.gone),
+            "gone_workers_capacity": b.GONE_MAX,
+            "identities_bound": len(b.keys),
+            "identities_capacity": b.KEYS_MAX,
+            "services_capacity": reg.max_services,
+            "jobs_queued": len(b.dispatch.queued),
+            "queue_bytes": b.dispatch.queued_bytes,
+            "queue_bytes_capacity": s.broker_queue_bytes,
+            "service_queue_capacity": s.service_queue_size,
+            "boot": b.boot,
+            "starting": b.grace_until is not None,
             "max_inflight_per_worker": reg.max_inflight_per_worker,
             "outbound_queue_depth": b.loop.queue_depth(),
             "outbound_queue_capacity": b.loop.outbound_size,
@@ -168,7 +247,7 @@ class MmiService:
             "handler_errors": st.handler_errors,
             "frames_rejected": dict(b.rejected),
             "counts": dict(b.counts),
-            "workers_purged": dict(b.purged),
+            "workers_purged": {svc.label: svc.purged for svc in reg.services.values() if svc.purged},
         }
 
     def get_status(self) -> dict[str, Any]:

@@ -1,7 +1,8 @@
-"""The broker's tables: workers, services, clients and job routes, with routing decisions.
+"""The broker's tables: workers, services, clients and job routes, with the routing decisions.
 
-Pure state and arithmetic: no sockets. The broker's owner loop is the only user, so
-nothing here locks.
+Pure state and arithmetic: no sockets. The broker's owner loop is the only user, so nothing
+here locks. Every table has a bound; the ones keyed by names peers choose (services, clients,
+identities) also forget entries nobody used for a while.
 """
 
 from __future__ import annotations
@@ -12,30 +13,66 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.keepalive import Clock, KeepAlive
+from .jobqueue import QueuedJob, ServiceQueue
+
+PROTOCOL_V2 = 2  # a worker whose READY says {"v": 2} speaks zfab's extensions (meta frame, reasons)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class WorkerRecord:
-    """A worker as the broker knows it, keyed by its ROUTER identity (the worker name)."""
+    """A worker as the broker knows it: one connection (its ROUTER identity) under one name."""
 
-    name: bytes
+    ident: bytes  # the ROUTER identity of this connection: frames to the worker go there
+    name: bytes  # what clients target and MMI shows (a NorFab worker's name is its identity)
     service: bytes
     keepalive: KeepAlive
-    inflight: dict[bytes, bytes] = field(default_factory=dict)  # job uuid -> client id
+    credits: int  # jobs it said it can hold at once (pool + prefetch), or the default
+    v2: bool = False  # speaks zfab's extensions
+    inflight: dict[bytes, bytes] = field(default_factory=dict)  # job (wire) uuid -> client identity
+    directed: list[tuple[int, int, QueuedJob]] = field(default_factory=list)  # parts waiting for it (heap)
     stats: dict[str, Any] = field(default_factory=dict)  # last figures the worker reported
     registered_at: float = field(default_factory=time.time)
     jobs_dispatched: int = 0
+    level: int = -1  # its bucket in the service's free levels (-1: not free)
+    throttle: int = 0  # credits held back after it answered busy: it knows better than we do
 
     @property
     def label(self) -> str:
         return self.name.decode(errors="replace")
 
+    @property
+    def draining(self) -> bool:
+        return bool(self.stats.get("draining"))
 
-@dataclass(slots=True)
+    @property
+    def free(self) -> int:
+        """Credits left: jobs the broker may still send it."""
+        return self.credits - self.throttle - len(self.inflight)
+
+
+@dataclass(slots=True, eq=False)
 class ServiceRecord:
     name: bytes
-    workers: dict[bytes, WorkerRecord] = field(default_factory=dict)
-    rr: int = 0  # round-robin cursor for ties in least-loaded dispatch
+    workers: dict[bytes, WorkerRecord] = field(default_factory=dict)  # by identity
+    queue: ServiceQueue = field(default_factory=ServiceQueue)
+    tasks: dict[str, Any] | None = None  # task -> argument schema, from its workers (None: not announced)
+    levels: list[dict[bytes, WorkerRecord]] = field(default_factory=list)  # free workers by jobs in flight
+    last_active: float = 0.0  # monotonic: a worker registered or a job came
+    tentative: bool = False  # made for a POST while the broker starts; no worker has confirmed it yet
+    roster_changed: bool = False  # a worker registered since the last pump: parked jobs may go
+    workers_seen: set[bytes] = field(default_factory=set)  # names that ever registered (bounded by the broker)
+    purged: int = 0
+    expired_queue: int = 0
+    expired_worker: int = 0
+    dispatched: int = 0
+
+    @property
+    def label(self) -> str:
+        return self.name.decode(errors="replace")
+
+    @property
+    def idle(self) -> bool:
+        return not self.workers and not self.queue.depth
 
 
 @dataclass(slots=True)
@@ -46,18 +83,21 @@ class ClientRecord:
     requests: int = 0
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Route:
-    """A job the broker dispatched and is waiting on: who asked, and who still owes a final reply."""
+    """A dispatched job the broker waits on: who asked, and which workers still owe a final reply."""
 
+    uuid: bytes
     client: bytes
     service: bytes
-    workers: set[bytes]
+    workers: set[bytes]  # worker names
     push: bool  # forward the worker's completion to the client (zfab clients ask for it)
+    deadline: float  # monotonic: past it (plus the grace) the broker frees the slots unanswered
+    job: QueuedJob | None = None  # what was sent (kept to put it back in the queue if a worker says busy)
 
 
 class Registry:
-    """Workers by name and by service, clients (LRU-bounded) and job routes (bounded)."""
+    """Workers by identity and name, services (bounded), clients (bounded), routes (bounded)."""
 
     def __init__(
         self,
@@ -67,6 +107,8 @@ class Registry:
         max_inflight_per_worker: int = 1000,
         max_routes: int = 100_000,
         max_clients: int = 10_000,
+        max_services: int = 1000,
+        service_memory: float = 86_400.0,
         clock: Clock = time.monotonic,
     ) -> None:
         self.interval = interval
@@ -74,37 +116,86 @@ class Registry:
         self.max_inflight_per_worker = max_inflight_per_worker
         self.max_routes = max_routes
         self.max_clients = max_clients
+        self.max_services = max_services
+        self.service_memory = service_memory
         self.clock = clock
-        self.workers: dict[bytes, WorkerRecord] = {}
-        self.services: dict[bytes, ServiceRecord] = {}
+        self.workers: dict[bytes, WorkerRecord] = {}  # by identity
+        self.by_name: dict[bytes, WorkerRecord] = {}
+        self.services: OrderedDict[bytes, ServiceRecord] = OrderedDict()  # least recently active first
         self.clients: OrderedDict[bytes, ClientRecord] = OrderedDict()
         self.routes: dict[bytes, Route] = {}
-        # Jobs finished recently and where they ran, so a POST retried after its result
+        # Jobs finished recently and the worker that ran them, so a POST retried after its result
         # was missed goes back to that worker instead of running again (LRU-bounded).
         self.finished: OrderedDict[bytes, bytes] = OrderedDict()
         self.max_finished = max_routes
 
+    # ---- services ------------------------------------------------------------
+
+    def service(self, name: bytes, *, create: bool = False, tentative: bool = False) -> ServiceRecord | None:
+        """The service record; with `create`, made if there is room (forgetting the stalest idle one)."""
+        svc = self.services.get(name)
+        if svc is not None:
+            svc.last_active = self.clock()
+            self.services.move_to_end(name)
+            if not tentative:
+                svc.tentative = False
+            return svc
+        if not create:
+            return None
+        if len(self.services) >= self.max_services and not self._evict_idle_service():
+            return None
+        svc = self.services[name] = ServiceRecord(name, last_active=self.clock(), tentative=tentative)
+        return svc
+
+    def _evict_idle_service(self) -> bool:
+        for name, svc in self.services.items():
+            if svc.idle:
+                del self.services[name]
+                return True
+        return False
+
+    def forget_idle_services(self) -> list[ServiceRecord]:
+        """Services with no worker and no queued job for `service_memory` seconds are forgotten."""
+        cutoff = self.clock() - self.service_memory
+        gone = [s for s in self.services.values() if s.idle and s.last_active < cutoff]
+        for s in gone:
+            del self.services[s.name]
+        return gone
+
     # ---- workers -------------------------------------------------------------
 
-    def register_worker(self, name: bytes, service: bytes) -> WorkerRecord:
-        """READY: a new worker, or a known one starting afresh (after a reconnect)."""
-        old = self.workers.get(name)
-        if old is not None:
-            self.remove_worker(old)
-        rec = WorkerRecord(name, service, KeepAlive(self.interval, self.multiplier, self.clock))
-        self.workers[name] = rec
-        svc = self.services.get(service)
-        if svc is None:
-            svc = self.services[service] = ServiceRecord(service)
-        svc.workers[name] = rec
+    def register_worker(
+        self, ident: bytes, name: bytes, svc: ServiceRecord, *, credits: int, v2: bool, tasks: dict[str, Any] | None
+    ) -> WorkerRecord:
+        """READY: a new connection. The caller has dropped any record it replaces."""
+        rec = WorkerRecord(
+            ident,
+            name,
+            svc.name,
+            KeepAlive(self.interval, self.multiplier, self.clock),
+            credits=max(1, min(credits, self.max_inflight_per_worker)),
+            v2=v2,
+        )
+        self.workers[ident] = rec
+        self.by_name[name] = rec
+        svc.workers[ident] = rec
+        svc.roster_changed = True
+        if tasks is not None:
+            # The service's tasks are what its workers announce; a newer worker's list wins.
+            svc.tasks = dict(tasks)
+        self.set_level(svc, rec)
         return rec
 
     def remove_worker(self, rec: WorkerRecord) -> dict[bytes, bytes]:
         """Forget a worker; returns the jobs it had in flight (uuid -> client)."""
-        self.workers.pop(rec.name, None)
+        self.workers.pop(rec.ident, None)
+        if self.by_name.get(rec.name) is rec:
+            del self.by_name[rec.name]
         svc = self.services.get(rec.service)
         if svc is not None:
-            svc.workers.pop(rec.name, None)
+            svc.workers.pop(rec.ident, None)
+            svc.last_active = self.clock()
+            self._unlevel(svc, rec)
         lost = dict(rec.inflight)
         for uuid in lost:
             route = self.routes.get(uuid)
@@ -117,6 +208,48 @@ class Registry:
 
     def expired_workers(self) -> list[WorkerRecord]:
         return [w for w in self.workers.values() if w.keepalive.expired()]
+
+    # ---- free credits: workers by jobs in flight, so `any` finds the least loaded in O(levels) ----
+
+    def set_level(self, svc: ServiceRecord, w: WorkerRecord) -> None:
+        """File the worker under its current load, or out of the free levels when it has no credit."""
+        level = len(w.inflight) if w.free > 0 and not w.draining and w.ident in svc.workers else -1
+        if level == w.level:
+            return
+        self._unlevel(svc, w)
+        if level >= 0:
+            while len(svc.levels) <= level:
+                svc.levels.append({})
+            svc.levels[level][w.ident] = w  # appended last: equals take turns
+            w.level = level
+
+    def _unlevel(self, svc: ServiceRecord, w: WorkerRecord) -> None:
+        if w.level >= 0:
+            svc.levels[w.level].pop(w.ident, None)
+            w.level = -1
+
+    def least_loaded(self, svc: ServiceRecord) -> WorkerRecord | None:
+        """The live worker with credit left and the fewest jobs in flight (turns among equals)."""
+        for bucket in svc.levels:
+            for w in list(bucket.values()):
+                if w.keepalive.is_alive():
+                    return w
+                self._unlevel(svc, w)  # expired, about to be purged
+        return None
+
+    def live(self, svc: ServiceRecord) -> list[WorkerRecord]:
+        return [w for w in svc.workers.values() if w.keepalive.is_alive() and not w.draining]
+
+    def resolve(self, svc: ServiceRecord, names: list[str] | None) -> list[WorkerRecord]:
+        """The live workers a targeted job goes to: all of them (None), or those named."""
+        if names is None:
+            return self.live(svc)
+        picked: dict[bytes, WorkerRecord] = {}
+        for n in names:
+            w = self.by_name.get(n.encode())
+            if w is not None and w.service == svc.name and w.keepalive.is_alive():
+                picked[w.name] = w
+        return list(picked.values())
 
     # ---- clients -------------------------------------------------------------
 
@@ -133,57 +266,30 @@ class Registry:
         rec.requests += 1
         return rec
 
-    # ---- routing -------------------------------------------------------------
+    # ---- routes ----------------------------------------------------------------
 
-    def select(self, service: bytes, target: str | list[str]) -> list[WorkerRecord]:
-        """The live workers a request goes to: least-loaded for `any`."""
-        svc = self.services.get(service)
-        if svc is None or not svc.workers:
-            return []
-        if target == "any":
-            return self._least_loaded(svc)
-        if target == "all":
-            return [w for w in svc.workers.values() if w.keepalive.is_alive()]
-        names = [target] if isinstance(target, str) else target
-        picked: dict[bytes, WorkerRecord] = {}
-        for n in names:
-            w = svc.workers.get(n.encode())
-            if w is not None and w.keepalive.is_alive():
-                picked[w.name] = w
-        return list(picked.values())
-
-    def _least_loaded(self, svc: ServiceRecord) -> list[WorkerRecord]:
-        workers = list(svc.workers.values())
-        n = len(workers)
-        best: WorkerRecord | None = None
-        start = svc.rr % n
-        for i in range(n):
-            w = workers[(start + i) % n]
-            if not w.keepalive.is_alive() or w.stats.get("draining"):
-                continue  # a stopping worker finishes what it has but takes nothing new
-            if best is None or len(w.inflight) < len(best.inflight):
-                best = w
-        svc.rr = (start + 1) % n
-        return [best] if best is not None else []
-
-    def has_capacity(self, workers: list[WorkerRecord]) -> bool:
-        if len(self.routes) >= self.max_routes:
-            return False
-        return all(len(w.inflight) < self.max_inflight_per_worker for w in workers)
-
-    def add_route(self, uuid: bytes, client: bytes, service: bytes, workers: list[WorkerRecord], push: bool) -> None:
-        route = self.routes.get(uuid)
+    def add_route(self, job: QueuedJob, workers: list[WorkerRecord], deadline: float) -> Route:
+        route = self.routes.get(job.uuid)
         if route is None:
-            route = self.routes[uuid] = Route(client, service, set(), push)
+            route = self.routes[job.uuid] = Route(job.uuid, job.client, job.service, set(), job.push, deadline, job)
         for w in workers:
             route.workers.add(w.name)
-            w.inflight[uuid] = client
-            w.jobs_dispatched += 1
+        return route
+
+    def send_to(self, svc: ServiceRecord, w: WorkerRecord, uuid: bytes, client: bytes) -> None:
+        """Account for a job part sent to `w`: it takes one of its credits."""
+        w.inflight[uuid] = client
+        w.jobs_dispatched += 1
+        svc.dispatched += 1
+        self.set_level(svc, w)
 
     def complete(self, worker: WorkerRecord, uuid: bytes) -> Route | None:
         """A worker's final reply for a job. Returns the route if the job was in flight on it."""
         if worker.inflight.pop(uuid, None) is None:
             return None
+        svc = self.services.get(worker.service)
+        if svc is not None:
+            self.set_level(svc, worker)
         route = self.routes.get(uuid)
         if route is None:
             return None
@@ -195,10 +301,17 @@ class Registry:
             self.finished.popitem(last=False)
         return route
 
+    def release(self, worker: WorkerRecord, uuid: bytes) -> None:
+        """Free the worker's credit for a job without completing the route (busy: it goes back to the queue)."""
+        if worker.inflight.pop(uuid, None) is not None:
+            svc = self.services.get(worker.service)
+            if svc is not None:
+                self.set_level(svc, worker)
+
     def finished_on(self, uuid: bytes) -> WorkerRecord | None:
         """The live worker that recently finished this job, if any."""
         name = self.finished.get(uuid)
-        return self.workers.get(name) if name is not None else None
+        return self.by_name.get(name) if name is not None else None
 
     def inflight_by_client(self) -> dict[bytes, int]:
         """Jobs in flight per client identity (for MMI; a pass over the routes)."""

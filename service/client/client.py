@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import queue
+import secrets
 import threading
 import time
 import uuid as uuidlib
@@ -25,6 +26,7 @@ import zmq
 from ..core import payloads
 from ..core import protocol as nfp
 from ..core.keepalive import Clock, KeepAlive
+from ..core.states import State, final_state
 from ..errors import (
     BadRequestError,
     BrokerUnavailableError,
@@ -38,7 +40,7 @@ from ..settings import Settings
 from ..transport.base import Frames, LoopFactory, Transport
 from ..transport.loop import OwnerLoop
 from ..transport.wire import dealer_socket
-from .clientjob import ClientJob, JobFuture, outcome_of
+from .clientjob import ClientJob, JobFuture
 from .filestream import FileStream, download, resume_offset, stream_request
 from .interaction import answer_input, iter_events
 
@@ -71,7 +73,7 @@ class Client:
         self.settings = s = settings or Settings()
         self.broker = broker or s.broker
         self.name = name
-        self.identity = f"{name}-{uuidlib.uuid4().hex[:8]}".encode()
+        self.identity = f"{name}-{secrets.token_hex(4)}".encode()  # renewed on every connection
         self.acks = acks
         self.push = push
         self.poll_after = poll_after if poll_after is not None else max(1.0, 2 * s.keepalive_interval)
@@ -83,7 +85,17 @@ class Client:
         self._timers: list[tuple[float, str]] = []  # (monotonic due, uuid): deadlines and poll checks
         self._lock = threading.Lock()
         self._callbacks: dict[str, EventCallback] = {}
-        self.counts: dict[str, int] = {"late": 0, "rejected_frames": 0, "polls": 0, "completed": 0}
+        self.counts: dict[str, int] = {
+            "late": 0,
+            "rejected_frames": 0,
+            "polls": 0,
+            "completed": 0,
+            "reconnects": 0,
+            "reestablished": 0,
+        }
+        self._bytes = 0  # bytes of bodies and results held for jobs in flight (under _lock)
+        self._boot: str | None = None  # the broker's incarnation, from its keepalive answers
+        self._reconnect_at = 0.0
         self._flags = payloads.flags(push=push, ack=acks)
         self.loop: Transport = (transport or OwnerLoop)(
             self, name=f"client {name}", outbound_size=s.outbound_queue_size, submit_timeout=s.submit_timeout
@@ -124,6 +136,10 @@ class Client:
     def jobs_in_flight(self) -> int:
         return len(self._jobs)
 
+    def bytes_in_flight(self) -> int:
+        """Bytes of request bodies and results this client holds for jobs not finished yet."""
+        return self._bytes
+
     # ---- public API (any thread) -------------------------------------------------
 
     def submit(
@@ -138,17 +154,38 @@ class Client:
         on_event: EventCallback | None = None,
         uuid: str | None = None,
         retries: int = 0,
+        priority: int | None = None,
+        delay: float | None = None,
+        not_before: float | None = None,
     ) -> JobFuture:
         """Queue a job; the returned future resolves to {worker name: result entry}.
 
+        `future.admission` resolves once the broker took the job ("queued" or "dispatched"), or
+        raises why it would not (unknown service or task, a full queue). `priority` 0-9 (higher
+        first, default 5) orders the broker's queue; `delay` seconds or `not_before` (an epoch
+        time) hold the job there until then; `timeout` counts from then.
         With `retries` (target "any" only), a job whose worker is lost runs again on
         another worker, with its attempt number; a late result of the lost attempt is dropped.
         """
         if timeout <= 0:
             raise ValueError("timeout must be positive")
+        if priority is not None and not 0 <= priority <= 9:
+            raise ValueError("priority must be from 0 to 9")
+        if delay is not None and delay < 0:
+            raise ValueError("delay must not be negative")
         body = payloads.post_body(task, args, kwargs, timeout=timeout, push=self.push, ack=self.acks)
         target = (json.dumps(workers) if isinstance(workers, list) else workers).encode()
-        return self._submit(service.encode(), target, body, timeout, uuid=uuid, on_event=on_event, retries=retries)
+        fields: dict[str, Any] = {"push": self.push, "ack": self.acks, "task": task, "timeout": timeout}
+        if priority is not None:
+            fields["priority"] = priority
+        if delay:
+            # The broker holds it; an epoch time (not seconds) survives a resubmission after a restart.
+            not_before = max(not_before or 0.0, time.time() + delay)
+        if not_before is not None:
+            fields["not_before"] = not_before
+        return self._submit(
+            service.encode(), target, body, timeout, uuid=uuid, on_event=on_event, retries=retries, fields=fields
+        )
 
     def run_job(
         self,
@@ -196,7 +233,7 @@ class Client:
         if job is None:
             return False
         target = nfp.dumps(sorted(job.expected)) if job.expected else job.target
-        self.loop.submit(nfp.client_request(nfp.DELETE, job.service, target, job.wire_uuid.encode(), b"{}"))
+        self.loop.send(nfp.client_request(nfp.DELETE, job.service, target, job.wire_uuid.encode(), b"{}"))
         return True
 
     def events(self, fut: JobFuture, timeout: float = 60.0) -> Iterator[dict[str, Any]]:
@@ -270,23 +307,34 @@ class Client:
         stream_window: int = 0,
         retries: int = 0,
         expected: set[str] | None = None,
+        fields: dict[str, Any] | None = None,
     ) -> JobFuture:
         if not self._started:
             self.start()
         if uuid is not None:
             payloads.check_job_uuid(uuid)
         juuid = uuid or uuidlib.uuid4().hex
-        fut = JobFuture(juuid, stream_window)
+        fut = JobFuture(juuid, stream_window, self.settings.max_events_per_job)
         fut.timings["submitted"] = time.time()
         now = self.clock()
-        flags = payloads.flags(push=True, ack=True) if stream_window else self._flags
+        if stream_window:
+            fields = {"push": True, "ack": True, "task": "fetch_file", "timeout": timeout}
+        flags = nfp.dumps(fields) if fields else self._flags
         job = ClientJob(juuid, service, target, body, flags, fut, now + timeout, now, mmi=mmi, retries_left=retries)
         job.expected = expected  # known already when recovering a job by GET
+        job.fields = fields
+        job.size = len(body)
         with self._lock:
-            if len(self._jobs) >= self.max_jobs:
-                raise BusyError(f"client tracks {self.max_jobs} jobs already; wait for some to finish")
             if juuid in self._jobs:
                 return self._jobs[juuid].future
+            if len(self._jobs) >= self.max_jobs:
+                raise BusyError(f"client tracks {self.max_jobs} jobs already; wait for some to finish")
+            if self._bytes + job.size > self.settings.client_inflight_bytes:
+                raise BusyError(
+                    f"client holds {self._bytes} bytes of jobs in flight (ZFAB_CLIENT_INFLIGHT_BYTES = "
+                    f"{self.settings.client_inflight_bytes}); wait for some to finish"
+                )
+            self._bytes += job.size
             self._jobs[juuid] = job
             # One timer per job: the earlier of its deadline and its first poll; _check re-arms it.
             heapq.heappush(self._timers, (min(job.deadline, now + self.poll_after), juuid))
@@ -295,7 +343,8 @@ class Client:
         cmd = nfp.MMI if mmi else nfp.GET if expected else nfp.POST
         flags = payloads.NO_ACK if expected else job.flags
         try:
-            self.loop.submit(nfp.client_request(cmd, service, target, juuid.encode(), body, flags))
+            # From the owner thread (an event callback submitting a follow-up) this sends at once.
+            self.loop.send(nfp.client_request(cmd, service, target, juuid.encode(), body, flags))
         except BaseException:
             self._forget(juuid)
             raise
@@ -304,38 +353,52 @@ class Client:
     def _forget(self, uuid: str) -> ClientJob | None:
         with self._lock:
             self._callbacks.pop(uuid, None)
-            return self._jobs.pop(uuid, None)
+            job = self._jobs.pop(uuid, None)
+            if job is not None:
+                self._bytes -= job.size
+            return job
 
     def _finish(self, job: ClientJob, error: ZfabError | None = None) -> None:
         if self._forget(job.uuid) is None:
             return
-        job.future.timings["completed"] = time.time()
+        fut = job.future
+        fut.timings["completed"] = time.time()
         self.counts["completed"] += 1
         result: dict[str, Any] | None = None
         if error is None:
             result, error = job.outcome()
+        fut.state, fut.reason = final_state(result, error)
+        if not fut.admission.done():
+            # Ended before the broker said it took it: a refusal (or the client gave up first).
+            if error is not None and job.refused is error:
+                fut.admission.set_exception(error)
+            else:
+                fut.admission.set_result("dispatched" if job.expected else "unknown")
         if self.on_complete is not None and not job.mmi:
             try:
-                self.on_complete(job.future, job.service.decode(errors="replace"), outcome_of(result, error), result)
+                self.on_complete(fut, job.service.decode(errors="replace"), fut.state.value, result)
             except Exception:
                 log.exception("client %s: completion hook failed", self.name)
-        if job.future.done():
+        if fut.done():
             return
         if error is not None:
-            job.future.set_exception(error)
+            fut.set_exception(error)
         else:
-            job.future.set_result(result)
+            fut.set_result(result)
 
     # ---- Role: owner thread ---------------------------------------------------------
 
     def open_socket(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
+        # A fresh identity per connection: the broker ignores a second connection under an
+        # identity in use, and nobody learns one that stays valid across reconnects.
+        self.identity = f"{self.name}-{secrets.token_hex(4)}".encode()
         return dealer_socket(ctx, self.identity, self.settings, self.broker)
 
     def on_batch_end(self) -> None:
         pass
 
     def on_connected(self) -> None:
-        self.keepalive.reset()
+        # The hold time is not reset: the broker is alive once it answers, not when we connect.
         self._send_keepalive()
 
     def on_closing(self) -> None:
@@ -347,6 +410,13 @@ class Client:
 
     def on_timer(self, now: float) -> float | None:
         ka = self.keepalive
+        if self._broker_seen and ka.expired() and now >= self._reconnect_at:
+            # Silent past its hold time: a new connection (and identity), as workers do. Its jobs
+            # are re-established (GET, or POST again) when the broker answers (_broker_returned).
+            log.warning("client %s: broker silent for %.1f s; reconnecting", self.name, ka.hold_time)
+            self._reconnect_at = now + ka.hold_time
+            self.counts["reconnects"] += 1
+            self.loop.request_reconnect()
         if ka.due():
             self._send_keepalive()
         nxt = ka.next_deadline() if not ka.expired() else ka.next_due
@@ -371,16 +441,23 @@ class Client:
                 self.loop.send_now(nfp.client_request(nfp.DELETE, job.service, target, job.wire_uuid.encode(), b"{}"))
             if self.broker_alive:
                 err: ZfabError = JobTimeoutError(
-                    f"job {job.uuid} did not finish within its timeout", uuid=job.uuid, results=job.results
+                    f"job {job.uuid} did not finish within its timeout of {job.timeout:g} s",
+                    uuid=job.uuid,
+                    results=job.results,
                 )
             else:
                 err = BrokerUnavailableError(
-                    f"job {job.uuid}: the broker at {self.broker} has not answered within its hold time"
+                    f"job {job.uuid}: the broker at {self.broker} has not answered within its hold time; "
+                    "the job's outcome is unknown"
                 )
             self._finish(job, err)
             return
-        if now - job.last_heard >= self.poll_after and self.broker_alive:
-            self._poll(job)
+        if self.broker_alive:
+            if job.recheck:
+                job.recheck = False
+                self._reestablish(job)
+            elif now - job.last_heard >= self.poll_after and not (job.told_queued and job.expected is None):
+                self._poll(job)  # a job waiting in the broker's queue is quiet by design: not polled
         with self._lock:
             heapq.heappush(self._timers, (min(job.deadline, now + self.poll_after), job.uuid))
 
@@ -391,15 +468,36 @@ class Client:
         job.last_heard = self.clock()
         uuid_b = job.wire_uuid.encode()
         if job.mmi or job.expected is None:
-            # Not known to be dispatched: POST again. The broker and the workers dedupe by
+            # Not known to be admitted: POST again. The broker and the workers dedupe by
             # uuid, so a job still in flight is not run twice.
             cmd = nfp.MMI if job.mmi else nfp.POST
             self.loop.send_now(nfp.client_request(cmd, job.service, job.target, uuid_b, job.body, job.flags))
             return
-        for worker in sorted(job.pending):
+        self._get(job, sorted(job.pending))
+
+    def _get(self, job: ClientJob, workers: list[str]) -> None:
+        uuid_b = job.wire_uuid.encode()
+        for worker in workers:
             self.loop.send_now(
                 nfp.client_request(nfp.GET, job.service, worker.encode(), uuid_b, payloads.EMPTY_BODY, payloads.NO_ACK)
             )
+
+    def _reestablish(self, job: ClientJob) -> None:
+        """The broker is back (restarted, or reachable again): ask the workers of a dispatched job;
+        submit a queued one again. The new broker never saw it, so the POST says the service is
+        known (its first broker admitted the job) and carries what is left of the timeout."""
+        self.counts["reestablished"] += 1
+        job.last_heard = self.clock()
+        if job.expected is not None and not job.mmi:
+            self._get(job, sorted(job.pending))
+            return
+        flags = job.flags
+        if job.fields is not None and not job.mmi:
+            left = max(0.001, job.deadline - self.clock())
+            flags = nfp.dumps({**job.fields, "known": True, "timeout": round(left, 3)})
+            job.resubmitted = True
+        cmd = nfp.MMI if job.mmi else nfp.POST
+        self.loop.send_now(nfp.client_request(cmd, job.service, job.target, job.wire_uuid.encode(), job.body, flags))
 
     def on_frames(self, frames: Frames) -> None:
         try:
@@ -409,13 +507,21 @@ class Client:
             if self.counts["rejected_frames"] <= 3:
                 log.warning("client %s dropped a malformed message: %s", self.name, exc)
             return
-        was_alive = self.broker_alive
+        was_alive = self.broker_alive or not self._broker_seen  # the first contact is no return
         self._broker_seen = True
         self.keepalive.heard(keepalive=reply.command == nfp.KEEPALIVE)
+        if reply.command == nfp.KEEPALIVE:
+            boot = _boot_of(reply.payload)
+            restarted = boot is not None and self._boot is not None and boot != self._boot
+            if boot is not None:
+                self._boot = boot
+            if restarted:
+                log.info("client %s: the broker restarted; re-establishing %d jobs", self.name, len(self._jobs))
+            if restarted or not was_alive:
+                self._broker_returned()
+            return
         if not was_alive:
             self._broker_returned()
-        if reply.command == nfp.KEEPALIVE:
-            return
         uuid, attempt = payloads.split_wire_uuid(reply.uuid.decode(errors="replace"))
         job = self._jobs.get(uuid)
         if job is None or attempt != job.attempt:
@@ -436,12 +542,16 @@ class Client:
                 self.counts["rejected_frames"] += 1
                 self._finish(job, BadRequestError(f"job {uuid}: stream overran its credit window", uuid=uuid))
             return
+        before = job.size
         try:
             done = job.apply(reply, self.clock())
         except ValueError as exc:
             self.counts["rejected_frames"] += 1
             log.warning("client %s: unreadable reply for job %s: %s", self.name, uuid, exc)
             return
+        if job.size != before:
+            with self._lock:
+                self._bytes += job.size - before
         if done and job.retry():
             log.info("client %s: job %s lost its worker; attempt %d", self.name, uuid, job.attempt)
             wire = job.wire_uuid.encode()
@@ -450,10 +560,10 @@ class Client:
             self._finish(job)
 
     def _broker_returned(self) -> None:
-        # After an outage, quiet jobs are checked at once instead of at their next poll.
+        # After an outage or a restart, every job is re-established at once, not at its next poll.
         with self._lock:
             for job in self._jobs.values():
-                job.last_heard = 0.0
+                job.recheck = True
                 heapq.heappush(self._timers, (0.0, job.uuid))
 
     def _event(self, job: ClientJob, reply: nfp.BrokerReply) -> None:
@@ -465,12 +575,30 @@ class Client:
         if not isinstance(payload, dict):
             return
         job.last_heard = self.clock()
-        if job.future.worker is None and isinstance(payload.get("worker"), str):
-            job.future.worker = payload["worker"]
-        job.future.add_event(payload)
+        fut = job.future
+        worker = payload.get("worker")
+        if fut.worker is None and isinstance(worker, str):
+            fut.worker = worker
+        kind = payload.get("event_type")
+        fut.move(State.WAITING if kind == "input_request" else State.RUNNING)
+        if kind == "result_ready" and isinstance(worker, str) and worker in job.pending:
+            # A worker that does not push results (a NorFab worker) says it has one: GET it now.
+            self._get(job, [worker])
+        fut.add_event(payload, len(reply.payload))
         cb = self._callbacks.get(job.uuid)
         if cb is not None:
             try:
                 cb(payload)
             except Exception:
                 log.exception("client %s: event callback failed", self.name)
+
+
+def _boot_of(payload: bytes) -> str | None:
+    """The broker incarnation a zfab broker's keepalive answer carries (NorFab's carry nothing)."""
+    if not payload:
+        return None
+    try:
+        boot = json.loads(payload).get("boot")
+    except (ValueError, AttributeError):
+        return None
+    return boot if isinstance(boot, str) else None

@@ -18,30 +18,49 @@ from typing import Any
 from ..core import payloads
 from ..core import protocol as nfp
 from ..core.lazy import lazy
+from ..core.payloads import Word
+from ..core.states import State, final_state
 from ..errors import (
     BadRequestError,
     BusyError,
+    JobCancelledError,
     JobError,
+    JobExpiredError,
     JobNotFoundError,
     NoWorkersError,
+    OutcomeUnknownError,
     WorkerLostError,
 )
 
-MAX_EVENTS_PER_JOB = 10_000
-_NOT_YET = frozenset({nfp.ST_WORKER_ACCEPTED, nfp.ST_PENDING, nfp.ST_WAITING_INPUT})
+MAX_EVENTS_PER_JOB = 1000
+MAX_EVENT_BYTES_PER_JOB = 1024 * 1024  # events a future holds, in bytes: older ones make room
+_REFUSAL_ERRORS: dict[bytes, type[JobError]] = {
+    nfp.ST_NOT_FOUND: NoWorkersError,
+    nfp.ST_BUSY: BusyError,
+    nfp.ST_EXPIRED: JobExpiredError,
+    nfp.ST_CANCELLED: JobCancelledError,
+}
 
 
 class JobFuture(Future[Any]):
     """A submitted job: `result()` gives the dictionary keyed by worker name, or raises.
 
-    `events` holds the job's events as they arrive (bounded); `chunks` the stream chunks
-    of a streaming job, bounded by its credit window.
+    `state` and `reason` follow the job (core/states.py); `admission` resolves once the broker
+    took the job ("queued" or "dispatched") or raises why it would not. `events` holds the job's
+    events as they arrive (bounded in count and bytes); `chunks` the stream chunks of a
+    streaming job, bounded by its credit window.
     """
 
-    def __init__(self, uuid: str, stream_window: int = 0) -> None:
+    def __init__(self, uuid: str, stream_window: int = 0, max_events: int = MAX_EVENTS_PER_JOB) -> None:
         super().__init__()
         self.uuid = uuid
-        self.events: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS_PER_JOB)
+        self.state = State.QUEUED
+        self.reason: str | None = None
+        self.admission: Future[str] = Future()
+        self.events: deque[dict[str, Any]] = deque(maxlen=max_events)
+        self.events_bytes = 0
+        self.events_dropped = 0
+        self.result_bytes = 0
         self.timings: dict[str, float] = {}
         self._changed: threading.Condition | None = None  # made on first use: most jobs never need it
         self.chunks: queue.Queue[bytes] | None = queue.Queue(maxsize=stream_window + 1) if stream_window else None
@@ -50,14 +69,35 @@ class JobFuture(Future[Any]):
         self.add_done_callback(self._notify)
 
     @property
+    def size(self) -> int:
+        """Bytes this future holds: its results and events (what a table of finished jobs must bound)."""
+        return self.result_bytes + self.events_bytes
+
+    @property
     def changed(self) -> threading.Condition:
         """Notified on each event and when the job ends."""
         return lazy(self, "_changed", threading.Condition)
 
-    def add_event(self, event: dict[str, Any]) -> None:
+    def add_event(self, event: dict[str, Any], size: int = 0) -> None:
         with self.changed:
+            if len(self.events) == self.events.maxlen:
+                self.events_dropped += 1
             self.events.append(event)
+            self.events_bytes += size
+            while self.events_bytes > MAX_EVENT_BYTES_PER_JOB and len(self.events) > 1:
+                self.events.popleft()  # the oldest go first; the worker's job store keeps them all
+                self.events_bytes -= size  # an estimate: events of one job are alike in size
+                self.events_dropped += 1
             self.changed.notify_all()
+
+    def admitted(self, how: str) -> None:
+        if not self.admission.done():
+            self.admission.set_result(how)
+
+    def move(self, state: State) -> None:
+        """A step of a job not finished yet (queued, running, waiting)."""
+        if not self.state.final:
+            self.state = state
 
     @staticmethod
     def _notify(fut: Future[Any]) -> None:
@@ -83,10 +123,24 @@ class ClientJob:
     results: dict[str, Any] = field(default_factory=dict)
     statuses: dict[str, bytes] = field(default_factory=dict)
     lost: set[str] = field(default_factory=set)
+    part_errors: dict[str, str] = field(default_factory=dict)  # worker -> why the broker ended its part
     refused: JobError | None = None
     polls: int = 0
     retries_left: int = 0
     attempt: int = 1
+    size: int = 0  # bytes this client holds for it (body, results): the client's byte bound
+    fields: dict[str, Any] | None = None  # what its flags frame says (rebuilt when it is POSTed again)
+    recheck: bool = False  # the broker came back: re-establish it at the next check
+    resubmitted: bool = False  # POSTed again after the broker came back: the job may have run before
+
+    @property
+    def timeout(self) -> float:
+        return float((self.fields or {}).get("timeout") or 0.0)
+
+    @property
+    def told_queued(self) -> bool:
+        """The broker said it holds the job in its queue (no worker has it yet)."""
+        return "queued" in self.future.timings and "dispatched" not in self.future.timings
 
     @property
     def wire_uuid(self) -> str:
@@ -103,8 +157,11 @@ class ClientJob:
         self.expected = None
         self.results, self.statuses, self.lost, self.refused = {}, {}, set(), None
         self.future.timings["retried"] = time.time()
+        for step in ("queued", "dispatched", "started"):
+            self.future.timings.pop(step, None)
         self.future.worker = None
         self.future.dispatched = None
+        self.future.state = State.QUEUED
         return True
 
     @property
@@ -126,53 +183,82 @@ class ClientJob:
                 return True
             return False
         status = reply.status
-        if status in _NOT_YET:
-            return False  # 201/300/102: the job goes on; nothing in their bodies changes what it waits for
+        fut = self.future
+        if status == nfp.ST_WORKER_ACCEPTED:  # a worker started it (NorFab's "job created")
+            fut.timings.setdefault("started", time.time())
+            fut.move(State.RUNNING)
+            fut.admitted("dispatched")
+            return False
+        if status == nfp.ST_WAITING_INPUT:
+            fut.move(State.WAITING)
+            return False
         try:
             payload = json.loads(reply.payload) if reply.payload else {}
-        except ValueError:
+        except (ValueError, RecursionError):
             payload = {}
         if not isinstance(payload, dict):
             payload = {}
+        if status == nfp.ST_PENDING:  # a worker's answer to GET: queued there, or running
+            fut.move(State.RUNNING if payload.get("status") == Word.STARTED else State.QUEUED)
+            return False
+        if status == nfp.ST_QUEUED:
+            fut.timings.setdefault("queued", time.time())
+            fut.admitted("queued")
+            return False
         if status == nfp.ST_DISPATCHED:
             workers = payload.get("workers")
             if isinstance(workers, list) and self.expected is None:
                 self.expected = {str(w) for w in workers}
-                self.future.timings.setdefault("dispatched", time.time())
-                self.future.dispatched = sorted(self.expected)
+                fut.timings.setdefault("dispatched", time.time())
+                fut.dispatched = sorted(self.expected)
                 if len(workers) == 1:
-                    self.future.worker = str(workers[0])
+                    fut.worker = str(workers[0])
+            fut.admitted("dispatched")
             return False
+        if payloads.is_refusal(status, payload):
+            if self.expected is not None and status not in (nfp.ST_EXPIRED, nfp.ST_CANCELLED):
+                # A refused GET poll: the job's worker is not registered (yet), e.g. after a
+                # broker restart. The job goes on; a 410 or its deadline ends it.
+                return False
+            why = payloads.errors_of(payload, "refused by the broker")
+            cls = _REFUSAL_ERRORS.get(status, BadRequestError)
+            if self.resubmitted and cls not in (JobExpiredError, JobCancelledError):
+                # Sent again after the broker came back: the first copy may have run meanwhile.
+                why = f"the job may have run before the broker restarted; submitting it again was refused: {why}"
+                cls = OutcomeUnknownError
+            self.refused = cls(why, uuid=self.uuid)
+            return True
+        worker = str(payload.get("worker", ""))
         if status == nfp.ST_WORKER_LOST:
-            worker = str(payload.get("worker", ""))
             self.lost.add(worker)
             if self.expected is None:  # results-only mode: the lost worker was the one running it
                 self.expected = {worker}
             return self._done()
-        if payloads.is_refusal(status, payload):
-            if self.expected is not None:
-                # A refused GET poll: the job's worker is not registered (yet), e.g. after a
-                # broker restart. The job goes on; a 410 or its deadline ends it.
-                return False
-            # A refusal from the broker itself: no worker matched, or the fabric is full.
-            cls: type[JobError] = BusyError if status == nfp.ST_BUSY else NoWorkersError
-            self.refused = cls(payloads.errors_of(payload, "refused by broker"), uuid=self.uuid)
-            return True
+        if status in (nfp.ST_EXPIRED, nfp.ST_CANCELLED) and worker:
+            # The broker ends one worker's part: its deadline passed unanswered, or it was
+            # cancelled before it left the queue.
+            self.statuses[worker] = status
+            self.part_errors[worker] = payloads.errors_of(payload, status.decode())
+            if self.expected is None:
+                self.expected = {worker}
+            return self._done()
         if status == nfp.ST_BUSY:
-            worker = str(payload.get("worker", ""))
             self.statuses[worker] = status
             self.refused = BusyError(f"worker '{worker}': {payloads.errors_of(payload, 'worker busy')}", uuid=self.uuid)
             if self.expected is None:
                 self.expected = {worker}
             return self._done()
         if status == nfp.ST_NOT_FOUND and "worker" in payload:
-            self.statuses[str(payload["worker"])] = status
+            self.statuses[worker] = status
             if self.expected is None:
-                self.expected = {str(payload["worker"])}
+                self.expected = {worker}
             return self._done()
+        fut.admitted("dispatched")
         # 200, 400, 500 from a worker: {worker_name: result entry}
         if self.expected is not None and not set(payload) <= self.expected:
             return False  # a late answer from a worker this job no longer waits on: discard it
+        self.size += len(reply.payload)
+        fut.result_bytes += len(reply.payload)
         for worker, entry in payload.items():
             if self.attempt > 1 and isinstance(entry, dict):
                 entry["juuid"], entry["attempt"] = self.uuid, self.attempt  # the job's own uuid, not the wire's
@@ -198,6 +284,11 @@ class ClientJob:
             )
         if self.statuses and all(s == nfp.ST_NOT_FOUND for s in self.statuses.values()):
             return None, JobNotFoundError(f"no worker knows job {self.uuid}", uuid=self.uuid)
+        for status, cls in ((nfp.ST_EXPIRED, JobExpiredError), (nfp.ST_CANCELLED, JobCancelledError)):
+            parts = [w for w, st in self.statuses.items() if st == status]
+            if parts:
+                why = "; ".join(f"{w}: {self.part_errors.get(w, '')}" for w in sorted(parts))
+                return None, cls(why, uuid=self.uuid, results=self.results)
         if self.results and all(s == nfp.ST_BAD_REQUEST for s in self.statuses.values()):
             errors = "; ".join(
                 str(e) for entry in self.results.values() if isinstance(entry, dict) for e in entry.get("errors") or []
@@ -210,10 +301,5 @@ class ClientJob:
 
 
 def outcome_of(result: dict[str, Any] | None, error: BaseException | None) -> str:
-    """A bounded label for how a job ended: completed, failed, or the error's kind."""
-    if error is not None:
-        name = type(error).__name__.removesuffix("Error")
-        return "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_") or "error"
-    if result and any(isinstance(v, dict) and v.get("failed") for v in result.values()):
-        return "failed"
-    return "completed"
+    """A bounded label for how a job ended: its final state (core/states.py)."""
+    return final_state(result, error)[0].value

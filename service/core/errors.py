@@ -62,6 +62,16 @@ class JobTimeoutError(JobError):
     """The job did not finish before its deadline."""
 
 
+class JobExpiredError(JobTimeoutError):
+    """The job's deadline passed at the broker: in its queue (no worker took it in time), or with
+    no answer from its worker within the deadline and a grace (then its outcome is unknown)."""
+
+
+class OutcomeUnknownError(JobError):
+    """Nobody can say how the job ended: it may have run (e.g. before its broker restarted) and its
+    result could not be recovered. Check for its side effects before you submit it again."""
+
+
 class WorkerLostError(JobError):
     """A worker running the job was lost (killed, stopped, or cut off) before it answered."""
 

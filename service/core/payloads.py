@@ -16,7 +16,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from .errors import ProtocolError
-from .protocol import ST_BAD_REQUEST, ST_BUSY, dumps
+from .protocol import dumps
 
 # ---- job uuids ----------------------------------------------------------------------
 
@@ -49,8 +49,11 @@ def split_wire_uuid(wire: str) -> tuple[str, int]:
 class Word(StrEnum):
     """The `status` word of a broker or worker status payload (NorFab's spelling where it has one)."""
 
+    QUEUED = "QUEUED"  #: broker, 301: admitted, waiting in the service's queue
     DISPATCHED = "DISPATCHED"  #: broker, 202: sent to the workers named in `workers`
-    FAILED = "FAILED"  #: broker, 400: refused (no worker matched, unknown service, bad target)
+    EXPIRED = "EXPIRED"  #: broker, 408: the deadline passed in the queue, or with no answer from a worker
+    CANCELLED = "CANCELLED"  #: broker, 499: cancelled while queued
+    FAILED = "FAILED"  #: broker, 400/404: refused (unknown service or task, bad target or flags)
     BUSY = "BUSY"  #: broker or worker, 503: a bound is full
     LOST = "LOST"  #: broker, 410: the worker running the job was lost
     ACCEPTED = "ACCEPTED"  #: worker, 201: stored
@@ -229,20 +232,21 @@ def refusal(uuid: bytes, target: bytes, service: bytes, word: Word, why: str) ->
     }
 
 
-def lost(worker: str, uuid: bytes, service: bytes, why: str) -> dict[str, Any]:
-    """The broker's 410: the worker running the job was lost before it answered."""
+def lost(worker: str, uuid: bytes, service: bytes, why: str, word: Word = Word.LOST) -> dict[str, Any]:
+    """The broker's answer for one worker's part of a job: 410 lost, or 408 expired (no answer in time)."""
     return {
         "worker": worker,
         "uuid": uuid.decode(errors="replace"),
-        "status": Word.LOST.value,
+        "status": word.value,
         "service": service.decode(errors="replace"),
         "errors": [why],
     }
 
 
 def is_refusal(status: bytes, payload: dict[str, Any]) -> bool:
-    """True for the broker's own 400/503 (it sent the job nowhere), as opposed to a worker's."""
-    return status in (ST_BAD_REQUEST, ST_BUSY) and "target" in payload and payload.get("workers", 0) is None
+    """True for the broker's own answer about a whole job that no worker holds (400/404/503 refused,
+    408 expired in the queue, 499 cancelled while queued), as opposed to a worker's reply."""
+    return "target" in payload and payload.get("workers", 0) is None
 
 
 def errors_of(payload: dict[str, Any], default: str) -> str:

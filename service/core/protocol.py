@@ -63,12 +63,14 @@ ST_WORKER_ACCEPTED: Final = b"201"
 ST_DISPATCHED: Final = b"202"
 ST_WAITING_INPUT: Final = b"102"
 ST_PENDING: Final = b"300"
+ST_QUEUED: Final = b"301"  # zfab: admitted by the broker, waiting in its queue
 ST_BAD_REQUEST: Final = b"400"
 ST_NOT_FOUND: Final = b"404"
 ST_WORKER_LOST: Final = b"410"  # zfab: the worker running the job was purged
 ST_ERROR: Final = b"500"
 ST_BUSY: Final = b"503"  # zfab: no capacity; retry later
 ST_CANCELLED: Final = b"499"  # zfab: the job was cancelled by DELETE
+ST_EXPIRED: Final = b"408"  # zfab: the job's deadline passed at the broker (queued, or no answer in time)
 KNOWN_STATUSES: Final = frozenset(
     {
         ST_OK,
@@ -76,6 +78,8 @@ KNOWN_STATUSES: Final = frozenset(
         ST_DISPATCHED,
         ST_WAITING_INPUT,
         ST_PENDING,
+        ST_QUEUED,
+        ST_EXPIRED,
         ST_BAD_REQUEST,
         ST_NOT_FOUND,
         ST_WORKER_LOST,
@@ -125,20 +129,22 @@ class WorkerReply:
 
 @dataclass(slots=True)
 class BrokerJob:
-    """broker → worker, as the worker's DEALER sees it: [b"", NFPB01, CMD, client, b"", uuid, body]."""
+    """broker → worker, as the worker's DEALER sees it: [b"", NFPB01, CMD, client, b"", uuid, body, (meta)]."""
 
     command: bytes
     client: bytes
     uuid: bytes
     body: bytes
+    meta: dict[str, Any] | None = None  # zfab: what the broker adds to a POST (deadline left, time queued)
 
 
 @dataclass(slots=True)
 class BrokerControl:
-    """broker → worker: [b"", NFPB01, KEEPALIVE|DISCONNECT, service]."""
+    """broker → worker: [b"", NFPB01, KEEPALIVE|DISCONNECT, service, (reason)]."""
 
     command: bytes
     service: bytes
+    reason: str | None = None  # zfab: why a DISCONNECT (purged, replaced)
 
 
 @dataclass(slots=True)
@@ -227,17 +233,19 @@ def decode_worker(frames: list[bytes], max_bytes: int = DEFAULT_MAX_FRAME_BYTES)
 
 def decode_broker_to_worker(frames: list[bytes], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> BrokerJob | BrokerControl:
     """Decode what the broker sent to a worker (the worker's DEALER strips nothing)."""
-    command = _check_head(frames, BROKER, 4, 7, max_bytes)
+    command = _check_head(frames, BROKER, 4, 8, max_bytes)
     if command in (KEEPALIVE, DISCONNECT):
-        if len(frames) != 4:
-            raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {len(frames)} frames, need 4")
-        return BrokerControl(command, bytes(frames[3]))
+        if len(frames) > 5:
+            raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {len(frames)} frames, need 4 or 5")
+        reason = _json_object(frames[4], "disconnect reason").get("reason") if len(frames) == 5 else None
+        return BrokerControl(command, bytes(frames[3]), reason if isinstance(reason, str) else None)
     if command in BROKER_JOB_COMMANDS:
-        if len(frames) != 7:
-            raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {len(frames)} frames, need 7")
+        if len(frames) < 7:
+            raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {len(frames)} frames, need 7 or 8")
         if frames[4] != b"":
             raise ProtocolError("delimiter", "frame 4 must be empty")
-        return BrokerJob(command, bytes(frames[3]), bytes(frames[5]), bytes(frames[6]))
+        meta = _json_object(frames[7], "job meta frame") if len(frames) == 8 else None
+        return BrokerJob(command, bytes(frames[3]), bytes(frames[5]), bytes(frames[6]), meta)
     raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not sent by a broker to a worker")
 
 

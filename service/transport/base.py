@@ -76,6 +76,10 @@ class Transport(Protocol):
     def send_now(self, frames: Frames) -> bool:
         """Owner only: send at once; False (and counted as dropped) when the peer cannot take it."""
 
+    def send(self, item: Frames | tuple[Frames, Callable[[], None]], timeout: float | None = None) -> None:
+        """Any thread: on the owner, send at once (never waiting on its own queue); elsewhere, queue
+        it like submit (BackpressureError when the queue stays full, ClosedError after stop)."""
+
     def request_reconnect(self) -> None:
         """Close the socket and open a new one (role.open_socket, then role.on_connected)."""
 

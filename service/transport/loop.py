@@ -98,6 +98,17 @@ class OwnerLoop:
         if self._sleeping:
             self._waker.wake()
 
+    def send(self, item: Frames | tuple[Frames, Callable[[], None]], timeout: float | None = None) -> None:
+        """Any thread. The owner sends at once: waiting on its own queue could only deadlock it
+        (nobody else drains it), so a frame the peer cannot take now is dropped and counted."""
+        if threading.get_ident() != self.owner_ident:
+            self.submit(item, timeout)
+            return
+        frames, after = (item, None) if isinstance(item, list) else item
+        self.send_now(frames)
+        if after is not None:
+            self._run_call(after)
+
     def call(self, fn: Callable[[], T], timeout: float = 5.0) -> T:
         """Run fn on the owner thread and return its result (for snapshots of owner state)."""
         if threading.get_ident() == self.owner_ident:

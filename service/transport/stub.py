@@ -39,6 +39,38 @@ class FakeClock:
         self.now += seconds
 
 
+class FakeSocket:
+    """What a role's open_socket configures, without a network: options and endpoints are recorded."""
+
+    def __init__(self, kind: int) -> None:
+        self.kind = kind
+        self.options: dict[int, Any] = {}
+        self.endpoints: list[str] = []
+
+    def setsockopt(self, option: int, value: Any) -> None:
+        self.options[option] = value
+
+    def getsockopt(self, option: int) -> Any:
+        return self.options.get(option, 0)
+
+    def getsockopt_string(self, option: int) -> str:
+        return self.endpoints[-1] if self.endpoints else ""
+
+    def connect(self, endpoint: str) -> None:
+        self.endpoints.append(endpoint)
+
+    def bind(self, endpoint: str) -> None:
+        self.endpoints.append(endpoint)
+
+    def close(self, linger: int | None = None) -> None:
+        pass
+
+
+class FakeContext:
+    def socket(self, kind: int) -> FakeSocket:
+        return FakeSocket(kind)
+
+
 class StubLoop:
     """Implements `Transport` for one role: records what the role sends, feeds what it receives."""
 
@@ -67,12 +99,18 @@ class StubLoop:
         self._closing = False
         self._user_id: bytes | None = None
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
+        self.owner_ident = threading.get_ident()  # the thread that made it plays the owner
 
     # ---- Transport -------------------------------------------------------------------
 
     def start(self, timeout: float = 10.0) -> None:
-        self.role.on_connected()
+        self._open()
         self.started.set()
+
+    def _open(self) -> None:
+        # The role configures a socket as it would for real (identity, options), on a fake one.
+        self.socket: FakeSocket = self.role.open_socket(FakeContext())  # type: ignore[arg-type, assignment]
+        self.role.on_connected()
 
     def stop(self, timeout: float | None = None) -> None:
         self._closing = True
@@ -92,6 +130,16 @@ class StubLoop:
     def call(self, fn: Callable[[], T], timeout: float = 5.0) -> T:
         return fn()
 
+    def send(self, item: Frames | tuple[Frames, Callable[[], None]], timeout: float | None = None) -> None:
+        # The test's thread plays the owner; other threads (pool, store) queue as they would.
+        if threading.get_ident() != self.owner_ident:
+            self.submit(item, timeout)
+            return
+        frames, after = (item, None) if isinstance(item, list) else item
+        self.send_now(frames)
+        if after is not None:
+            after()
+
     def send_now(self, frames: Frames) -> bool:
         if self.full:
             self.stats.send_dropped += 1
@@ -102,7 +150,7 @@ class StubLoop:
 
     def request_reconnect(self) -> None:
         self.stats.reconnects += 1
-        self.role.on_connected()
+        self._open()
 
     def queue_depth(self) -> int:
         return len(self._queue)

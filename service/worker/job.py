@@ -15,6 +15,8 @@ from ..core.payloads import iso
 from ..core.schemacheck import check as check_schema
 from ..errors import JobCancelledError, JobTimeoutError
 
+_ACK_LOCK = threading.Lock()  # rare, short: one lock for every job's 201 gate
+
 
 class JobState(StrEnum):
     """Where a job is on its worker."""
@@ -51,6 +53,8 @@ class Job:
     status_code: bytes = b"300"
     result_payload: bytes = b""
     event_seq: int = 0
+    queued_s: float = 0.0  # how long the broker held it before sending (its meta frame says)
+    _ack_gate: int = 2  # the 201 goes once the job is both stored and started (see ack_ready)
     emit: Callable[[Job, dict[str, Any]], None] | None = None
     stream_out: Callable[[Job, bytes], None] | None = None
     _cancel: threading.Event | None = None
@@ -74,6 +78,17 @@ class Job:
     @property
     def cond(self) -> threading.Condition:
         return lazy(self, "_cond", threading.Condition)
+
+    @property
+    def started(self) -> bool:
+        return self._claimed
+
+    def ack_ready(self) -> bool:
+        """Called once when the job's insert is committed and once when a pool thread starts it:
+        True for the second call, which sends the 201 (NorFab's "started"; zfab's state running)."""
+        with _ACK_LOCK:
+            self._ack_gate -= 1
+            return self._ack_gate == 0
 
     def claim(self) -> bool:
         """True for the first caller only: the pool thread about to run the job, or a DELETE

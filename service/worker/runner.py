@@ -1,9 +1,9 @@
 """Running jobs on a worker's pool threads, and everything they send back.
 
 The runner validates a job's arguments, calls the task, shapes the result entry
-(NorFab's Result keys plus zfab's timestamps), pushes it to the broker and stores it.
-Events and stream chunks leave through the same outbound queue. Nothing here touches
-the socket: frames go to the owner loop through `send`.
+(core/payloads.py), pushes it to the broker and stores it. Events and stream chunks leave
+through the same loop. Nothing here touches the socket: frames go through `loop.send`, which
+sends at once on the owner thread and queues from any other.
 """
 
 from __future__ import annotations
@@ -18,28 +18,58 @@ from typing import Any
 
 from ..core import payloads
 from ..core import protocol as nfp
+from ..core.histogram import Histogram
 from ..core.payloads import Outcome, Word
 from ..errors import BackpressureError, ClosedError, JobCancelledError, JobTimeoutError
 from ..transport.base import Frames, Transport
 from .job import Job, JobState
 from .jobstore import JobStore
+from .recent import RecentJobs
 from .task import TaskArgumentsError, TaskSpec
 
 log = logging.getLogger(__name__)
 
+# Seconds: task run times and waits from admission to start (tasks run from milliseconds to hours).
+TASK_BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.25, 1, 2.5, 10, 30, 60, 300, 1800)
+OUTCOMES = ("completed", "failed", "cancelled", "expired", "rejected")
+ENVELOPE_BYTES = 512  # frames and headers around a result payload, with room to spare
+
+
+class TaskStats:
+    """Per task: jobs by outcome, run time and wait (broker admission to start). Made for every
+    declared task up front, so each series exists from the start with 0."""
+
+    def __init__(self) -> None:
+        self.outcomes = dict.fromkeys(OUTCOMES, 0)
+        self.run = Histogram(TASK_BUCKETS)
+        self.wait = Histogram(TASK_BUCKETS)
+
 
 class JobRunner:
     def __init__(
-        self, *, name: str, service: str, tasks: dict[str, TaskSpec], store: JobStore, loop: Transport
+        self,
+        *,
+        name: str,
+        service: str,
+        tasks: dict[str, TaskSpec],
+        store: JobStore,
+        loop: Transport,
+        recent: RecentJobs,
+        max_message_bytes: int,
+        contact: Callable[[Job], bool],
     ) -> None:
         self.name = name
         self.service = service
         self.tasks = tasks
         self.store = store
         self.loop = loop
+        self.recent = recent
+        self.max_message_bytes = max_message_bytes
+        self.contact = contact  # blocks until the worker is in touch with its broker; False: drop the job
         self.finished = 0
         self.store_dropped = 0  # results the job store could not take (full queue)
-        self.counts: dict[str, int] = {"completed": 0, "failed": 0}
+        self.counts: dict[str, int] = {"completed": 0, "failed": 0, "oversize": 0, "dropped": 0}
+        self.task_stats = {t: TaskStats() for t in tasks}
         self._lock = threading.Lock()
 
     # ---- shapes (core/payloads.py holds the rules) ---------------------------------------------
@@ -50,30 +80,47 @@ class JobRunner:
     def status(self, uuid: str, word: str, **extra: Any) -> dict[str, Any]:
         return payloads.worker_status(self.name, self.service, uuid, word, **extra)
 
-    # ---- sending from pool and store threads ------------------------------------------
+    # ---- sending ----------------------------------------------------------------------------
 
-    def send(self, frames: Frames | tuple[Frames, Callable[[], None]]) -> None:
-        """Hand a frame to the owner loop; a result is not dropped lightly (the store keeps it anyway)."""
+    def send(self, item: Frames | tuple[Frames, Callable[[], None]]) -> None:
+        """To the broker. On the owner thread it goes at once; from others a result is not dropped
+        lightly: a full queue (a slow or absent broker) is waited on for up to 30 s."""
         for _ in range(30):
             try:
-                self.loop.submit(frames)
+                self.loop.send(item)
                 return
             except BackpressureError:
-                continue  # the broker is slow or away: keep trying for a while
+                continue
             except ClosedError:
                 return
         log.error("worker %s: outbound queue full for 30 s; a frame was dropped (the job store keeps it)", self.name)
 
     def acknowledge(self, jobs: list[Job]) -> None:
-        """Writer thread: the jobs are committed; acknowledge them (NorFab's 201)."""
+        """Writer thread: the jobs are committed; those already started get their 201 now."""
         for job in jobs:
-            payload = nfp.dumps(self.status(job.uuid, Word.ACCEPTED))
-            self.send(nfp.worker_reply(nfp.RESPONSE, job.client, job.uuid.encode(), nfp.ST_WORKER_ACCEPTED, payload))
+            if job.ack_ready():
+                self._started(job)
+
+    def _started(self, job: Job) -> None:
+        if job.state.final:
+            return  # its result went first: a 201 now would say less than the client knows
+        payload = nfp.dumps(self.status(job.uuid, Word.ACCEPTED))
+        self.send(nfp.worker_reply(nfp.RESPONSE, job.client, job.uuid.encode(), nfp.ST_WORKER_ACCEPTED, payload))
 
     def emit(self, job: Job, payload: dict[str, Any]) -> None:
         """An event, as it happens, to the client; kept in the job store (bounded per job)."""
         payload.update(worker=self.name, service=self.service, uuid=job.uuid)
         raw = nfp.dumps(payload)
+        if len(raw) + ENVELOPE_BYTES > self.max_message_bytes:
+            with self._lock:
+                self.counts["oversize"] += 1
+            log.warning(
+                "worker %s: an event of job %s is %d bytes, over the message limit; dropped",
+                self.name,
+                job.uuid,
+                len(raw),
+            )
+            return
         seq = job.event_seq
         job.event_seq += 1
         self.send(nfp.worker_reply(nfp.EVENT, job.client, job.uuid.encode(), nfp.ST_OK, raw))
@@ -89,10 +136,14 @@ class JobRunner:
 
     def run(self, job: Job) -> None:
         """Pool thread: validate, run the task, push the result, then store it."""
-        if not job.claim():
-            return  # cancelled while it waited in the queue: already answered
-        spec = self.tasks[job.task]
+        if not self.contact(job) or not job.claim():
+            return  # dropped (its broker gave it up) or cancelled while it waited: already answered
         job.started_at = time.time()
+        if job.ack and job.ack_ready():
+            self._started(job)
+        spec = self.tasks[job.task]
+        stats = self.task_stats[job.task]
+        stats.wait.observe(job.queued_s + max(0.0, job.started_at - job.received_at))
         errors: list[str] = []
         messages: list[str] = []
         result: Any = None
@@ -112,6 +163,7 @@ class JobRunner:
                 job.state = JobState.RUNNING
                 if spec.job_param:
                     kwargs[spec.job_param] = job
+                t0 = time.monotonic()
                 try:
                     result = spec.fn(**kwargs)
                 except JobCancelledError:
@@ -122,6 +174,7 @@ class JobRunner:
                     status, errors = Outcome.ERROR, [traceback.format_exc()]
                     messages.append(f"{type(exc).__name__}: {exc}")
                     log.debug("worker %s: task %s raised %r", self.name, job.task, exc)
+                stats.run.observe(time.monotonic() - t0)
         self.complete(job, code, result, status, errors, messages)
 
     def complete(
@@ -144,18 +197,31 @@ class JobRunner:
         )
         try:
             payload = nfp.dumps({self.name: entry})
-        except (TypeError, ValueError) as exc:  # a result JSON cannot carry
-            entry.update(
-                result=None, failed=True, status=Outcome.ERROR, errors=[f"result is not JSON-serialisable: {exc}"]
-            )
+        except (TypeError, ValueError, RecursionError) as exc:  # a result JSON cannot carry
+            entry.update(result=None, failed=True, status=Outcome.ERROR, errors=[f"result is not JSON: {exc}"])
             payload = nfp.dumps({self.name: entry})
+        if len(payload) + len(job.client) + ENVELOPE_BYTES > self.max_message_bytes:
+            # It could never be delivered: say so, instead of leaving the client to its timeout.
+            why = (
+                f"result of {len(payload)} bytes is over the message limit (ZFAB_MAX_MESSAGE_BYTES = "
+                f"{self.max_message_bytes} bytes); it was not sent"
+            )
+            entry.update(result=None, failed=True, status=Outcome.ERROR, errors=[why])
+            payload = nfp.dumps({self.name: entry})
+            with self._lock:
+                self.counts["oversize"] += 1
         job.result_payload = payload
         job.status_code = code
+        self.recent.result_made(job)  # before the state turns final: the table counts its bytes once
         job.state = JobState.FAILED if entry["failed"] else JobState.COMPLETED
+        outcome = _outcome(code, entry)
         with self._lock:
             self.finished += 1
             self.counts["failed" if entry["failed"] else "completed"] += 1
-        # The completion always goes to the broker (it frees the job's slot there); the broker
+            stats = self.task_stats.get(job.task)
+            if stats is not None:
+                stats.outcomes[outcome] += 1
+        # The completion always goes to the broker (it frees the job's credit there); the broker
         # forwards it to clients that asked for pushed results. NorFab clients learn from
         # result_ready and collect with GET.
         # The result is stored once its frame has gone out (the owner runs `stored` after the
@@ -173,3 +239,22 @@ class JobRunner:
         self.send((nfp.worker_reply(nfp.RESPONSE, job.client, job.uuid.encode(), code, payload), stored))
         if not job.push:
             job.event("completed", event_type="result_ready", status="completed")
+
+    def drop(self, job: Job, why: str) -> None:
+        """Owner: a job that will not run here (its broker gave it up); it ends, stored, as failed."""
+        with self._lock:
+            self.counts["dropped"] += 1
+        job.started_at = None
+        self.complete(job, nfp.ST_OK, None, Outcome.ERROR, [why])
+
+
+def _outcome(code: bytes, entry: dict[str, Any]) -> str:
+    """The task metrics' outcome label: a closed set."""
+    if code == nfp.ST_BAD_REQUEST:
+        return "rejected"
+    status = entry.get("status")
+    if status == Outcome.CANCELLED:
+        return "cancelled"
+    if status == Outcome.TIMEOUT:
+        return "expired"
+    return "failed" if entry.get("failed") else "completed"

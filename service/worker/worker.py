@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import queue
-import socket
+import secrets
 import threading
 import time
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -31,13 +29,16 @@ from ..transport.loop import OwnerLoop
 from ..transport.wire import dealer_socket
 from .job import Job, JobState
 from .jobstore import JobStore, StoredJob
+from .naming import claim_name
 from .pool import JobPool
+from .recent import RecentJobs
 from .runner import JobRunner
 from .task import TaskSpec, build_spec, is_task, task
 
 log = logging.getLogger(__name__)
 
 RECENT_JOBS = 10_000  # finished jobs kept in memory for fast GET; older ones are read from the store
+DROPPED = "not started: the broker gave this job up (it lost contact with this worker), so it did not run here"
 
 
 class Worker:
@@ -61,9 +62,10 @@ class Worker:
         self.service_name = service or type(self).service
         if not self.service_name:
             raise ValueError(f"{type(self).__name__} has no service name: set `service` or pass service=")
-        self.name = name or f"{self.service_name}-{socket.gethostname()}-{os.getpid()}"
+        self.name, self._name_lock = claim_name(Path(s.data_dir), self.service_name, name)
         self._service_b = self.service_name.encode()
-        self._name_b = self.name.encode()
+        self._identity = self.name.encode()  # made anew for every connection (open_socket)
+        self.credits = max(1, min(s.pool_size + s.worker_prefetch, s.job_queue_size))
         self.tasks: dict[str, TaskSpec] = {}
         for attr in dir(type(self)):
             fn = getattr(self, attr, None)
@@ -71,16 +73,23 @@ class Worker:
                 assert fn is not None
                 self.tasks[attr] = build_spec(attr, fn, Job)
         self.keepalive = KeepAlive(s.keepalive_interval, s.keepalive_multiplier, clock)
-        self.jobs: OrderedDict[str, Job] = OrderedDict()  # owner thread only
+        self.jobs = RecentJobs(max_count=RECENT_JOBS, max_bytes=s.worker_recent_bytes)  # owner adds and trims
         self._received = 0  # owner thread only
+        # Set while the worker is in touch with its broker. A pool thread waits on it before it
+        # starts a job: after a SIGSTOP or a partition the broker may have given the job up.
+        self.contact = threading.Event()
+        self.contact.set()
+        self._given_up = False  # owner: the broker said it purged us; unstarted jobs are dropped
+        self._heard_since_ready = False  # owner: the broker answered this connection (readiness)
         self._unstored: list[Job] = []  # owner thread only: received in this batch, not yet stored
-        self.counts: dict[str, int] = {"rejected_frames": 0, "busy": 0}
+        self.counts: dict[str, int] = {"rejected_frames": 0, "busy": 0, "handler_errors": 0}
         self._draining = False  # set by stop(): new jobs are answered busy, admitted ones finish
         self.store = JobStore(
             Path(s.data_dir) / "workers" / f"{self.name}.sqlite",
             queue_size=s.job_queue_size * 4 + 64,
             retention_seconds=s.job_retention_seconds,
             retention_count=s.job_retention_count,
+            max_events_per_job=s.max_events_per_job,
         )
         self.loop: Transport = (transport or OwnerLoop)(
             self,
@@ -89,8 +98,16 @@ class Worker:
             submit_timeout=s.submit_timeout,
         )
         self.runner = JobRunner(
-            name=self.name, service=self.service_name, tasks=self.tasks, store=self.store, loop=self.loop
+            name=self.name,
+            service=self.service_name,
+            tasks=self.tasks,
+            store=self.store,
+            loop=self.loop,
+            recent=self.jobs,
+            max_message_bytes=s.max_message_bytes,
+            contact=self._in_contact,
         )
+        self._announce: bytes | None = None
         self.store.failure_payload = lambda uuid, task, why: nfp.dumps(self.runner.failure(uuid, task, [why]))
         self.pool: JobPool[Job] = JobPool(
             self.runner.run, size=s.pool_size, capacity=s.job_queue_size, name=f"{self.name}-job"
@@ -121,6 +138,7 @@ class Worker:
         self.loop.stop()  # flushes the results still queued, within the linger bound
         self.pool.stop()
         self.store.close()
+        self._name_lock.close()  # the name is free for the next worker
 
     def __enter__(self) -> Worker:
         return self.start()
@@ -143,12 +161,24 @@ class Worker:
     # ---- Role: owner thread --------------------------------------------------------
 
     def open_socket(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
-        return dealer_socket(ctx, self._name_b, self.settings, self.broker)
+        # A fresh identity per connection: the broker's ROUTER ignores a second connection under
+        # an identity in use, and an old connection of ours may linger there for a while.
+        self._identity = f"{self.name}~{secrets.token_hex(4)}".encode()
+        return dealer_socket(ctx, self._identity, self.settings, self.broker)
+
+    def announce(self) -> bytes:
+        """READY's extra frame: name, credits and tasks with their argument schemas (docs/protocol.md)."""
+        if self._announce is None:
+            tasks = {name: spec.model.model_json_schema() for name, spec in self.tasks.items()}
+            body = {"v": 2, "name": self.name, "credits": self.credits, "tasks": tasks}
+            self._announce = nfp.dumps(body)
+        return self._announce
 
     def on_connected(self) -> None:
         # READY goes first after every (re)connect, before any keepalive.
-        self.loop.send_now(nfp.worker_control(nfp.READY, self._service_b))
+        self.loop.send_now(nfp.worker_control(nfp.READY, self._service_b, self.announce()))
         self.keepalive.reset()
+        self._heard_since_ready = False
 
     def on_closing(self) -> None:
         self.loop.send_now(nfp.worker_control(nfp.DISCONNECT, self._service_b))
@@ -157,6 +187,7 @@ class Worker:
         ka = self.keepalive
         if ka.expired():
             log.warning("worker %s: broker silent for %.1f s; reconnecting", self.name, ka.hold_time)
+            self.contact.clear()
             self.loop.request_reconnect()
             return now + ka.interval
         if ka.due():
@@ -167,6 +198,26 @@ class Worker:
         self.loop.send_now(nfp.worker_control(nfp.KEEPALIVE, self._service_b, nfp.dumps(self.stats())))
         self.keepalive.mark_sent()
 
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def registered(self) -> bool:
+        """Ready: the broker answered since this connection's READY, within its hold time."""
+        return self._heard_since_ready and not self.keepalive.expired()
+
+    def _in_contact(self, job: Job) -> bool:
+        """Pool thread, before it starts a job: wait while the broker has been silent past the hold
+        time (its clock jumped after a SIGSTOP, or a partition), bounded by the job's deadline.
+        False when the job was dropped meanwhile (the owner claims it)."""
+        if self.keepalive.expired():
+            self.contact.clear()
+        if not self.contact.is_set():
+            deadline = job.deadline
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            self.contact.wait(left)
+        return not job.started
+
     def on_frames(self, frames: Frames) -> None:
         try:
             msg = nfp.decode_broker_to_worker(frames, self.settings.max_message_bytes)
@@ -175,24 +226,37 @@ class Worker:
             if self.counts["rejected_frames"] <= 3 or self.counts["rejected_frames"] % 1000 == 0:
                 log.warning("worker %s dropped a malformed message: %s", self.name, exc)
             return
+        self._heard_since_ready = True
         if isinstance(msg, nfp.BrokerControl):
             if msg.command == nfp.KEEPALIVE:
                 self.keepalive.heard()
-            else:  # DISCONNECT: the broker does not know us (restarted) or dropped us
-                log.info("worker %s: broker asked to re-register", self.name)
+            else:  # DISCONNECT: the broker does not know us (restarted), or dropped us
+                if msg.reason in ("purged", "replaced"):
+                    log.warning(
+                        "worker %s: the broker gave us up (%s); jobs not started are dropped", self.name, msg.reason
+                    )
+                    self._given_up = True
+                else:
+                    log.info("worker %s: broker asked to re-register", self.name)
                 self.loop.request_reconnect()
             return
         self.keepalive.heard(keepalive=False)
-        if msg.command == nfp.POST:
-            self.handle_post(msg)
-        elif msg.command == nfp.GET:
-            self.handle_get(msg)
-        elif msg.command == nfp.DELETE:
-            self.handle_delete(msg)
-        elif msg.command == nfp.PUT:
-            self.handle_put(msg)
-        else:
-            self._reply(msg, nfp.ST_BAD_REQUEST, self.runner.status(msg.uuid.decode(), Word.UNSUPPORTED))
+        try:
+            if msg.command == nfp.POST:
+                self.handle_post(msg)
+            elif msg.command == nfp.GET:
+                self.handle_get(msg)
+            elif msg.command == nfp.DELETE:
+                self.handle_delete(msg)
+            elif msg.command == nfp.PUT:
+                self.handle_put(msg)
+            else:
+                self._reply(msg, nfp.ST_BAD_REQUEST, self.runner.status(msg.uuid.decode(), Word.UNSUPPORTED))
+        except Exception as exc:  # RecursionError, MemoryError...: answered, counted; the loop goes on
+            self.counts["handler_errors"] += 1
+            log.exception("worker %s failed on a %s", self.name, nfp.COMMAND_NAMES[msg.command])
+            why = f"the worker could not handle this request: {type(exc).__name__}: {str(exc)[:200]}"
+            self._reply(msg, nfp.ST_ERROR, self.runner.failure(msg.uuid.decode(errors="replace"), "", [why]))
 
     # ---- job handling (owner) ------------------------------------------------------
 
@@ -210,15 +274,21 @@ class Worker:
             "jobs_completed": self.runner.counts["completed"],
             "jobs_failed": self.runner.counts["failed"],
             "jobs_busy": self.counts["busy"],
+            "jobs_dropped": self.runner.counts["dropped"],
+            "results_oversize": self.runner.counts["oversize"],
+            "handler_errors": self.counts["handler_errors"],
             "frames_rejected": self.counts["rejected_frames"],
             "reconnects": self.loop.stats.reconnects,
             "draining": self._draining,
             "jobs_remembered": len(self.jobs),
             "jobs_remembered_capacity": RECENT_JOBS,
+            "jobs_remembered_bytes": self.jobs.bytes,
+            "jobs_remembered_bytes_capacity": self.jobs.max_bytes,
+            "credits": self.credits,
         }
 
     def _reply(self, msg: nfp.BrokerJob, status: bytes, payload: Any, command: bytes = nfp.RESPONSE) -> None:
-        self.loop.send_now(nfp.worker_reply(command, msg.client, msg.uuid, status, nfp.dumps(payload)))
+        self.loop.send(nfp.worker_reply(command, msg.client, msg.uuid, status, nfp.dumps(payload)))
 
     def handle_post(self, msg: nfp.BrokerJob) -> None:
         """Admit a job: cheap checks here, validation and the run on a pool thread."""
@@ -252,16 +322,25 @@ class Worker:
             self.counts["busy"] += 1
             self._reply(msg, nfp.ST_BUSY, self.runner.status(uuid, Word.BUSY, errors=["worker job queue is full"]))
             return
+        timeout, queued = body.timeout, 0.0
+        if msg.meta is not None:
+            # The broker held the job a while: what is left of its deadline is the worker's deadline.
+            left, held = msg.meta.get("deadline"), msg.meta.get("queued")
+            if isinstance(left, int | float) and not isinstance(left, bool) and left >= 0:
+                timeout = max(1e-3, float(left))
+            if isinstance(held, int | float) and not isinstance(held, bool) and held >= 0:
+                queued = float(held)
         job = Job(
             uuid=uuid,
             client=msg.client,
             task=task_name,
             args=body.args,
             kwargs=body.kwargs,
-            timeout=body.timeout,
+            timeout=timeout,
             push=body.push,
             ack=body.ack,
             request=msg.body,
+            queued_s=queued,
             emit=self.runner.emit,
             stream_out=self.runner.stream_out,
         )
@@ -270,11 +349,16 @@ class Worker:
         self.pool.put(job, timeout=0)  # cannot be full: admission above keeps it within capacity
         self._received += 1
         self._unstored.append(job)
-        self.jobs[uuid] = job
-        self._forget_old_jobs()
+        self.jobs.add(job)
 
     def on_batch_end(self) -> None:
-        """After a receive batch: store its new jobs in one write, then acknowledge them."""
+        """After a receive batch: store its new jobs in one write (201 follows the commit), drop what
+        the broker gave up, and let pool threads start jobs again once in touch."""
+        if self._given_up:
+            self._given_up = False
+            self._drop_unstarted()
+        if not self.contact.is_set() and not self.keepalive.expired():
+            self.contact.set()
         if not self._unstored:
             return
         batch, self._unstored = self._unstored, []
@@ -287,16 +371,16 @@ class Worker:
         except queue.Full:
             log.error("worker %s: job store full; %d received jobs not recorded", self.name, len(rows))
 
-    def _forget_old_jobs(self) -> None:
-        # Unfinished jobs are bounded by the pool's capacity, far below RECENT_JOBS,
-        # so rotating them to the back always reaches a finished one to forget.
-        jobs = self.jobs
-        for _ in range(len(jobs) - RECENT_JOBS):
-            uuid, oldest = next(iter(jobs.items()))
-            if oldest.state.final:
-                del jobs[uuid]
-            else:
-                jobs.move_to_end(uuid)
+    def _drop_unstarted(self) -> None:
+        """The broker purged us: it told the jobs' clients they were lost (and retried them where
+        asked), so a job not started yet must not run here too. Each ends, stored, as dropped."""
+        n = 0
+        for job in self.jobs.unstarted():
+            if job.claim():
+                self.runner.drop(job, DROPPED)
+                n += 1
+        if n:
+            log.warning("worker %s: dropped %d jobs it had not started", self.name, n)
 
     def _answer(self, job: Job, client: bytes) -> None:
         if job.state.final:
@@ -307,7 +391,7 @@ class Worker:
             frames = nfp.worker_reply(
                 nfp.RESPONSE, client, job.uuid.encode(), status, nfp.dumps(self.runner.status(job.uuid, state))
             )
-        self.loop.send_now(frames)
+        self.loop.send(frames)
 
     def handle_get(self, msg: nfp.BrokerJob) -> None:
         uuid = msg.uuid.decode(errors="replace")
@@ -377,4 +461,4 @@ class Worker:
             self.runner.emit(job, payload)
         else:
             payload.update(worker=self.name, service=self.service_name, uuid=uuid)
-            self.loop.send_now(nfp.worker_reply(nfp.EVENT, msg.client, msg.uuid, nfp.ST_OK, nfp.dumps(payload)))
+            self.loop.send(nfp.worker_reply(nfp.EVENT, msg.client, msg.uuid, nfp.ST_OK, nfp.dumps(payload)))

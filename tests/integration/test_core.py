@@ -63,7 +63,7 @@ def test_unknown_service_task_and_bad_arguments_are_clear_errors(tmp_path: Path)
             wait_workers(c, {"w1"})
             with pytest.raises(NoWorkersError, match="service 'nope' is unknown"):
                 c.run_job("nope", "echo", timeout=5)
-            with pytest.raises(NoWorkersError, match="no live worker"):
+            with pytest.raises(NoWorkersError, match="no worker named ghost"):
                 c.run_job("demo", "echo", workers="ghost", timeout=5)
             with pytest.raises(BadRequestError, match="task 'nosuch' is not a task of service 'demo'"):
                 c.run_job("demo", "nosuch", timeout=5)

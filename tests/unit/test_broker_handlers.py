@@ -1,4 +1,5 @@
-"""The broker's handlers on the stub transport: dispatch, forward, purge, refusals, MMI. No sockets."""
+"""The broker's handlers on the stub transport: admission, credits, the queue, deadlines, purge,
+refusals, identities, MMI. No sockets; a fake clock."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from service.core import protocol as nfp
 from service.transport import FakeClock, StubLoop, StubTransport
 
 INTERVAL, MULTIPLIER = 1.0, 3
+TASKS = {"echo": {"type": "object"}, "sleep": {"type": "object"}}
 
 
 @pytest.fixture
@@ -19,12 +21,24 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture
-def broker(clock: FakeClock) -> Broker:
-    s = Settings(keepalive_interval=INTERVAL, keepalive_multiplier=MULTIPLIER, max_inflight_per_worker=2)
+def make_broker(clock: FakeClock, **settings: Any) -> Broker:
+    base: dict[str, Any] = {
+        "keepalive_interval": INTERVAL,
+        "keepalive_multiplier": MULTIPLIER,
+        "startup_grace": 0,
+        "route_grace": 1.0,
+        "service_queue_size": 5,
+    }
+    s = Settings(**{**base, **settings})
     b = Broker(s, endpoint="tcp://127.0.0.1:1", transport=StubTransport(clock), clock=clock)
     b.loop.start()
+    stub(b).tick()  # the startup grace (0 s) ends
     return b
+
+
+@pytest.fixture
+def broker(clock: FakeClock) -> Broker:
+    return make_broker(clock)
 
 
 def stub(b: Broker) -> StubLoop:
@@ -32,27 +46,37 @@ def stub(b: Broker) -> StubLoop:
     return b.loop
 
 
-def ready(b: Broker, name: bytes, service: bytes = b"demo") -> None:
-    stub(b).feed([name, b"", nfp.WORKER, nfp.READY, service])
+def ready(b: Broker, ident: bytes, name: str | None = None, credits: int = 2, service: bytes = b"demo") -> None:
+    """A zfab worker's READY: a connection identity, and its name, credits and tasks announced."""
+    ann = nfp.dumps({"v": 2, "name": name or ident.decode(), "credits": credits, "tasks": TASKS})
+    stub(b).feed([ident, b"", nfp.WORKER, nfp.READY, service, ann])
 
 
-def post(b: Broker, uuid: bytes, target: bytes = b"any", service: bytes = b"demo", client: bytes = b"c1") -> None:
+def post(
+    b: Broker, uuid: bytes, target: bytes = b"any", service: bytes = b"demo", client: bytes = b"c1", **flags: Any
+) -> None:
     body = b'{"task":"echo","args":[],"kwargs":{}}'
-    stub(b).feed([client, b"", nfp.CLIENT, nfp.POST, service, target, uuid, body, b'{"push":true,"ack":true}'])
+    f = nfp.dumps({"push": True, "ack": True, "task": "echo", "timeout": 10, **flags})
+    stub(b).feed([client, b"", nfp.CLIENT, nfp.POST, service, target, uuid, body, f])
 
 
-def replies(frames: list[list[bytes]], to: bytes) -> list[tuple[bytes, bytes, Any]]:
-    """(command, status, payload) of what the broker sent to `to`."""
+def finish(b: Broker, ident: bytes, uuid: bytes, name: str | None = None, status: bytes = nfp.ST_OK) -> None:
+    result = nfp.dumps({name or ident.decode(): {"result": 1, "failed": False}})
+    stub(b).feed([ident, b"", nfp.WORKER, nfp.RESPONSE, b"c1", b"", uuid, status, result])
+
+
+def replies(frames: list[list[bytes]], to: bytes = b"c1") -> list[tuple[bytes, bytes, bytes, Any]]:
+    """(command, uuid, status, payload) of what the broker sent to `to`."""
     out = []
     for f in frames:
         if f[0] == to and f[2] == nfp.BROKER and len(f) == 8:
-            out.append((f[3], f[6], json.loads(f[7]) if f[7] else {}))
+            out.append((f[3], f[5], f[6], json.loads(f[7]) if f[7] else {}))
     return out
 
 
 def jobs_sent(frames: list[list[bytes]]) -> list[tuple[bytes, bytes, bytes]]:
-    """(worker, command, uuid) of the jobs the broker forwarded."""
-    return [(f[0], f[3], f[6]) for f in frames if len(f) == 8 and f[2] == nfp.BROKER and f[4] == b"c1"]
+    """(worker identity, command, uuid) of the jobs the broker forwarded."""
+    return [(f[0], f[3], f[6]) for f in frames if len(f) >= 8 and f[2] == nfp.BROKER and f[4] == b"c1"]
 
 
 def test_post_to_any_is_acknowledged_then_sent_to_the_least_loaded_worker(broker: Broker) -> None:
@@ -61,9 +85,9 @@ def test_post_to_any_is_acknowledged_then_sent_to_the_least_loaded_worker(broker
     post(broker, b"j1")
     post(broker, b"j2")
     sent = stub(broker).take()
-    acks = replies(sent, b"c1")
-    assert [(cmd, st) for cmd, st, _ in acks] == [(nfp.RESPONSE, nfp.ST_DISPATCHED)] * 2
-    assert acks[0][2]["status"] == "DISPATCHED" and len(acks[0][2]["workers"]) == 1
+    acks = replies(sent)
+    assert [(cmd, st) for cmd, _, st, _ in acks] == [(nfp.RESPONSE, nfp.ST_DISPATCHED)] * 2
+    assert acks[0][3]["status"] == "DISPATCHED" and len(acks[0][3]["workers"]) == 1
     # one job each: the second went to the worker the first did not load
     assert sorted(w for w, _, _ in jobs_sent(sent)) == [b"w1", b"w2"]
     # NorFab's order: the 202 goes out before the POST it announces
@@ -72,64 +96,261 @@ def test_post_to_any_is_acknowledged_then_sent_to_the_least_loaded_worker(broker
     assert first_ack < first_job
 
 
-def test_post_to_an_unknown_service_is_refused_with_a_reason(broker: Broker) -> None:
-    post(broker, b"j1", service=b"nope")
-    ((_, status, payload),) = replies(stub(broker).take(), b"c1")
-    assert status == nfp.ST_BAD_REQUEST and payload["workers"] is None
-    assert "nope" in payload["errors"][0] and "unknown" in payload["errors"][0]
-
-
-def test_a_bad_target_list_is_refused_and_counted(broker: Broker) -> None:
+def test_a_zfab_worker_gets_what_is_left_of_the_deadline_with_its_job(broker: Broker, clock: FakeClock) -> None:
+    post(broker, b"j1", timeout=10, known=True)  # no worker yet: queued
+    clock.advance(4)
     ready(broker, b"w1")
-    post(broker, b"j1", target=b"[not json")
-    ((_, status, payload),) = replies(stub(broker).take(), b"c1")
-    assert status == nfp.ST_BAD_REQUEST and "bad target" in payload["errors"][0]
-    assert broker.rejected["target"] == 1
+    ((_, _, _, _, _, _, _, _, meta),) = [f for f in stub(broker).take() if f[0] == b"w1" and f[3] == nfp.POST]
+    info = json.loads(meta)
+    assert info["deadline"] == pytest.approx(6, abs=0.01) and info["queued"] == pytest.approx(4, abs=0.01)
 
 
-def test_a_full_worker_makes_the_broker_answer_busy(broker: Broker) -> None:
-    ready(broker, b"w1")
-    for i in range(3):  # the bound is 2 jobs in flight per worker
+def test_credits_bound_what_a_worker_holds_and_the_rest_waits_in_the_queue(broker: Broker) -> None:
+    ready(broker, b"w1", credits=2)
+    for i in range(4):
         post(broker, f"j{i}".encode())
-    statuses = [st for _, st, _ in replies(stub(broker).take(), b"c1")]
-    assert statuses == [nfp.ST_DISPATCHED, nfp.ST_DISPATCHED, nfp.ST_BUSY]
+    sent = stub(broker).take()
+    assert [u for _, _, u in jobs_sent(sent)] == [b"j0", b"j1"]
+    assert [(u, st) for _, u, st, _ in replies(sent) if st == nfp.ST_QUEUED] == [(b"j2", b"301"), (b"j3", b"301")]
+    finish(broker, b"w1", b"j0")
+    sent = stub(broker).take()
+    assert [u for _, _, u in jobs_sent(sent)] == [b"j2"]  # a freed credit takes the oldest waiting job
+    assert (b"j2", nfp.ST_DISPATCHED) in [(u, st) for _, u, st, _ in replies(sent)]
 
 
-def test_a_final_result_is_forwarded_to_a_push_client_and_frees_the_slot(broker: Broker) -> None:
+def test_higher_priority_goes_first_then_arrival(broker: Broker) -> None:
+    ready(broker, b"w1", credits=1)
+    post(broker, b"busy")
+    post(broker, b"low", priority=0)
+    post(broker, b"mid")
+    post(broker, b"high", priority=9)
+    stub(broker).take()
+    order = []
+    for done in (b"busy", b"high", b"mid"):
+        finish(broker, b"w1", done)
+        order += [u for _, _, u in jobs_sent(stub(broker).take())]
+    assert order == [b"high", b"mid", b"low"]
+
+
+def test_a_job_waits_for_a_worker_of_its_service_and_runs_when_one_comes(broker: Broker) -> None:
+    ready(broker, b"w1")
+    stub(broker).feed([b"w1", b"", nfp.WORKER, nfp.DISCONNECT, b"demo"])  # the service is known, no worker
+    post(broker, b"j1")
+    assert [st for _, _, st, _ in replies(stub(broker).take())] == [nfp.ST_QUEUED]
+    ready(broker, b"w2")
+    assert [u for _, _, u in jobs_sent(stub(broker).take())] == [b"j1"]
+
+
+def test_a_queued_job_expires_at_its_deadline_and_is_never_sent(broker: Broker, clock: FakeClock) -> None:
+    ready(broker, b"w1", credits=1)
+    post(broker, b"busy")
+    post(broker, b"j1", timeout=2)
+    stub(broker).take()
+    clock.advance(2.01)
+    stub(broker).tick()
+    ((_, uuid, status, payload),) = replies(stub(broker).take())
+    assert (uuid, status, payload["status"]) == (b"j1", nfp.ST_EXPIRED, "EXPIRED") and "2 s" in payload["errors"][0]
+    finish(broker, b"w1", b"busy")
+    assert jobs_sent(stub(broker).take()) == []
+    assert broker.registry.services[b"demo"].expired_queue == 1
+
+
+def test_a_delayed_job_waits_for_its_time(broker: Broker, clock: FakeClock) -> None:
+    ready(broker, b"w1")
+    post(broker, b"j1", delay=2)
+    assert jobs_sent(stub(broker).take()) == []
+    clock.advance(1.0)
+    stub(broker).tick()
+    assert jobs_sent(stub(broker).take()) == []
+    clock.advance(1.01)
+    stub(broker).tick()
+    assert [u for _, _, u in jobs_sent(stub(broker).take())] == [b"j1"]
+
+
+def test_cancel_of_a_queued_job_removes_it_at_once(broker: Broker) -> None:
+    ready(broker, b"w1", credits=1)
+    post(broker, b"busy")
+    post(broker, b"j1")
+    stub(broker).take()
+    stub(broker).feed([b"c1", b"", nfp.CLIENT, nfp.DELETE, b"demo", b"any", b"j1", b"{}"])
+    ((_, uuid, status, payload),) = replies(stub(broker).take())
+    assert (uuid, status, payload["status"]) == (b"j1", nfp.ST_CANCELLED, "CANCELLED")
+    finish(broker, b"w1", b"busy")
+    assert jobs_sent(stub(broker).take()) == []
+
+
+def test_a_full_queue_answers_busy_with_a_retry_hint(broker: Broker) -> None:
+    ready(broker, b"w1", credits=1)
+    for i in range(7):  # one runs, five wait (the bound), the seventh is refused
+        post(broker, f"j{i}".encode())
+    busy = [(u, p) for _, u, st, p in replies(stub(broker).take()) if st == nfp.ST_BUSY]
+    assert [u for u, _ in busy] == [b"j6"] and busy[0][1]["retry_after"] >= 1
+    assert "full" in busy[0][1]["errors"][0]
+
+
+def test_a_byte_bound_on_the_queues_answers_busy_too(clock: FakeClock) -> None:
+    b = make_broker(clock, broker_queue_bytes=1024)
+    ready(b, b"w1", credits=1)
+    post(b, b"run")
+    body = b'{"task":"echo","kwargs":{"data":"' + b"x" * 600 + b'"}}'
+    flags = b'{"push":true,"ack":true,"task":"echo","timeout":10}'
+    for u in (b"big1", b"big2"):
+        stub(b).feed([b"c1", b"", nfp.CLIENT, nfp.POST, b"demo", b"any", u, body, flags])
+    statuses = {u: st for _, u, st, _ in replies(stub(b).take())}
+    assert statuses[b"big1"] == nfp.ST_QUEUED and statuses[b"big2"] == nfp.ST_BUSY
+
+
+def test_unknown_service_and_task_are_refused_at_once(broker: Broker) -> None:
+    ready(broker, b"w1")
+    post(broker, b"j1", service=b"nope")
+    f = nfp.dumps({"push": True, "ack": True, "task": "nope", "timeout": 10})
+    stub(broker).feed([b"c1", b"", nfp.CLIENT, nfp.POST, b"demo", b"any", b"j2", b"{}", f])
+    answers = {u: (st, p) for _, u, st, p in replies(stub(broker).take())}
+    assert answers[b"j1"][0] == nfp.ST_NOT_FOUND and "'nope' is unknown" in answers[b"j1"][1]["errors"][0]
+    st, payload = answers[b"j2"]
+    assert st == nfp.ST_BAD_REQUEST and "'nope'" in payload["errors"][0] and "echo" in payload["errors"][0]
+
+
+def test_during_the_startup_grace_an_unknown_service_waits_then_is_refused(clock: FakeClock) -> None:
+    b = make_broker(clock, startup_grace=5, keepalive_multiplier=10)
+    post(b, b"j1", service=b"typo")
+    post(b, b"j2", service=b"demo")
+    assert replies(stub(b).take()) == []  # no answer yet: its workers may be on their way back
+    ready(b, b"w1")  # demo comes back
+    assert [u for _, _, u in jobs_sent(stub(b).take())] == [b"j2"]
+    clock.advance(5.01)
+    stub(b).tick()
+    ((_, uuid, status, payload),) = replies(stub(b).take())
+    assert (uuid, status) == (b"j1", nfp.ST_NOT_FOUND) and "typo" in payload["errors"][0]
+
+
+def test_a_client_that_vouches_for_a_service_is_queued_after_a_restart(broker: Broker) -> None:
+    post(broker, b"j1", service=b"later", known=True)
+    assert [st for _, _, st, _ in replies(stub(broker).take())] == [nfp.ST_QUEUED]
+
+
+def test_bad_flags_are_refused_with_the_field_named(broker: Broker) -> None:
+    ready(broker, b"w1")
+    post(broker, b"j1", priority=12)
+    post(broker, b"j2", delay=-1)
+    post(broker, b"j3", target=b"[not json")
+    answers = {u: (st, p["errors"][0]) for _, u, st, p in replies(stub(broker).take())}
+    assert answers[b"j1"][0] == nfp.ST_BAD_REQUEST and "priority" in answers[b"j1"][1]
+    assert answers[b"j2"][0] == nfp.ST_BAD_REQUEST and "delay" in answers[b"j2"][1]
+    assert answers[b"j3"][0] == nfp.ST_BAD_REQUEST and "bad target" in answers[b"j3"][1]
+
+
+def test_a_named_target_goes_to_that_worker_and_waits_for_its_credit(broker: Broker) -> None:
+    ready(broker, b"w1", credits=1)
+    ready(broker, b"w2", credits=1)
+    post(broker, b"a", target=b"w1")
+    post(broker, b"b", target=b"w1")
+    sent = stub(broker).take()
+    assert [(w, u) for w, _, u in jobs_sent(sent)] == [(b"w1", b"a")]  # b waits for w1, not for w2
+    assert [(u, p["workers"]) for _, u, st, p in replies(sent) if st == nfp.ST_DISPATCHED] == [
+        (b"a", ["w1"]),
+        (b"b", ["w1"]),
+    ]
+    finish(broker, b"w1", b"a")
+    assert [(w, u) for w, _, u in jobs_sent(stub(broker).take())] == [(b"w1", b"b")]
+
+
+def test_all_goes_to_every_live_worker(broker: Broker) -> None:
+    ready(broker, b"w1")
+    ready(broker, b"w2")
+    post(broker, b"j1", target=b"all")
+    sent = stub(broker).take()
+    assert sorted(w for w, _, _ in jobs_sent(sent)) == [b"w1", b"w2"]
+    ((_, _, _, payload),) = [r for r in replies(sent) if r[2] == nfp.ST_DISPATCHED]
+    assert sorted(payload["workers"]) == ["w1", "w2"]
+
+
+def test_a_name_never_registered_is_refused(broker: Broker) -> None:
+    ready(broker, b"w1")
+    post(broker, b"j1", target=b"ghost")
+    ((_, _, status, payload),) = replies(stub(broker).take())
+    assert status == nfp.ST_NOT_FOUND and "ghost" in payload["errors"][0]
+
+
+def test_a_worker_busy_answer_frees_its_credit_and_the_job_goes_back_to_the_queue(broker: Broker) -> None:
+    ready(broker, b"w1", credits=2)
+    ready(broker, b"w2", credits=2)
+    post(broker, b"j1")
+    (worker, _, _), = jobs_sent(stub(broker).take())
+    busy = nfp.dumps({"worker": worker.decode(), "status": "BUSY", "errors": ["full"]})
+    stub(broker).feed([worker, b"", nfp.WORKER, nfp.RESPONSE, b"c1", b"", b"j1", nfp.ST_BUSY, busy])
+    sent = stub(broker).take()
+    assert [st for _, _, st, _ in replies(sent)] == [nfp.ST_DISPATCHED]  # not the 503: it runs elsewhere
+    assert [u for _, _, u in jobs_sent(sent)] == [b"j1"]
+    assert broker.registry.workers[worker].inflight == {}
+
+
+def test_a_final_result_is_forwarded_to_a_push_client_and_frees_the_credit(broker: Broker) -> None:
     ready(broker, b"w1")
     post(broker, b"j1")
     stub(broker).take()
-    result = nfp.dumps({"w1": {"result": 1, "failed": False}})
-    stub(broker).feed([b"w1", b"", nfp.WORKER, nfp.RESPONSE, b"c1", b"", b"j1", nfp.ST_OK, result])
-    ((cmd, status, payload),) = replies(stub(broker).take(), b"c1")
+    finish(broker, b"w1", b"j1")
+    ((cmd, _, status, payload),) = replies(stub(broker).take())
     assert (cmd, status, payload["w1"]["result"]) == (nfp.RESPONSE, nfp.ST_OK, 1)
     assert broker.registry.workers[b"w1"].inflight == {} and b"j1" not in broker.registry.routes
+
+
+def test_a_dispatched_job_unanswered_past_its_deadline_frees_the_slot_and_says_so(
+    broker: Broker, clock: FakeClock
+) -> None:
+    ready(broker, b"w1", credits=1)
+    post(broker, b"j1", timeout=2)
+    stub(broker).take()
+    clock.advance(2 + 1.0 + 0.01)  # the deadline, then the route grace
+    stub(broker).feed([b"w1", b"", nfp.WORKER, nfp.KEEPALIVE, b"demo"])
+    stub(broker).tick()
+    ((_, _, status, payload),) = replies(stub(broker).take())
+    assert status == nfp.ST_EXPIRED and payload["worker"] == "w1" and "unknown" in payload["errors"][0]
+    assert broker.registry.workers[b"w1"].inflight == {}
 
 
 def test_a_retried_post_of_a_finished_job_goes_back_to_its_worker(broker: Broker) -> None:
     ready(broker, b"w1")
     ready(broker, b"w2")
     post(broker, b"j1")
-    (worker, _, _), = jobs_sent(stub(broker).take())
-    result = nfp.dumps({worker.decode(): {"result": 1}})
-    stub(broker).feed([worker, b"", nfp.WORKER, nfp.RESPONSE, b"c1", b"", b"j1", nfp.ST_OK, result])
+    ((worker, _, _),) = jobs_sent(stub(broker).take())
+    finish(broker, worker, b"j1")
     stub(broker).take()
     post(broker, b"j1")
     assert [w for w, _, _ in jobs_sent(stub(broker).take())] == [worker]
     assert broker.counts["post_retried"] == 1
 
 
-def test_a_silent_worker_is_purged_and_its_clients_told_at_once(broker: Broker, clock: FakeClock) -> None:
+def test_a_repeated_post_of_a_queued_job_is_not_queued_twice(broker: Broker) -> None:
+    post(broker, b"j1", service=b"later", known=True)
+    post(broker, b"j1", service=b"later", known=True)
+    assert [st for _, _, st, _ in replies(stub(broker).take())] == [nfp.ST_QUEUED, nfp.ST_QUEUED]
+    assert broker.registry.services[b"later"].queue.depth == 1
+
+
+def test_a_silent_worker_is_purged_told_why_and_its_clients_told_at_once(broker: Broker, clock: FakeClock) -> None:
     ready(broker, b"w1")
     post(broker, b"j1")
     stub(broker).take()
     clock.advance(INTERVAL * MULTIPLIER + 0.01)
     stub(broker).tick()
     sent = stub(broker).take()
-    ((_, status, payload),) = replies(sent, b"c1")
+    ((_, _, status, payload),) = replies(sent)
     assert status == nfp.ST_WORKER_LOST and payload["worker"] == "w1" and "keepalives expired" in payload["errors"][0]
-    assert [f[3] for f in sent if f[0] == b"w1"] == [nfp.DISCONNECT]
-    assert b"w1" not in broker.registry.workers and broker.purged["demo"] == 1
+    (bye,) = [f for f in sent if f[0] == b"w1"]
+    assert bye[3] == nfp.DISCONNECT and json.loads(bye[5]) == {"reason": "purged"}
+    assert b"w1" not in broker.registry.workers and broker.registry.services[b"demo"].purged == 1
+
+
+def test_a_second_connection_under_a_workers_name_replaces_it(broker: Broker) -> None:
+    ready(broker, b"w1~aaaa", name="w1")
+    post(broker, b"j1")
+    stub(broker).take()
+    ready(broker, b"w1~bbbb", name="w1")  # the worker restarted; its old connection lingers
+    sent = stub(broker).take()
+    assert [(st, p["worker"]) for _, _, st, p in replies(sent)] == [(nfp.ST_WORKER_LOST, "w1")]
+    assert [f[3] for f in sent if f[0] == b"w1~aaaa"] == [nfp.DISCONNECT]
+    assert broker.registry.by_name[b"w1"].ident == b"w1~bbbb"
 
 
 def test_keepalives_go_to_workers_every_interval(broker: Broker, clock: FakeClock) -> None:
@@ -144,6 +365,12 @@ def test_keepalives_go_to_workers_every_interval(broker: Broker, clock: FakeCloc
     assert (ka.sent, ka.received) == (2, 2)
 
 
+def test_a_client_keepalive_is_answered_with_the_brokers_incarnation(broker: Broker) -> None:
+    stub(broker).feed([b"c1", b"", nfp.CLIENT, nfp.KEEPALIVE, nfp.MMI_SERVICE, b"", b"", b""])
+    ((answer,),) = [[f] for f in stub(broker).take()]
+    assert answer[3] == nfp.KEEPALIVE and json.loads(answer[7]) == {"boot": broker.boot}
+
+
 def test_an_unknown_worker_is_told_to_reregister_once_per_interval(broker: Broker, clock: FakeClock) -> None:
     for _ in range(3):
         stub(broker).feed([b"ghost", b"", nfp.WORKER, nfp.KEEPALIVE, b"demo"])
@@ -153,6 +380,14 @@ def test_an_unknown_worker_is_told_to_reregister_once_per_interval(broker: Broke
     assert [f[3] for f in stub(broker).take()] == [nfp.DISCONNECT]
 
 
+def test_services_named_by_peers_are_bounded(clock: FakeClock) -> None:
+    b = make_broker(clock, max_services=3)
+    for i in range(10):
+        ready(b, f"w{i}".encode(), service=f"svc{i}".encode())
+        stub(b).feed([f"w{i}".encode(), b"", nfp.WORKER, nfp.DISCONNECT, f"svc{i}".encode()])
+    assert len(b.registry.services) == 3  # idle ones make room for new ones
+
+
 def test_malformed_frames_are_counted_and_dropped(broker: Broker) -> None:
     stub(broker).feed([b"x", b"", b"NOPE01", nfp.POST], [b"x", b"", nfp.CLIENT, b"0x99", b"demo", b"any", b"u", b"{}"])
     assert stub(broker).take() == []
@@ -160,17 +395,27 @@ def test_malformed_frames_are_counted_and_dropped(broker: Broker) -> None:
 
 
 def test_mmi_is_answered_as_response_and_as_mmi(broker: Broker) -> None:
-    ready(broker, b"w1")
+    ready(broker, b"w1~x", name="w1")
     stub(broker).feed([b"c1", b"", nfp.CLIENT, nfp.MMI, nfp.MMI_SERVICE, b"any", b"m1", b'{"task":"show_workers"}'])
-    answers = replies(stub(broker).take(), b"c1")
-    assert [cmd for cmd, _, _ in answers] == [nfp.RESPONSE, nfp.MMI]
-    rows = answers[0][2]
-    assert isinstance(rows, list)
-    assert [r["name"] for r in rows] == ["w1"] and rows[0]["jobs_in_flight"] == 0
+    answers = replies(stub(broker).take())
+    assert [cmd for cmd, _, _, _ in answers] == [nfp.RESPONSE, nfp.MMI]
+    rows = answers[0][3]
+    assert [r["name"] for r in rows] == ["w1"] and rows[0]["jobs_in_flight"] == 0 and rows[0]["credits"] == 2
+
+
+def test_mmi_show_services_reports_the_queue(broker: Broker) -> None:
+    ready(broker, b"w1", credits=1)
+    post(broker, b"busy")
+    post(broker, b"j1")
+    stub(broker).take()
+    (svc,) = broker.mmi.run("show_services", {})
+    assert (svc["queue_depth"], svc["queue_capacity"], svc["credits"]) == (1, 5, 1)
+    assert svc["queue_bytes"] > 0 and svc["tasks"] == ["echo", "sleep"]
+    assert broker.mmi.run("show_tasks", {"service": "demo"})["tasks"] == TASKS
 
 
 def test_a_bad_mmi_body_gets_a_400_and_is_counted(broker: Broker) -> None:
     stub(broker).feed([b"c1", b"", nfp.CLIENT, nfp.MMI, nfp.MMI_SERVICE, b"any", b"m1", b"[1"])
-    ((_, status, payload),) = replies(stub(broker).take(), b"c1")
+    ((_, _, status, payload),) = replies(stub(broker).take())
     assert status == nfp.ST_BAD_REQUEST and payload["errors"]
     assert broker.rejected["json"] == 1

@@ -3,6 +3,8 @@ deadlines, polls and the broker's liveness. No sockets; the broker is played by 
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,7 +12,15 @@ import pytest
 
 from service import Client, Settings
 from service.core import protocol as nfp
-from service.errors import BusyError, JobTimeoutError, NoWorkersError, WorkerLostError
+from service.errors import (
+    BusyError,
+    JobCancelledError,
+    JobExpiredError,
+    JobTimeoutError,
+    NoWorkersError,
+    OutcomeUnknownError,
+    WorkerLostError,
+)
 from service.transport import FakeClock, StubLoop, StubTransport
 
 INTERVAL, MULTIPLIER = 1.0, 3
@@ -42,30 +52,127 @@ def sent_posts(c: Client) -> list[list[bytes]]:
     return [f for f in stub(c).take() if f[2] in (nfp.POST, nfp.GET, nfp.DELETE)]
 
 
-def alive(c: Client) -> None:
-    stub(c).feed([b"", nfp.BROKER, nfp.KEEPALIVE, nfp.MMI_SERVICE, b"", nfp.ST_OK, b""])
+def alive(c: Client, boot: str | None = None) -> None:
+    payload = nfp.dumps({"boot": boot}) if boot else b""
+    stub(c).feed([b"", nfp.BROKER, nfp.KEEPALIVE, nfp.MMI_SERVICE, b"", nfp.ST_OK, payload])
 
 
 def test_a_job_is_posted_with_its_flags_and_resolves_when_its_workers_answer(client: Client) -> None:
     fut = client.submit("demo", "echo", kwargs={"data": 1}, timeout=5)
     ((_, _, cmd, service, target, uuid, body, flags),) = sent_posts(client)
     assert (cmd, service, target, uuid.decode()) == (nfp.POST, b"demo", b"any", fut.uuid)
-    assert b'"task":"echo"' in body and flags == b'{"push":true,"ack":true}'
+    assert b'"task":"echo"' in body
+    assert json.loads(flags) == {"push": True, "ack": True, "task": "echo", "timeout": 5}
+    assert fut.state == "queued" and not fut.admission.done()
     from_broker(client, fut.uuid, nfp.ST_DISPATCHED, {"workers": ["w1", "w2"], "target": "any"})
+    assert fut.admission.result(0) == "dispatched" and fut.state == "queued"
+    from_broker(client, fut.uuid, nfp.ST_WORKER_ACCEPTED, {"worker": "w1", "status": "ACCEPTED"})
+    assert fut.state == "running"
     from_broker(client, fut.uuid, nfp.ST_OK, {"w1": {"result": 1, "failed": False}})
     assert not fut.done() and fut.dispatched == ["w1", "w2"]
     from_broker(client, fut.uuid, nfp.ST_OK, {"w2": {"result": 1, "failed": False}})
     assert sorted(fut.result(0)) == ["w1", "w2"]
+    assert fut.state == "completed" and fut.reason is None
+
+
+def test_priority_and_delay_travel_in_the_flags_frame(client: Client) -> None:
+    before = time.time()
+    client.submit("demo", "echo", timeout=5, priority=9, delay=30)
+    ((*_, flags),) = sent_posts(client)
+    f = json.loads(flags)
+    assert f["priority"] == 9 and before + 30 <= f["not_before"] <= time.time() + 30
+    with pytest.raises(ValueError):
+        client.submit("demo", "echo", priority=10)
+
+
+def test_a_queued_job_is_not_polled_and_is_submitted_again_when_the_broker_restarts(
+    client: Client, clock: FakeClock
+) -> None:
+    alive(client, boot="one")
+    fut = client.submit("demo", "sleep", timeout=30)
+    sent_posts(client)
+    from_broker(client, fut.uuid, nfp.ST_QUEUED, {"workers": [], "target": "any", "status": "QUEUED"})
+    assert fut.admission.result(0) == "queued" and fut.state == "queued"
+    for _ in range(5):  # quiet for longer than poll_after: a job waiting in the queue is not polled
+        clock.advance(INTERVAL)
+        alive(client, boot="one")
+        stub(client).tick()
+    assert sent_posts(client) == []
+    clock.advance(INTERVAL)
+    alive(client, boot="two")  # a new broker incarnation: it never saw the job
+    stub(client).tick()
+    ((_, _, cmd, _, _, uuid, _, flags),) = sent_posts(client)
+    f = json.loads(flags)
+    assert cmd == nfp.POST and uuid.decode() == fut.uuid and f["known"] is True and f["timeout"] < 30
+    refusal = {"workers": None, "target": "any", "status": "BUSY", "errors": ["full"]}
+    from_broker(client, fut.uuid, nfp.ST_BUSY, refusal)
+    with pytest.raises(OutcomeUnknownError, match="may have run"):
+        fut.result(0)
+    assert fut.state == "lost"
+
+
+def test_a_dispatched_job_is_asked_of_its_workers_when_the_broker_restarts(client: Client, clock: FakeClock) -> None:
+    alive(client, boot="one")
+    fut = client.submit("demo", "sleep", timeout=30)
+    from_broker(client, fut.uuid, nfp.ST_DISPATCHED, {"workers": ["w1"]})
+    sent_posts(client)
+    alive(client, boot="two")
+    stub(client).tick()
+    assert [(f[2], f[4]) for f in sent_posts(client)] == [(nfp.GET, b"w1")]
+
+
+def test_the_client_reconnects_under_a_new_identity_when_the_broker_goes_silent(
+    client: Client, clock: FakeClock
+) -> None:
+    alive(client)
+    first = client.identity
+    clock.advance(INTERVAL * MULTIPLIER + 0.1)
+    stub(client).tick()
+    assert client.loop.stats.reconnects == 1 and client.counts["reconnects"] == 1
+    assert client.identity != first and not client.broker_alive
+
+
+def test_a_result_ready_event_from_a_worker_that_does_not_push_is_fetched_at_once(client: Client) -> None:
+    fut = client.submit("demo", "echo", timeout=5)
+    from_broker(client, fut.uuid, nfp.ST_DISPATCHED, {"workers": ["nf1"]})
+    sent_posts(client)
+    event = {"event_type": "result_ready", "worker": "nf1", "status": "completed"}
+    from_broker(client, fut.uuid, nfp.ST_OK, event, command=nfp.EVENT)
+    assert [(f[2], f[4]) for f in sent_posts(client)] == [(nfp.GET, b"nf1")]
+
+
+def test_expired_and_cancelled_answers_end_the_job_in_those_states(client: Client) -> None:
+    exp = client.submit("demo", "echo", timeout=5)
+    can = client.submit("demo", "echo", timeout=5)
+    base = {"workers": None, "target": "any"}
+    from_broker(client, exp.uuid, nfp.ST_EXPIRED, {**base, "status": "EXPIRED", "errors": ["deadline passed"]})
+    from_broker(client, can.uuid, nfp.ST_CANCELLED, {**base, "status": "CANCELLED", "errors": ["cancelled"]})
+    with pytest.raises(JobExpiredError):
+        exp.result(0)
+    with pytest.raises(JobCancelledError):
+        can.result(0)
+    assert (exp.state, can.state) == ("expired", "cancelled") and exp.reason == "deadline passed"
+
+
+def test_the_bytes_a_client_holds_are_bounded(clock: FakeClock) -> None:
+    s = Settings(keepalive_interval=INTERVAL, client_inflight_bytes=1024)
+    c = Client(settings=s, transport=StubTransport(clock), clock=clock).start()
+    c.submit("demo", "echo", kwargs={"data": "x" * 600})
+    with pytest.raises(BusyError, match="bytes"):
+        c.submit("demo", "echo", kwargs={"data": "x" * 600})
+    c.close()
 
 
 def test_a_broker_refusal_ends_the_job_with_the_matching_error(client: Client) -> None:
     no = client.submit("nope", "echo", timeout=5)
     busy = client.submit("demo", "echo", timeout=5)
     refusal = {"workers": None, "target": "any", "errors": ["service 'nope' is unknown"]}
-    from_broker(client, no.uuid, nfp.ST_BAD_REQUEST, {**refusal, "status": "FAILED"})
+    from_broker(client, no.uuid, nfp.ST_NOT_FOUND, {**refusal, "status": "FAILED"})
     from_broker(client, busy.uuid, nfp.ST_BUSY, {**refusal, "status": "BUSY", "errors": ["full"]})
     with pytest.raises(NoWorkersError, match="unknown"):
         no.result(0)
+    with pytest.raises(NoWorkersError):
+        no.admission.result(0)
     with pytest.raises(BusyError, match="full"):
         busy.result(0)
 
@@ -79,6 +186,7 @@ def test_a_lost_worker_fails_the_job_or_retries_it_under_a_new_wire_uuid(client:
         from_broker(client, fut.uuid, nfp.ST_WORKER_LOST, {"worker": "w1", "status": "LOST", "errors": ["gone"]})
     with pytest.raises(WorkerLostError, match="w1"):
         once.result(0)
+    assert once.state == "lost"
     ((_, _, cmd, _, _, wire, body, _),) = sent_posts(client)
     assert cmd == nfp.POST and wire.decode() == f"{again.uuid}~2" and b'"attempt":2' in body
     # a late answer of the lost attempt does not pass for the retry's

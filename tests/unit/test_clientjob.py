@@ -191,11 +191,11 @@ def test_one_bad_request_among_good_results_still_returns_the_dict() -> None:
 # ---- refusals and failures -----------------------------------------------------------
 
 
-def test_broker_refusal_when_no_worker_matches_raises_no_workers_error() -> None:
+def test_broker_refusal_of_an_unknown_service_raises_no_workers_error() -> None:
     job = make_job()
     why = "service 'demo' is unknown: no worker has registered it"
 
-    done = job.apply(refusal(nfp.ST_BAD_REQUEST, why), NOW)
+    done = job.apply(refusal(nfp.ST_NOT_FOUND, why), NOW)
 
     assert done is True
     results, error = job.outcome()

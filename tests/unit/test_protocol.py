@@ -271,10 +271,23 @@ def test_worker_may_not_send_client_commands(command: bytes) -> None:
     assert reason_of(nfp.decode_worker, frames) == "command"
 
 
-def test_broker_keepalive_with_extra_frame_is_rejected() -> None:
-    frames = [*nfp.broker_control(b"w1", nfp.KEEPALIVE, b"demo")[1:], b"extra"]
+def test_broker_keepalive_with_two_extra_frames_is_rejected() -> None:
+    frames = [*nfp.broker_control(b"w1", nfp.KEEPALIVE, b"demo")[1:], b"{}", b"extra"]
 
     assert reason_of(nfp.decode_broker_to_worker, frames) == "frame_count"
+
+
+def test_broker_disconnect_may_say_why_and_a_bad_reason_is_rejected() -> None:
+    frames = [*nfp.broker_control(b"w1", nfp.DISCONNECT, b"demo")[1:], b'{"reason":"purged"}']
+    msg = nfp.decode_broker_to_worker(frames)
+    assert isinstance(msg, nfp.BrokerControl) and msg.reason == "purged"
+    assert reason_of(nfp.decode_broker_to_worker, [*frames[:-1], b"[nested"]) == "json"
+
+
+def test_broker_job_may_carry_a_meta_frame() -> None:
+    frames = [*nfp.broker_job(b"w1", nfp.POST, b"c", b"job-1", POST_BODY)[1:], b'{"deadline":5,"queued":1}']
+    msg = nfp.decode_broker_to_worker(frames)
+    assert isinstance(msg, nfp.BrokerJob) and msg.meta == {"deadline": 5, "queued": 1}
 
 
 def test_broker_job_missing_its_body_is_rejected() -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from fakeclock import FakeClock
 
-from service.broker.registry import Registry, WorkerRecord
+from service.broker.jobqueue import ANY, QueuedJob
+from service.broker.registry import Registry, ServiceRecord, WorkerRecord
 
 SVC = b"demo"
 INTERVAL, MULTIPLIER = 1.0, 3  # hold time 3 s
@@ -25,290 +26,157 @@ def reg(clock: FakeClock) -> Registry:
     return make_registry(clock)
 
 
-def names(workers: list[WorkerRecord]) -> list[bytes]:
-    return [w.name for w in workers]
+def service(reg: Registry, name: bytes = SVC) -> ServiceRecord:
+    svc = reg.service(name, create=True)
+    assert svc is not None
+    return svc
 
 
-def busy(reg: Registry, worker: WorkerRecord, jobs: int) -> None:
-    for i in range(jobs):
-        reg.add_route(f"{worker.label}-job-{i}".encode(), b"client-a", worker.service, [worker], push=True)
+def worker(reg: Registry, name: bytes, credits: int = 2, svc: bytes = SVC) -> WorkerRecord:
+    return reg.register_worker(name + b"~id", name, service(reg, svc), credits=credits, v2=True, tasks=None)
+
+
+def job(uuid: bytes, kind: str = ANY) -> QueuedJob:
+    return QueuedJob(
+        uuid=uuid, client=b"c", service=SVC, target=b"any", kind=kind, names=None, body=b"{}", task="echo",
+        push=True, ack=True, announce=True, priority=5, seq=0, queued_at=0.0, not_before=0.0, deadline=60.0,
+        timeout=60.0,
+    )  # fmt: skip
+
+
+def send(reg: Registry, w: WorkerRecord, uuid: bytes) -> None:
+    reg.add_route(job(uuid), [w], 60.0)
+    reg.send_to(reg.services[w.service], w, uuid, b"c")
 
 
 # ---- registration --------------------------------------------------------------------
 
 
-def test_ready_registers_a_worker_under_its_service(reg: Registry) -> None:
-    rec = reg.register_worker(b"w1", SVC)
-
-    assert reg.workers[b"w1"] is rec
-    assert reg.services[SVC].workers == {b"w1": rec}
-    assert rec.keepalive.is_alive()
-    assert rec.label == "w1"
+def test_ready_registers_a_worker_under_its_service_by_identity_and_name(reg: Registry) -> None:
+    rec = worker(reg, b"w1")
+    assert reg.workers[b"w1~id"] is rec and reg.by_name[b"w1"] is rec
+    assert reg.services[SVC].workers == {b"w1~id": rec}
+    assert rec.keepalive.is_alive() and rec.label == "w1" and rec.free == 2
 
 
-def test_ready_again_replaces_the_record_and_forgets_its_old_jobs(reg: Registry, clock: FakeClock) -> None:
-    # Given a worker with a job in flight, heard from long ago
-    old = reg.register_worker(b"w1", SVC)
-    reg.add_route(b"job-1", b"client-a", SVC, [old], push=True)
-    clock.advance(2.5)
-
-    # When it sends READY again (it reconnected or restarted with the same identity)
-    new = reg.register_worker(b"w1", SVC)
-
-    # Then a fresh record takes its place: no jobs, keepalive timed from now, no stale route
-    assert new is not old
-    assert reg.workers[b"w1"] is new and reg.services[SVC].workers == {b"w1": new}
-    assert new.inflight == {} and old.inflight == {}
-    assert b"job-1" not in reg.routes
-    assert new.keepalive.hold_time_left() == INTERVAL * MULTIPLIER
-
-
-def test_ready_under_another_service_moves_the_worker(reg: Registry) -> None:
-    reg.register_worker(b"w1", SVC)
-
-    reg.register_worker(b"w1", b"other")
-
-    assert b"w1" not in reg.services[SVC].workers
-    assert b"w1" in reg.services[b"other"].workers
-    assert reg.select(SVC, "any") == []
+def test_credits_are_capped_by_the_brokers_bound(clock: FakeClock) -> None:
+    reg = make_registry(clock, max_inflight_per_worker=3)
+    assert worker(reg, b"w1", credits=100).credits == 3
 
 
 def test_removing_a_worker_reports_its_jobs_in_flight_as_lost(reg: Registry) -> None:
-    # Given a worker with two jobs from two clients
-    w1 = reg.register_worker(b"w1", SVC)
-    reg.add_route(b"job-1", b"client-a", SVC, [w1], push=True)
-    reg.add_route(b"job-2", b"client-b", SVC, [w1], push=False)
-
-    # When it is removed (purged or DISCONNECT)
-    lost = reg.remove_worker(w1)
-
-    # Then the broker learns which client owned each lost job, and the tables are clean
-    assert lost == {b"job-1": b"client-a", b"job-2": b"client-b"}
-    assert reg.routes == {}
-    assert b"w1" not in reg.workers and b"w1" not in reg.services[SVC].workers
-    assert w1.inflight == {}
+    w = worker(reg, b"w1")
+    send(reg, w, b"j1")
+    lost = reg.remove_worker(w)
+    assert lost == {b"j1": b"c"}
+    assert b"j1" not in reg.routes and b"w1" not in reg.by_name and not reg.services[SVC].workers
 
 
 def test_removing_one_worker_of_a_broadcast_keeps_the_route_for_the_other(reg: Registry) -> None:
-    w1, w2 = reg.register_worker(b"w1", SVC), reg.register_worker(b"w2", SVC)
-    reg.add_route(b"job-1", b"client-a", SVC, [w1, w2], push=True)
-
-    lost = reg.remove_worker(w1)
-
-    assert lost == {b"job-1": b"client-a"}
-    assert reg.routes[b"job-1"].workers == {b"w2"}
+    w1, w2 = worker(reg, b"w1"), worker(reg, b"w2")
+    reg.add_route(job(b"j1"), [w1, w2], 60.0)
+    for w in (w1, w2):
+        reg.send_to(reg.services[SVC], w, b"j1", b"c")
+    reg.remove_worker(w1)
+    assert reg.routes[b"j1"].workers == {b"w2"}
 
 
 def test_expired_workers_are_those_not_heard_within_the_hold_time(reg: Registry, clock: FakeClock) -> None:
-    w1, w2 = reg.register_worker(b"w1", SVC), reg.register_worker(b"w2", SVC)
+    w1, w2 = worker(reg, b"w1"), worker(reg, b"w2")
     clock.advance(2.0)
     w2.keepalive.heard()
-
-    clock.advance(1.0)
-
+    clock.advance(1.5)
     assert reg.expired_workers() == [w1]
 
 
-# ---- selection -----------------------------------------------------------------------
+# ---- least loaded, by credits --------------------------------------------------------------
 
 
-def test_any_picks_the_least_loaded_worker(reg: Registry) -> None:
-    w1, w2, w3 = (reg.register_worker(n, SVC) for n in (b"w1", b"w2", b"w3"))
-    busy(reg, w1, 2)
-    busy(reg, w2, 1)
-    busy(reg, w3, 3)
-
-    assert names(reg.select(SVC, "any")) == [b"w2"]
-
-
-def test_any_rotates_between_equally_loaded_workers(reg: Registry) -> None:
-    for n in (b"w1", b"w2", b"w3"):
-        reg.register_worker(n, SVC)
-
-    picks = [names(reg.select(SVC, "any"))[0] for _ in range(6)]
-
-    assert picks == [b"w1", b"w2", b"w3", b"w1", b"w2", b"w3"]
+def test_any_picks_the_worker_with_fewest_jobs_and_credit_left(reg: Registry) -> None:
+    w1, w2 = worker(reg, b"w1"), worker(reg, b"w2")
+    send(reg, w1, b"a")
+    assert reg.least_loaded(reg.services[SVC]) is w2
+    send(reg, w2, b"b")
+    send(reg, w2, b"c")  # w2 is full (2 credits): w1 is the only one with credit
+    assert reg.least_loaded(reg.services[SVC]) is w1
+    send(reg, w1, b"d")
+    assert reg.least_loaded(reg.services[SVC]) is None
 
 
-def test_any_spreads_jobs_evenly_when_each_pick_gets_a_job(reg: Registry) -> None:
-    for n in (b"w1", b"w2", b"w3"):
-        reg.register_worker(n, SVC)
-
-    for i in range(9):
-        picked = reg.select(SVC, "any")
-        reg.add_route(f"job-{i}".encode(), b"client-a", SVC, picked, push=True)
-
-    assert sorted(len(w.inflight) for w in reg.workers.values()) == [3, 3, 3]
-
-
-def test_any_skips_workers_whose_keepalive_expired(reg: Registry, clock: FakeClock) -> None:
-    # Given an idle worker gone quiet and a busy one still heard from
-    idle = reg.register_worker(b"idle", SVC)
-    alive = reg.register_worker(b"alive", SVC)
-    busy(reg, alive, 5)
-    clock.advance(3.0)
-    alive.keepalive.heard()
-    assert idle.keepalive.expired()
-
-    # Then the busy live worker is picked every time
-    for _ in range(3):
-        assert names(reg.select(SVC, "any")) == [b"alive"]
+def test_equally_loaded_workers_take_turns(reg: Registry) -> None:
+    ws = [worker(reg, f"w{i}".encode(), credits=10) for i in range(3)]
+    picked = []
+    for i in range(6):
+        w = reg.least_loaded(reg.services[SVC])
+        assert w is not None
+        picked.append(w.name)
+        send(reg, w, f"j{i}".encode())
+    assert picked == [w.name for w in ws] * 2
 
 
-def test_any_with_every_worker_expired_selects_nobody(reg: Registry, clock: FakeClock) -> None:
-    reg.register_worker(b"w1", SVC)
-    clock.advance(10.0)
+def test_a_completion_gives_the_credit_back(reg: Registry) -> None:
+    w = worker(reg, b"w1", credits=1)
+    send(reg, w, b"j1")
+    assert reg.least_loaded(reg.services[SVC]) is None
+    route = reg.complete(w, b"j1")
+    assert route is not None and b"j1" not in reg.routes and reg.finished[b"j1"] == b"w1"
+    assert reg.least_loaded(reg.services[SVC]) is w
 
-    assert reg.select(SVC, "any") == []
 
-
-def test_all_selects_only_live_workers(reg: Registry, clock: FakeClock) -> None:
-    reg.register_worker(b"w1", SVC)
-    w2 = reg.register_worker(b"w2", SVC)
-    w3 = reg.register_worker(b"w3", SVC)
-    clock.advance(3.0)
+def test_a_worker_past_its_hold_time_is_not_picked(reg: Registry, clock: FakeClock) -> None:
+    _, w2 = worker(reg, b"w1"), worker(reg, b"w2")
+    clock.advance(2.5)
     w2.keepalive.heard()
-    w3.keepalive.heard()
-
-    assert sorted(names(reg.select(SVC, "all"))) == [b"w2", b"w3"]
-
-
-def test_a_worker_name_selects_that_worker_only_while_alive(reg: Registry, clock: FakeClock) -> None:
-    reg.register_worker(b"w1", SVC)
-    reg.register_worker(b"w2", SVC)
-
-    assert names(reg.select(SVC, "w2")) == [b"w2"]
-    assert reg.select(SVC, "w9") == []
-
-    clock.advance(3.0)
-    assert reg.select(SVC, "w2") == []
+    clock.advance(1.0)
+    assert reg.least_loaded(reg.services[SVC]) is w2
 
 
-def test_a_list_of_names_selects_each_known_live_worker_once(reg: Registry) -> None:
-    for n in (b"w1", b"w2", b"w3"):
-        reg.register_worker(n, SVC)
-
-    picked = reg.select(SVC, ["w3", "w1", "w3", "unknown"])
-
-    assert names(picked) == [b"w3", b"w1"]
+def test_a_draining_worker_is_not_picked(reg: Registry) -> None:
+    w1, w2 = worker(reg, b"w1"), worker(reg, b"w2")
+    w1.stats = {"draining": True}
+    reg.set_level(reg.services[SVC], w1)
+    assert [reg.least_loaded(reg.services[SVC]) for _ in range(2)] == [w2, w2]
 
 
-def test_a_worker_of_another_service_is_not_selected_by_name(reg: Registry) -> None:
-    reg.register_worker(b"w1", b"other")
-    reg.register_worker(b"w2", SVC)
-
-    assert reg.select(SVC, ["w1", "w2"]) == [reg.workers[b"w2"]]
-
-
-def test_unknown_service_selects_nobody(reg: Registry) -> None:
-    reg.register_worker(b"w1", SVC)
-
-    assert reg.select(b"nope", "any") == []
-    assert reg.select(b"nope", "all") == []
-
-
-def test_service_whose_workers_all_left_selects_nobody(reg: Registry) -> None:
-    reg.remove_worker(reg.register_worker(b"w1", SVC))
-
-    assert reg.select(SVC, "any") == []
-    assert reg.select(SVC, "all") == []
-
-
-# ---- capacity ------------------------------------------------------------------------
-
-
-def test_worker_at_its_inflight_bound_has_no_capacity(clock: FakeClock) -> None:
-    reg = make_registry(clock, max_inflight_per_worker=2)
-    w1, w2 = reg.register_worker(b"w1", SVC), reg.register_worker(b"w2", SVC)
-    busy(reg, w1, 1)
-
-    assert reg.has_capacity([w1, w2])
-
-    busy(reg, w1, 2)
-    assert not reg.has_capacity([w1, w2])
-    assert reg.has_capacity([w2])
-
-
-def test_broker_at_its_route_bound_has_no_capacity(clock: FakeClock) -> None:
-    reg = make_registry(clock, max_routes=2)
-    w1 = reg.register_worker(b"w1", SVC)
-    reg.add_route(b"job-1", b"c", SVC, [w1], push=True)
-    assert reg.has_capacity([w1])
-
-    reg.add_route(b"job-2", b"c", SVC, [w1], push=True)
-
-    assert not reg.has_capacity([w1])
-
-
-# ---- routes --------------------------------------------------------------------------
-
-
-def test_add_route_records_the_job_on_each_worker(reg: Registry) -> None:
-    w1, w2 = reg.register_worker(b"w1", SVC), reg.register_worker(b"w2", SVC)
-
-    reg.add_route(b"job-1", b"client-a", SVC, [w1, w2], push=True)
-
-    route = reg.routes[b"job-1"]
-    assert (route.client, route.service, route.workers, route.push) == (b"client-a", SVC, {b"w1", b"w2"}, True)
-    assert w1.inflight == {b"job-1": b"client-a"} and w2.inflight == {b"job-1": b"client-a"}
-    assert (w1.jobs_dispatched, w2.jobs_dispatched) == (1, 1)
-    assert reg.inflight_by_client() == {b"client-a": 1}
-
-
-def test_route_is_deleted_when_the_last_worker_answers(reg: Registry) -> None:
-    # Given a job broadcast to two workers
-    w1, w2 = reg.register_worker(b"w1", SVC), reg.register_worker(b"w2", SVC)
-    reg.add_route(b"job-1", b"client-a", SVC, [w1, w2], push=False)
-
-    # When the first answers, the route waits for the other
-    first = reg.complete(w1, b"job-1")
-    assert first is not None and first.client == b"client-a"
-    assert reg.routes[b"job-1"].workers == {b"w2"}
-
-    # When the second answers, the route is gone
-    second = reg.complete(w2, b"job-1")
-    assert second is first
-    assert b"job-1" not in reg.routes
-    assert w1.inflight == {} and w2.inflight == {}
-
-
-def test_completing_a_job_not_in_flight_on_that_worker_returns_none(reg: Registry) -> None:
-    w1, w2 = reg.register_worker(b"w1", SVC), reg.register_worker(b"w2", SVC)
-    reg.add_route(b"job-1", b"client-a", SVC, [w1], push=True)
-
-    assert reg.complete(w2, b"job-1") is None
-    assert reg.complete(w1, b"never-sent") is None
-    assert reg.routes[b"job-1"].workers == {b"w1"}
+def test_names_and_all_resolve_to_live_workers_of_the_service(reg: Registry, clock: FakeClock) -> None:
+    _, w2 = worker(reg, b"w1"), worker(reg, b"w2")
+    worker(reg, b"x1", svc=b"other")
+    svc = reg.services[SVC]
+    assert {w.name for w in reg.resolve(svc, None)} == {b"w1", b"w2"}
+    assert reg.resolve(svc, ["w2", "w2", "x1", "ghost"]) == [w2]
+    clock.advance(3.5)
+    assert reg.resolve(svc, ["w1"]) == []
 
 
 def test_a_second_final_reply_for_the_same_job_returns_none(reg: Registry) -> None:
-    w1 = reg.register_worker(b"w1", SVC)
-    reg.add_route(b"job-1", b"client-a", SVC, [w1], push=True)
-    assert reg.complete(w1, b"job-1") is not None
-
-    assert reg.complete(w1, b"job-1") is None
-
-
-# ---- clients -------------------------------------------------------------------------
+    w = worker(reg, b"w1")
+    send(reg, w, b"j1")
+    assert reg.complete(w, b"j1") is not None
+    assert reg.complete(w, b"j1") is None
 
 
-def test_touching_a_client_counts_its_requests(reg: Registry) -> None:
-    reg.touch_client(b"c1")
-    rec = reg.touch_client(b"c1")
+# ---- bounded tables -----------------------------------------------------------------------
 
-    assert rec.requests == 2
-    assert rec.last_seen >= rec.first_seen
+
+def test_services_are_bounded_and_idle_ones_make_room(clock: FakeClock) -> None:
+    reg = make_registry(clock, max_services=2)
+    worker(reg, b"w1", svc=b"a")
+    service(reg, b"b")  # idle: no worker, no queue
+    assert reg.service(b"c", create=True) is not None and b"b" not in reg.services
+    worker(reg, b"w2", svc=b"c")
+    assert reg.service(b"d", create=True) is None  # both busy: nothing to evict
+
+
+def test_idle_services_are_forgotten_after_a_while(clock: FakeClock) -> None:
+    reg = Registry(interval=INTERVAL, multiplier=MULTIPLIER, clock=clock, service_memory=60.0)
+    service(reg, b"old")
+    clock.advance(61)
+    gone = reg.forget_idle_services()
+    assert [s.name for s in gone] == [b"old"] and not reg.services
 
 
 def test_client_table_is_bounded_and_evicts_the_longest_idle(clock: FakeClock) -> None:
-    # Given a table of two clients where c1 was seen again after c2
     reg = make_registry(clock, max_clients=2)
-    reg.touch_client(b"c1")
-    reg.touch_client(b"c2")
-    reg.touch_client(b"c1")
-
-    # When a third client arrives
-    reg.touch_client(b"c3")
-
-    # Then c2, idle longest, is forgotten
-    assert list(reg.clients) == [b"c1", b"c3"]
+    for c in (b"a", b"b", b"a", b"c"):
+        reg.touch_client(c)
+    assert list(reg.clients) == [b"a", b"c"] and reg.clients[b"a"].requests == 2

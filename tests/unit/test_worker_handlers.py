@@ -76,18 +76,31 @@ def final(uuid: bytes) -> Callable[[list[Any]], bool]:
 
 def test_ready_is_the_first_frame_and_keepalives_follow_each_interval(worker: DemoWorker, clock: FakeClock) -> None:
     first = stub(worker).take()
-    assert first[0][1:] == [nfp.WORKER, nfp.READY, b"demo"]
+    assert first[0][1:4] == [nfp.WORKER, nfp.READY, b"demo"]
+    announce = json.loads(first[0][4])
+    assert announce["name"] == "w1" and announce["v"] == 2 and announce["credits"] == 2  # pool 1 + prefetch, capped
+    assert {"echo", "sleep", "list_tasks"} <= set(announce["tasks"])
+    assert announce["tasks"]["add"]["properties"]["a"]["type"] == "number"
     clock.advance(1.0)
     stub(worker).tick()
     (ka,) = stub(worker).take()
     assert ka[2] == nfp.KEEPALIVE and json.loads(ka[4])["pool_size"] == 1
 
 
-def test_a_post_runs_and_is_both_acknowledged_and_answered(worker: DemoWorker) -> None:
+def test_a_running_job_is_acknowledged_once_stored_and_started_then_answered(worker: DemoWorker) -> None:
+    stub(worker).take()
+    job(worker, nfp.POST, b"slow", {"task": "sleep", "kwargs": {"seconds": 0.3}})
+    got = collect(worker, final(b"slow"))
+    assert [st for c, u, st, _ in got if c == nfp.RESPONSE] == [nfp.ST_WORKER_ACCEPTED, nfp.ST_OK]
+    (ack,) = [p for c, u, st, p in got if st == nfp.ST_WORKER_ACCEPTED]
+    assert ack["status"] == "ACCEPTED" and ack["worker"] == "w1"
+
+
+def test_a_post_runs_and_its_result_is_sent(worker: DemoWorker) -> None:
     stub(worker).take()
     job(worker, nfp.POST, b"j1", {"task": "echo", "kwargs": {"data": 7}})
-    # The job runs while its insert is being committed: the 201 may come before or after the 200.
-    got = collect(worker, lambda g: sorted(st for c, u, st, _ in g if c == nfp.RESPONSE) == [b"200", b"201"])
+    # A job whose result is out before its insert commits gets no 201: it would say less than the 200.
+    got = collect(worker, final(b"j1"))
     (entry,) = [p["w1"] for c, u, st, p in got if c == nfp.RESPONSE and st == nfp.ST_OK]
     assert entry["result"] == 7 and entry["failed"] is False and entry["juuid"] == "j1"
     assert entry["task"] == "w1:echo" and entry["status"] == "completed"
@@ -188,3 +201,44 @@ def test_a_disconnect_from_the_broker_makes_the_worker_register_again(worker: De
     stub(worker).feed([b"", nfp.BROKER, nfp.DISCONNECT, b"demo"])
     assert [f[2] for f in stub(worker).take()] == [nfp.READY]
     assert worker.loop.stats.reconnects == 1
+
+
+def test_jobs_not_started_are_dropped_when_the_broker_says_it_purged_us(worker: DemoWorker) -> None:
+    stub(worker).take()
+    job(worker, nfp.POST, b"run", {"task": "sleep", "kwargs": {"seconds": 5}})
+    job(worker, nfp.POST, b"wait", {"task": "echo", "kwargs": {"data": 1}})
+    collect(worker, lambda g: worker.pool.running == 1)
+    # The broker gave us up (we were stopped, or cut off): it told the clients, and may have
+    # retried the jobs elsewhere. The queued one must not run here too.
+    stub(worker).feed([b"", nfp.BROKER, nfp.DISCONNECT, b"demo", b'{"reason":"purged"}'])
+    got = collect(worker, final(b"wait"))
+    ((entry,),) = [list(p.values()) for c, u, st, p in got if c == nfp.RESPONSE and u == b"wait" and st == nfp.ST_OK]
+    assert entry["failed"] is True and "not started" in entry["errors"][0] and entry["result"] is None
+    assert worker.runner.counts["dropped"] == 1 and worker.loop.stats.reconnects == 1
+    assert worker.runner.task_stats["echo"].outcomes["completed"] == 0
+    job(worker, nfp.DELETE, b"run")
+
+
+def test_a_result_over_the_message_limit_becomes_a_failure_that_says_so(tmp_path: Path, clock: FakeClock) -> None:
+    s = Settings(data_dir=str(tmp_path), max_message_bytes=4096, pool_size=1)
+    w = DemoWorker(name="w1", settings=s, transport=StubTransport(clock), clock=clock).start()
+    try:
+        stub(w).take()
+        job(w, nfp.POST, b"big", {"task": "echo", "kwargs": {"data": "x" * 3600}})
+        got = collect(w, final(b"big"))
+        ((entry,),) = [list(p.values()) for c, u, st, p in got if c == nfp.RESPONSE and st == nfp.ST_OK]
+        assert entry["failed"] is True and "over the message limit" in entry["errors"][0]
+        assert "4096" in entry["errors"][0]
+    finally:
+        w.stop(drain=0)
+
+
+def test_the_brokers_meta_frame_shortens_the_deadline_by_the_time_queued(worker: DemoWorker) -> None:
+    stub(worker).take()
+    body = nfp.dumps({"task": "sleep", "kwargs": {"seconds": 2}, "timeout": 60})
+    stub(worker).feed([b"", nfp.BROKER, nfp.POST, b"c1", b"", b"j1", body, b'{"deadline":0.2,"queued":59.8}'])
+    got = collect(worker, final(b"j1"))
+    ((entry,),) = [list(p.values()) for c, u, st, p in got if c == nfp.RESPONSE and st == nfp.ST_OK]
+    assert entry["status"] == "timeout"
+    assert worker.runner.task_stats["sleep"].outcomes["expired"] == 1
+    assert worker.runner.task_stats["sleep"].wait.count == 1 and worker.runner.task_stats["sleep"].wait.total >= 59.8

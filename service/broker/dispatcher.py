@@ -1,0 +1,423 @@
+"""Credit-based dispatch: the broker's job queue and what leaves it.
+
+A worker holds at most its credits in jobs (pool size + prefetch, announced in READY); what no
+worker can take now waits in its service's queue (jobqueue.py) until a credit frees, its delay
+ends, or its deadline passes. Runs on the broker's owner thread; sends through the broker.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..core import payloads
+from ..core import protocol as nfp
+from ..core.histogram import Histogram
+from ..core.payloads import Word
+from ..settings import Settings
+from .admission import Refusal, answer
+from .jobqueue import ANY, QueuedJob, Spot
+from .registry import Registry, Route, ServiceRecord, WorkerRecord
+
+if TYPE_CHECKING:
+    from collections import Counter
+
+log = logging.getLogger(__name__)
+
+QUEUED_BUCKETS = (0.001, 0.01, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800, 3600)
+
+Reply = Callable[[bytes, bytes, bytes, bytes, Any], None]  # client, service, uuid, status, payload
+
+
+class Dispatcher:
+    """Queues, sends and expires jobs. `reply(client, service, uuid, status, payload)` answers
+    a client; `send(frames)` sends raw frames (both owner-direct)."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        settings: Settings,
+        *,
+        reply: Reply,
+        send: Callable[[list[bytes]], None],
+        counts: Counter[str],
+        clock: Callable[[], float],
+    ) -> None:
+        self.reg = registry
+        self.s = settings
+        self.reply = reply
+        self.send = send
+        self.counts = counts
+        self.clock = clock
+        self.queued: dict[bytes, QueuedJob] = {}  # every waiting job by wire uuid (dedupe, cancel)
+        self.queued_bytes = 0
+        self.expiry: list[tuple[float, int, QueuedJob]] = []  # deadlines of waiting jobs
+        self.route_expiry: list[tuple[float, bytes]] = []  # deadlines (+ grace) of dispatched jobs
+        self.delays: list[tuple[float, int, QueuedJob]] = []  # ends of delays, across services
+        self.directed: set[bytes] = set()  # identities of workers with parts waiting for their credits
+        self.dirty: set[bytes] = set()  # services whose queue may move (a credit freed, a worker came)
+        self.queued_seconds: dict[bytes, Histogram] = {}  # per service: time from admission to dispatch
+
+    # ---- admission ---------------------------------------------------------------
+
+    def admit(self, svc: ServiceRecord, job: QueuedJob, *, announce_now: bool = True) -> None:
+        """Send the job now if a worker can take it and nothing waits ahead of it; else queue it."""
+        now = self.clock()
+        if job.not_before <= now and len(self.reg.routes) < self.reg.max_routes:
+            if job.kind == ANY:
+                if svc.queue.peek_ready() is None:
+                    w = self.reg.least_loaded(svc)
+                    if w is not None:
+                        self._send_any(svc, job, w, now)
+                        return
+            else:
+                workers = self.reg.resolve(svc, job.names)
+                if workers:
+                    if any(w.free <= 0 for w in workers):
+                        self._check_room(svc, job)
+                    self._fan_out(svc, job, workers, now)
+                    return
+        self._check_room(svc, job)
+        self._enqueue(svc, job, now)
+        if job.announce and announce_now:
+            self._tell_queued(job)
+
+    def _check_room(self, svc: ServiceRecord, job: QueuedJob) -> None:
+        if svc.queue.depth >= self.s.service_queue_size:
+            raise Refusal(
+                nfp.ST_BUSY,
+                Word.BUSY,
+                f"the queue of service '{svc.label}' is full ({self.s.service_queue_size} jobs); retry later",
+                retry_after=self._retry_hint(svc),
+            )
+        if self.queued_bytes + job.size > self.s.broker_queue_bytes:
+            raise Refusal(
+                nfp.ST_BUSY,
+                Word.BUSY,
+                f"the broker's queues hold {self.queued_bytes} of {self.s.broker_queue_bytes} bytes; retry later",
+                retry_after=self._retry_hint(svc),
+            )
+
+    def _retry_hint(self, svc: ServiceRecord) -> float:
+        # Seconds until room is likely: the rate the service dispatches at is not tracked, so a
+        # bounded guess that grows with the backlog's age keeps clients from hammering.
+        return float(min(30, max(1, round(svc.queue.oldest_age(self.clock()) / 10))))
+
+    def _enqueue(self, svc: ServiceRecord, job: QueuedJob, now: float) -> None:
+        svc.queue.add(job, now)
+        self.queued[job.uuid] = job
+        self.queued_bytes += job.size
+        heapq.heappush(self.expiry, (job.deadline, job.seq, job))
+        if job.not_before > now:
+            heapq.heappush(self.delays, (job.not_before, job.seq, job))
+        self.counts["queued"] += 1
+
+    def _leave(self, svc: ServiceRecord, job: QueuedJob) -> None:
+        if self.queued.pop(job.uuid, None) is not None:
+            self.queued_bytes -= job.size
+        svc.queue.leave(job)
+
+    def _tell_queued(self, job: QueuedJob) -> None:
+        job.told_queued = True
+        depth = self.reg.services[job.service].queue.depth if job.service in self.reg.services else 0
+        self.reply(job.client, job.service, job.uuid, nfp.ST_QUEUED, answer(job, Word.QUEUED, depth=depth))
+
+    def requeued(self, job: QueuedJob) -> None:
+        """A POST repeated for a job that waits: the same answer again."""
+        self.counts["post_retried"] += 1
+        if job.announce:
+            self._tell_queued(job)
+
+    # ---- sending -----------------------------------------------------------------
+
+    def _post(self, w: WorkerRecord, job: QueuedJob, now: float) -> None:
+        frames = nfp.broker_job(w.ident, nfp.POST, job.client, job.uuid, job.body)
+        if w.v2:
+            # zfab workers learn what is left of the deadline (time queued is spent) and how long
+            # the job waited here (their wait-time histogram).
+            frames.append(
+                nfp.dumps({"deadline": round(max(0.0, job.deadline - now), 3), "queued": round(now - job.queued_at, 6)})
+            )
+        self.send(frames)
+
+    def _dispatched(self, job: QueuedJob, workers: list[WorkerRecord]) -> None:
+        body = payloads.dispatched(job.uuid, job.target, job.service, [w.label for w in workers])
+        self.reply(job.client, job.service, job.uuid, nfp.ST_DISPATCHED, body)
+
+    def _observe_queued(self, svc: ServiceRecord, job: QueuedJob, now: float) -> None:
+        h = self.queued_seconds.get(svc.name)
+        if h is None:
+            h = self.queued_seconds[svc.name] = Histogram(QUEUED_BUCKETS)
+        h.observe(max(0.0, now - job.queued_at - max(0.0, job.not_before - job.queued_at)))
+
+    def _route(self, job: QueuedJob, workers: list[WorkerRecord]) -> Route:
+        deadline = job.deadline + self.s.route_grace
+        heapq.heappush(self.route_expiry, (deadline, job.uuid))
+        return self.reg.add_route(job, workers, deadline)
+
+    def _send_any(self, svc: ServiceRecord, job: QueuedJob, w: WorkerRecord, now: float) -> None:
+        self._route(job, [w])
+        # Without a 202 a client can only wait for one worker, so ack=false skips it; a client told
+        # "queued" learns the dispatch either way.
+        if job.ack or job.told_queued:
+            self._dispatched(job, [w])
+        self.reg.send_to(svc, w, job.uuid, job.client)
+        self._post(w, job, now)
+        self._observe_queued(svc, job, now)
+        self.counts["post"] += 1
+
+    def _fan_out(self, svc: ServiceRecord, job: QueuedJob, workers: list[WorkerRecord], now: float) -> None:
+        """A job for `all`, a name or a list: every worker gets its part, now or when it has a credit."""
+        job.workers = [w.name for w in workers]
+        self._route(job, workers)
+        if job.ack or len(workers) > 1:
+            self._dispatched(job, workers)  # NorFab's order: the 202 before the POSTs it announces
+        waiting = 0
+        for w in workers:
+            if w.free > 0:
+                self.reg.send_to(svc, w, job.uuid, job.client)
+                self._post(w, job, now)
+            else:
+                heapq.heappush(w.directed, (-job.priority, job.seq, job))
+                self.directed.add(w.ident)
+                waiting += 1
+        self._observe_queued(svc, job, now)
+        self.counts["post"] += 1
+        if waiting:
+            job.parts_waiting = waiting
+            self._hold(svc, job)
+        elif job.uuid in self.queued:
+            self._leave(svc, job)
+
+    def _hold(self, svc: ServiceRecord, job: QueuedJob) -> None:
+        """Keep a fanned-out job in the queue's count (and deadline) while parts of it wait for credits."""
+        if job.uuid not in self.queued:
+            self.queued[job.uuid] = job
+            self.queued_bytes += job.size
+            heapq.heappush(self.expiry, (job.deadline, job.seq, job))
+        svc.queue.hold(job)
+
+    # ---- moving the queue ----------------------------------------------------------
+
+    def pump(self) -> None:
+        """Send what the freed credits allow, for every service marked dirty."""
+        dirty, self.dirty = self.dirty, set()
+        now = self.clock()
+        for name in dirty:
+            svc = self.reg.services.get(name)
+            if svc is not None:
+                self._pump(svc, now)
+
+    def _pump(self, svc: ServiceRecord, now: float) -> None:
+        # Parts for named workers go first: they can go nowhere else.
+        for ident in [i for i in self.directed if i in svc.workers]:
+            named = svc.workers[ident]
+            while named.directed and named.free > 0:
+                self._send_part(svc, named, heapq.heappop(named.directed)[2], now)
+            if not named.directed:
+                self.directed.discard(ident)
+        for due in svc.queue.due(now):
+            if due.kind != ANY:
+                self.unpark(svc, due, now)
+        if svc.roster_changed:  # a worker came: jobs waiting for it (or for any worker, `all`) may go
+            svc.roster_changed = False
+            for parked in list(svc.queue.parked.values()):
+                self.unpark(svc, parked, now)
+        q = svc.queue
+        while len(self.reg.routes) < self.reg.max_routes:
+            job = q.peek_ready()
+            if job is None:
+                break
+            w = self.reg.least_loaded(svc)
+            if w is None:
+                break
+            q.pop_ready()
+            self._leave(svc, job)
+            self._send_any(svc, job, w, now)
+
+    def unpark(self, svc: ServiceRecord, job: QueuedJob, now: float) -> None:
+        workers = self.reg.resolve(svc, job.names)
+        if workers:
+            svc.queue.unpark(job)
+            self._fan_out(svc, job, workers, now)
+
+    def _send_part(self, svc: ServiceRecord, w: WorkerRecord, job: QueuedJob, now: float) -> None:
+        if job.spot is not Spot.DIRECTED:
+            return  # expired or cancelled while it waited
+        self.reg.send_to(svc, w, job.uuid, job.client)
+        self._post(w, job, now)
+        job.parts_waiting -= 1
+        if job.parts_waiting <= 0:
+            self._leave(svc, job)
+
+    def busy(self, svc: ServiceRecord, w: WorkerRecord, uuid: bytes) -> bool:
+        """The worker answered 503 for a job it was sent: it had no room after all. Hold back its
+        credit until its next report and put the job back in front. True when handled here."""
+        route = self.reg.routes.get(uuid)
+        if uuid not in w.inflight or route is None or route.job is None:
+            return False
+        self.reg.release(w, uuid)
+        w.throttle = max(0, w.credits - len(w.inflight))
+        self.reg.set_level(svc, w)
+        job = route.job
+        self.counts["worker_busy"] += 1
+        now = self.clock()
+        if job.kind == ANY:
+            route.workers.discard(w.name)
+            if not route.workers:
+                del self.reg.routes[uuid]
+            job.not_before = 0.0
+            self._enqueue(svc, job, now)
+        else:
+            heapq.heappush(w.directed, (-job.priority, job.seq, job))
+            self.directed.add(w.ident)
+            job.parts_waiting += 1
+            self._hold(svc, job)
+        self.dirty.add(svc.name)
+        return True
+
+    def worker_lost(self, svc: ServiceRecord | None, w: WorkerRecord) -> dict[bytes, bytes]:
+        """The worker is gone: its parts that never left the queue end with it (they named it).
+        Returns them as uuid -> client, like the jobs it had in flight."""
+        lost: dict[bytes, bytes] = {}
+        self.directed.discard(w.ident)
+        while w.directed:
+            job = heapq.heappop(w.directed)[2]
+            if job.spot is not Spot.DIRECTED:
+                continue
+            job.parts_waiting -= 1
+            if job.parts_waiting <= 0 and svc is not None:
+                self._leave(svc, job)
+            route = self.reg.routes.get(job.uuid)
+            if route is not None:
+                route.workers.discard(w.name)
+                if not route.workers:
+                    del self.reg.routes[job.uuid]
+            lost[job.uuid] = job.client
+        return lost
+
+    # ---- cancel and expiry ------------------------------------------------------------
+
+    def cancel(self, job: QueuedJob) -> None:
+        """DELETE of a waiting job: it leaves the queue now and never runs."""
+        svc = self.reg.services.get(job.service)
+        if svc is not None:
+            self._leave(svc, job)
+        job.spot = Spot.GONE
+        self.counts["cancelled_in_queue"] += 1
+        self.reply(
+            job.client, job.service, job.uuid, nfp.ST_CANCELLED, answer(job, Word.CANCELLED, "cancelled while queued")
+        )
+
+    def cancel_quietly(self, job: QueuedJob) -> None:
+        """The job leaves the queue; the caller answers the client."""
+        svc = self.reg.services.get(job.service)
+        if svc is not None:
+            self._leave(svc, job)
+        job.spot = Spot.GONE
+
+    def cancel_parts(self, job: QueuedJob) -> None:
+        """DELETE of a fanned-out job: its parts still waiting never go out; the sent ones are
+        asked of their workers by the caller."""
+        route = self.reg.routes.get(job.uuid)
+        if route is not None:
+            for name in list(route.workers):
+                w = self.reg.by_name.get(name)
+                if w is not None and job.uuid in w.inflight:
+                    continue
+                route.workers.discard(name)
+                body = payloads.lost(
+                    name.decode(errors="replace"), job.uuid, job.service, "cancelled while queued", Word.CANCELLED
+                )
+                self.reply(job.client, job.service, job.uuid, nfp.ST_CANCELLED, body)
+            if not route.workers:
+                del self.reg.routes[job.uuid]
+        self.cancel_quietly(job)
+
+    def announce_waiting(self, svc: ServiceRecord) -> None:
+        """A service a worker just confirmed: its jobs held without an answer are told "queued"."""
+        for job in list(svc.queue.waiting.values()):
+            if job.announce and not job.told_queued:
+                self._tell_queued(job)
+
+    def expire(self, now: float) -> None:
+        while self.expiry and self.expiry[0][0] <= now:
+            job = heapq.heappop(self.expiry)[2]
+            if job.spot is Spot.GONE or job.uuid not in self.queued:
+                continue
+            svc = self.reg.services.get(job.service)
+            if job.spot is Spot.DIRECTED:
+                self._expire_parts(job, now)
+            else:
+                why = f"deadline of {job.timeout:g} s passed while the job waited in the queue: no worker took it"
+                self.reply(job.client, job.service, job.uuid, nfp.ST_EXPIRED, answer(job, Word.EXPIRED, why))
+            if svc is not None:
+                svc.expired_queue += 1
+                self._leave(svc, job)
+            job.spot = Spot.GONE
+            self.counts["expired_in_queue"] += 1
+        while self.route_expiry and self.route_expiry[0][0] <= now:
+            deadline, uuid = heapq.heappop(self.route_expiry)
+            route = self.reg.routes.get(uuid)
+            if route is None or route.deadline != deadline:
+                continue
+            self._expire_route(route)
+
+    def _expire_parts(self, job: QueuedJob, now: float) -> None:
+        """A fanned-out job whose deadline passed with parts still waiting: those workers never got it."""
+        route = self.reg.routes.get(job.uuid)
+        if route is None:
+            return
+        for name in list(route.workers):
+            w = self.reg.by_name.get(name)
+            if w is not None and job.uuid in w.inflight:
+                continue  # that part was sent: its worker answers, or the route's own deadline ends it
+            route.workers.discard(name)
+            why = (
+                f"deadline of {job.timeout:g} s passed before worker '{name.decode(errors='replace')}' had room for it"
+            )
+            body = payloads.lost(name.decode(errors="replace"), job.uuid, job.service, why, Word.EXPIRED)
+            self.reply(job.client, job.service, job.uuid, nfp.ST_EXPIRED, body)
+        if not route.workers:
+            del self.reg.routes[job.uuid]
+
+    def _expire_route(self, route: Route) -> None:
+        """No final answer within the deadline and the grace: free the slots; the outcome is unknown."""
+        svc = self.reg.services.get(route.service)
+        for name in list(route.workers):
+            w = self.reg.by_name.get(name)
+            if w is not None:
+                self.reg.release(w, route.uuid)
+            label = name.decode(errors="replace")
+            why = (
+                f"no answer from worker '{label}' within the job's deadline and a grace of {self.s.route_grace:g} s;"
+                " its outcome is unknown"
+            )
+            body = payloads.lost(label, route.uuid, route.service, why, Word.EXPIRED)
+            self.reply(route.client, route.service, route.uuid, nfp.ST_EXPIRED, body)
+        del self.reg.routes[route.uuid]
+        if svc is not None:
+            svc.expired_worker += 1
+            self.dirty.add(svc.name)
+        self.counts["expired_in_flight"] += 1
+
+    def next_deadline(self) -> float | None:
+        """The earliest expiry or end of a delay (heap tops only: this runs on every loop turn)."""
+        out: float | None = None
+        for heap in (self.expiry, self.delays):
+            while heap and heap[0][2].spot is Spot.GONE:
+                heapq.heappop(heap)
+            if heap:
+                out = heap[0][0] if out is None else min(out, heap[0][0])
+        if self.route_expiry:
+            out = self.route_expiry[0][0] if out is None else min(out, self.route_expiry[0][0])
+        return out
+
+    def due(self, now: float) -> None:
+        """Mark services whose delayed jobs are due, so the next pump moves them."""
+        while self.delays and self.delays[0][0] <= now:
+            job = heapq.heappop(self.delays)[2]
+            if job.spot is Spot.DELAYED:
+                self.dirty.add(job.service)

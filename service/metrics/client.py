@@ -1,0 +1,102 @@
+"""A client's queues and connection, plus job latency histograms it observes (the API's)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .base import LATENCY_BUCKETS, OTHER
+
+if TYPE_CHECKING:
+    from ..client.client import Client
+    from ..client.clientjob import JobFuture
+
+MAX_SERVICE_LABELS = 1000
+
+
+class ClientMetrics(Collector):
+    def __init__(self, client: Client, registry: CollectorRegistry, *, register: bool = True) -> None:
+        """`register=False` leaves this collector out of `registry` (the histograms still go in), for a
+        caller that merges its families with another collector's, as the API does with the fabric's."""
+        self.client = client
+        self.duration = Histogram(
+            "zfab_job_duration_seconds",
+            "Submit to result, as the client sees it",
+            ["service", "outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.hop = Histogram(
+            "zfab_job_hop_seconds",
+            "Time between a job's hops (clocks of different hosts may differ)",
+            ["hop"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        # Services the broker admitted a job for: only these become label values (a request may
+        # name anything; the broker refuses names no worker registered), bounded.
+        self.services: set[str] = set()
+        if register:
+            registry.register(self)
+        client.on_complete = self.observe
+
+    def service_label(self, fut: JobFuture, service: str) -> str:
+        if service in self.services:
+            return service
+        adm = fut.admission
+        if adm.done() and adm.exception() is None and len(self.services) < MAX_SERVICE_LABELS:
+            self.services.add(service)
+            return service
+        return OTHER
+
+    def observe(self, fut: JobFuture, service: str, outcome: str, results: dict[str, Any] | None) -> None:
+        t = fut.timings
+        if "submitted" in t and "completed" in t:
+            label = self.service_label(fut, service)
+            self.duration.labels(label, outcome).observe(max(0.0, t["completed"] - t["submitted"]))
+        for entry in (results or {}).values():
+            ts = entry.get("timestamps") if isinstance(entry, dict) else None
+            if not ts or not all(ts.get(k) for k in ("received", "started", "completed")):
+                continue
+            sub, disp = t.get("submitted"), t.get("dispatched")
+            if sub is not None and disp is not None:
+                self.hop.labels("client_to_broker").observe(max(0.0, disp - sub))
+                self.hop.labels("broker_to_worker").observe(max(0.0, ts["received"] - disp))
+            self.hop.labels("worker_queue").observe(max(0.0, ts["started"] - ts["received"]))
+            self.hop.labels("worker_run").observe(max(0.0, ts["completed"] - ts["started"]))
+            if "completed" in t:
+                self.hop.labels("worker_to_client").observe(max(0.0, t["completed"] - ts["completed"]))
+
+    def collect(self) -> Iterator[Metric]:
+        c = self.client
+        depth = GaugeMetricFamily("zfab_queue_depth", "Items waiting in a bounded queue", labels=["hop", "worker"])
+        depth.add_metric(["client_outbound", ""], c.loop.queue_depth())
+        depth.add_metric(["client_jobs", ""], c.jobs_in_flight())
+        yield depth
+        cap = GaugeMetricFamily("zfab_queue_capacity", "Bound of a queue", labels=["hop", "worker"])
+        cap.add_metric(["client_outbound", ""], c.loop.outbound_size)
+        cap.add_metric(["client_jobs", ""], c.max_jobs)
+        yield cap
+        tbytes = GaugeMetricFamily("zfab_table_bytes", "Bytes held by a bounded table", labels=["table"])
+        tbytes.add_metric(["client_jobs"], c.bytes_in_flight())
+        yield tbytes
+        tbcap = GaugeMetricFamily("zfab_table_bytes_capacity", "Byte bound of a table", labels=["table"])
+        tbcap.add_metric(["client_jobs"], c.settings.client_inflight_bytes)
+        yield tbcap
+        alive = GaugeMetricFamily("zfab_client_broker_alive", "1 while the broker answers the client's keepalives")
+        alive.add_metric([], 1.0 if c.broker_alive else 0.0)
+        yield alive
+        ka = CounterMetricFamily("zfab_client_keepalives_total", "Client keepalives", labels=["direction"])
+        ka.add_metric(["sent"], c.keepalive.sent)
+        ka.add_metric(["received"], c.keepalive.received)
+        yield ka
+        rej = CounterMetricFamily("zfab_client_frames_rejected_total", "Malformed frames the client dropped")
+        rej.add_metric([], c.counts["rejected_frames"])
+        yield rej
+        rc = CounterMetricFamily("zfab_client_reconnects_total", "New connections after the broker went silent")
+        rc.add_metric([], c.counts["reconnects"])
+        yield rc

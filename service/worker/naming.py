@@ -1,0 +1,46 @@
+"""A worker's name: stable across restarts, and never shared by two live workers of one data dir.
+
+The default is `{service}-{hostname}`: the same every time one container or host starts its
+worker, so the worker finds its job store (and its jobs' results) again. A second worker of
+the service started on the same host with the same data directory takes `{service}-{host}-2`,
+and so on: each name is held by a lock on `<data_dir>/workers/<name>.lock` while its worker
+runs, which also keeps two processes from writing one job store.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import socket
+from pathlib import Path
+from typing import IO
+
+from ..errors import ZfabError
+
+MAX_SUFFIX = 100
+
+
+class WorkerNameInUse(ZfabError):
+    """Another live worker holds this name in this data directory."""
+
+
+def claim_name(data_dir: Path, service: str, name: str | None) -> tuple[str, IO[str]]:
+    """The worker's name, and the open lock file that keeps it ours until closed."""
+    folder = data_dir / "workers"
+    folder.mkdir(parents=True, exist_ok=True)
+    host = socket.gethostname()
+    base = f"{service}-{host}"
+    candidates = [name] if name else [base, *(f"{base}-{i}" for i in range(2, MAX_SUFFIX))]
+    for candidate in candidates:
+        lock = (folder / f"{candidate}.lock").open("a")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            continue
+        return candidate, lock
+    if name:
+        raise WorkerNameInUse(
+            f"another worker named '{name}' is running with data directory {data_dir}; "
+            "give each worker its own --name (or ZFAB_DATA_DIR)"
+        )
+    raise WorkerNameInUse(f"{MAX_SUFFIX} workers of '{service}' already run on {host} with data directory {data_dir}")

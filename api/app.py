@@ -17,12 +17,12 @@ from prometheus_client.registry import Collector
 from service import Client
 from service.metrics import ClientMetrics, FabricCollector, version
 
-from . import events, files, jobs, mmi, ops, problems
+from . import events, files, jobs, mmi, ops, problems, schedules
 from .auth import TokenSet
 from .fabric import FabricView
 from .jobdb import JobDB, Persister
 from .jobtable import JobTable
-from .middleware import BodyLimitMiddleware, HttpMetrics, MetricsMiddleware
+from .middleware import BodyLimitMiddleware, ContentTypeMiddleware, HeadMiddleware, HttpMetrics, MetricsMiddleware
 from .settings import ApiSettings
 from .state import ApiState
 
@@ -36,6 +36,7 @@ TAGS = [
     {"name": "jobs", "description": "Submit jobs, wait for them, read their results, cancel them"},
     {"name": "files", "description": "Download files from files-service workers"},
     {"name": "mmi", "description": "The broker's management interface: workers, services, tasks"},
+    {"name": "schedules", "description": "Run a job periodically: every N seconds or on a cron expression"},
     {"name": "ops", "description": "Health, readiness and Prometheus metrics (no auth)"},
 ]
 
@@ -131,7 +132,10 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.include_router(files.router)
     app.include_router(mmi.router)
     app.include_router(ops.router)
-    # The last middleware added is the outermost: metrics see every answer, 413s included.
+    app.include_router(schedules.router)  # its lifespan (the scheduler) runs inside the one above
+    # The last middleware added is the outermost: metrics see every answer, 413s and 415s included.
+    app.add_middleware(HeadMiddleware, routes=app.router.routes)
+    app.add_middleware(ContentTypeMiddleware, routes=app.router.routes)
     app.add_middleware(BodyLimitMiddleware, max_bytes=s.max_request_bytes)
     app.add_middleware(MetricsMiddleware, metrics=HttpMetrics(registry))
     return app

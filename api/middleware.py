@@ -1,4 +1,4 @@
-"""Pure ASGI middleware: HTTP request metrics and the request body bound.
+"""Pure ASGI middleware: HTTP request metrics, the request body bound, JSON-only bodies, HEAD.
 
 Pure ASGI rather than BaseHTTPMiddleware: it runs on every request, including the job
 submissions the API is measured by, and costs a few microseconds this way.
@@ -6,15 +6,20 @@ submissions the API is measured by, and costs a few microseconds this way.
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Sequence
+from contextlib import suppress
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.exceptions import HTTPException
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.metrics import LATENCY_BUCKETS
 
 from .problems import problem
+from .routeindex import full_match
 
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 UNMATCHED = "<unmatched>"
@@ -102,3 +107,98 @@ class BodyLimitMiddleware:
             return message
 
         await self.app(scope, counted, send)
+
+
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+JSON = "application/json"
+
+
+def is_json(content_type: str) -> bool:
+    """application/json or any application/*+json, whatever its parameters (charset)."""
+    media = content_type.partition(";")[0].strip().lower()  # cheap: every POST /jobs passes here
+    return media == JSON or (media.startswith("application/") and media.endswith("+json"))
+
+
+class ContentTypeMiddleware:
+    """415 for a body that is not JSON, sent to a route that takes a JSON body.
+
+    FastAPI reads such a body as bytes and answers 422 "Input should be a valid dictionary",
+    which sends the caller looking at their fields instead of at their Content-Type header.
+    Only requests with a body to a route that has a body parameter are checked, so a wrong
+    method still gets its 405 and a bodiless POST its 422 "field required".
+    """
+
+    def __init__(self, app: ASGIApp, routes: Sequence[BaseRoute]) -> None:
+        self.app = app
+        self.routes = routes  # the app's live route list: routers included later are seen too
+
+    def _takes_json(self, scope: Scope) -> bool:
+        return getattr(full_match(self.routes, scope), "body_field", None) is not None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in BODY_METHODS:
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length", b"")
+        has_body = b"transfer-encoding" in headers or (length.isdigit() and int(length) > 0)
+        ctype = headers.get(b"content-type", b"").decode("latin-1")
+        if has_body and not is_json(ctype) and self._takes_json(scope):  # route lookup only when not JSON
+            method = scope["method"]
+            got = f"Content-Type {ctype}" if ctype else "no Content-Type"
+            response = problem(
+                415,
+                "unsupported-media-type",
+                "Unsupported media type",
+                f"{method} {scope['path']} takes a JSON body: send it with Content-Type: {JSON} (got {got})",
+                {f"Accept-{method.title()}": JSON} if method != "PUT" else None,
+                expected=JSON,
+            )
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+class HeadMiddleware:
+    """HEAD wherever GET is: the GET answer's status and headers (Content-Length included), no body.
+
+    FastAPI routes declared with @get do not serve HEAD (Starlette's plain routes would). The answer
+    ends as soon as its headers are out and the handler is cancelled then, so a streamed answer (an
+    event stream that has nothing to send yet, a download) never holds a HEAD open.
+    """
+
+    def __init__(self, app: ASGIApp, routes: Sequence[BaseRoute]) -> None:
+        self.app = app
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD" or full_match(self.routes, scope) is not None:
+            await self.app(scope, receive, send)  # not HEAD, or a route of its own serves it (files)
+            return
+        ended = asyncio.Event()
+
+        async def headers_only(message: Message) -> None:
+            if ended.is_set():
+                return
+            if message["type"] == "http.response.start":
+                await send(message)
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                ended.set()
+
+        # In place, so outer middleware (metrics) sees the route the GET matched; put back after.
+        scope["method"] = "GET"
+        try:
+            handler = asyncio.ensure_future(self.app(scope, receive, headers_only))
+            stop = asyncio.ensure_future(ended.wait())
+            try:
+                await asyncio.wait({handler, stop}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stop.cancel()
+                if not handler.done():
+                    handler.cancel()
+                    with suppress(asyncio.CancelledError):
+                        await handler
+            if not handler.cancelled() and not ended.is_set():
+                handler.result()  # the handler failed before answering: let the server say 500
+        finally:
+            scope["method"] = "HEAD"

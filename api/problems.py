@@ -30,6 +30,7 @@ from service.errors import (
 )
 
 from .models import Problem
+from .routeindex import methods_at
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,31 @@ def from_fabric_error(exc: ZfabError, uuid: str | None = None) -> ProblemError:
     return ProblemError(502, "fabric-error", "Fabric error", str(exc), **extra)
 
 
+def json_position(doc: Any, pos: Any) -> tuple[int, int] | None:
+    """Line and column (1-based, as json.JSONDecodeError counts them) of character `pos` in `doc`."""
+    if not isinstance(pos, int) or pos < 0:
+        return None
+    text = doc.decode(errors="replace") if isinstance(doc, bytes | bytearray) else doc
+    if not isinstance(text, str):
+        return None
+    pos = min(pos, len(text))
+    line = text.count("\n", 0, pos) + 1
+    return line, pos - (text.rfind("\n", 0, pos) + 1) + 1
+
+
+def json_syntax_problem(exc: RequestValidationError) -> ProblemResponse | None:
+    """400 naming the line and column of a body that is not JSON at all (FastAPI reports `body.<offset>`)."""
+    for e in exc.errors():
+        if e.get("type") != "json_invalid":
+            continue
+        loc = list(e.get("loc", ()))
+        where = json_position(exc.body, loc[1] if len(loc) > 1 else None)
+        reason = str((e.get("ctx") or {}).get("error") or e.get("msg") or "not JSON")
+        at = f" at line {where[0]}, column {where[1]}" if where else ""
+        return problem(400, "invalid-json", "Invalid JSON", f"invalid JSON{at}: {reason}")
+    return None
+
+
 def _validation_detail(errors: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
     """One readable line naming each bad field (`body.timeout: ...`), plus the errors without their inputs."""
     clean = []
@@ -113,16 +139,28 @@ def install(app: FastAPI) -> None:
     async def on_http(request: Request, exc: Exception) -> ProblemResponse:
         http = cast(StarletteHTTPException, exc)
         detail = http.detail if isinstance(http.detail, str) else str(http.detail)
+        headers = dict(http.headers or {})
         if http.status_code == 404 and detail == "Not Found":
             detail = f"no route for {request.method} {request.url.path}; see /docs for the API"
+        elif http.status_code == 405:
+            # Starlette names only the methods of the first route matching the path; /jobs has two.
+            allow = methods_at(request.app.router.routes, request.scope)
+            headers["Allow"] = ", ".join(allow)
+            detail = f"{request.method} is not served at {request.url.path}; it serves {', '.join(allow)}"
+        elif http.status_code == 400 and detail == "There was an error parsing the body":
+            detail = "the body could not be read as JSON: send UTF-8 encoded JSON"
         try:
             title = HTTPStatus(http.status_code).phrase
         except ValueError:
             title = "HTTP error"
-        return problem(http.status_code, f"http-{http.status_code}", title, detail, http.headers)
+        return problem(http.status_code, f"http-{http.status_code}", title, detail, headers)
 
     async def on_validation(request: Request, exc: Exception) -> ProblemResponse:
-        detail, errors = _validation_detail(list(cast(RequestValidationError, exc).errors()))
+        invalid = cast(RequestValidationError, exc)
+        syntax = json_syntax_problem(invalid)
+        if syntax is not None:
+            return syntax
+        detail, errors = _validation_detail(list(invalid.errors()))
         return problem(422, "validation", "Invalid request", detail, errors=errors)
 
     async def on_fabric(request: Request, exc: Exception) -> ProblemResponse:
@@ -143,12 +181,14 @@ def install(app: FastAPI) -> None:
 def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI entries for the problem responses a route may give."""
     text = {
-        400: "The fabric rejected the request (unknown task, bad arguments)",
+        400: "The fabric rejected the request (unknown task, bad arguments), or the body is not JSON "
+        "(`detail` names the line and column)",
         401: "Missing or wrong bearer token",
         403: "No token configured and the client is not on loopback",
         404: "Not found",
         409: "Conflicts with the job's state: it already finished, or its Idempotency-Key was used for another request",
         413: "Request body too large",
+        415: "The body is not `application/json`",
         422: "Invalid request: `detail` names each bad field",
         503: "The fabric is unreachable, full, or has no live worker; retry after `Retry-After` seconds",
         504: "The fabric did not answer in time",
@@ -170,3 +210,12 @@ def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
 def add_problem_schema(openapi: dict[str, Any]) -> None:
     schemas = openapi.setdefault("components", {}).setdefault("schemas", {})
     schemas["Problem"] = Problem.model_json_schema(ref_template="#/components/schemas/{model}")
+    # Every route with a JSON body answers 415 for another media type (ContentTypeMiddleware), and 400
+    # for a body that is not JSON at all (on_validation).
+    syntax = {**responses(400)[400], "description": "The body is not valid JSON: `detail` names the line and column"}
+    for ops in openapi.get("paths", {}).values():
+        for op in ops.values():
+            if isinstance(op, dict) and "requestBody" in op:
+                answers = op.setdefault("responses", {})
+                answers.setdefault("400", syntax)
+                answers.setdefault("415", responses(415)[415])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from types import FrameType
@@ -31,8 +32,31 @@ def settings_from(ns: argparse.Namespace) -> ApiSettings:
     return s if s.api_db is not None else s.model_copy(update={"api_db": s.default_api_db()})
 
 
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A bound listening socket for host:port; OSError (port in use, no such address) before anything starts.
+
+    Bound here rather than by uvicorn, which opens the broker connection and the job database first and
+    then exits with a logged traceback-like line when the port is taken.
+    """
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, kind, proto, _, addr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind(addr)
+        sock.listen(2048)
+        sock.set_inheritable(True)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def run_api(ns: argparse.Namespace) -> None:
-    """Serve until SIGTERM/SIGINT; exit code 2 when asked to listen beyond loopback without a token."""
+    """Serve until SIGTERM/SIGINT; exit code 2 when asked to listen beyond loopback without a token,
+    or when the address cannot be bound."""
     s = settings_from(ns)
     logging.basicConfig(
         level=getattr(logging, s.log_level.upper(), logging.INFO),
@@ -45,25 +69,54 @@ def run_api(ns: argparse.Namespace) -> None:
             file=sys.stderr,
         )
         raise SystemExit(2)
-    host, port, level, access_log = s.api_host, s.api_port, s.log_level, s.api_access_log
+    host, port, level, access_log, broker = s.api_host, s.api_port, s.log_level, s.api_access_log, s.broker
+    try:
+        sock = listen_socket(host, port)
+    except OSError as exc:
+        print(
+            f"zfab api: cannot listen on {host}:{port}: {exc.strerror or exc} (--port, ZFAB_API_PORT)", file=sys.stderr
+        )
+        raise SystemExit(2) from None
     app = create_app(s)
     del s  # the app keeps only the tokens' digests; this frame lives as long as the server
+    jobs_known = 0
 
     def end_streams() -> None:
         # uvicorn waits for open responses before it stops: event streams would hold it forever.
+        nonlocal jobs_known
         st = getattr(app.state, "zfab", None)
         if st is not None:
+            jobs_known = len(st.jobs)
             st.jobs.close_streams()
 
-    serve(app, host, port, log_level=level, access_log=access_log, on_exit=end_streams)
+    bound_host, bound_port = sock.getsockname()[:2]
+    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+
+    def ready() -> None:
+        print(f"zfab api ready on http://{shown}:{bound_port} (broker {broker}; docs at /docs)", flush=True)
+
+    serve(app, host, port, log_level=level, access_log=access_log, on_exit=end_streams, sock=sock, on_ready=ready)
+    print(f"zfab api stopped ({jobs_known} jobs in its table)", flush=True)
 
 
 class ApiServer(uvicorn.Server):
-    """uvicorn's server, telling the app when it is asked to stop (before it waits for open responses)."""
+    """uvicorn's server, telling the app when it is asked to stop (before it waits for open responses)
+    and when it listens (`on_ready`, once the app's startup is done)."""
 
-    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        on_exit: Callable[[], None] | None = None,
+        on_ready: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(config)
         self.on_exit = on_exit
+        self.on_ready = on_ready
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and self.on_ready is not None:
+            self.on_ready()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)
@@ -79,11 +132,14 @@ def serve(
     log_level: str = "INFO",
     access_log: bool = False,
     on_exit: Callable[[], None] | None = None,
+    sock: socket.socket | None = None,
+    on_ready: Callable[[], None] | None = None,
 ) -> None:
     """Run `app` under uvicorn as zfab does (also used by bench/bare_app.py, so both are measured alike).
 
     `on_exit` runs when a stop is asked for (in the signal handler: it may only schedule work).
     Responses still open GRACEFUL_SHUTDOWN_SECONDS later (long downloads, long polls) are cut.
+    `sock`, when given, is the already bound socket to serve on; `on_ready` runs once it serves.
     """
     level = log_level.lower()
     config = uvicorn.Config(
@@ -98,7 +154,10 @@ def serve(
         server_header=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
     )
-    server = ApiServer(config, on_exit)
+    if on_ready is not None and level in ("info", "warning"):
+        # uvicorn's own startup and shutdown lines would repeat the ready and stopped lines the caller prints.
+        logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+    server = ApiServer(config, on_exit, on_ready)
 
     def stop(signum: int, frame: FrameType | None) -> None:
         # Before uvicorn installs its own handler this stops the startup; afterwards uvicorn
@@ -108,7 +167,7 @@ def serve(
             on_exit()
 
     signal.signal(signal.SIGTERM, stop)
-    server.run()
+    server.run(sockets=[sock] if sock is not None else None)
     if not server.started:
         print(f"zfab api: could not start on {host}:{port}; see the log above", file=sys.stderr)
         raise SystemExit(1)

@@ -28,6 +28,7 @@ class ApiSettings(Settings):
         "<data_dir>/api/jobs.sqlite when unset; empty = memory only",
     )
     sse_ping_seconds: float = Field(15.0, gt=0, le=3600, description="Keep-alive comment interval of idle SSE streams")
+    max_schedules: int = Field(1000, ge=1, description="Most periodic schedules the API keeps (POST /schedules)")
 
     def default_api_db(self) -> str:
         return str(Path(self.data_dir).expanduser() / "api" / "jobs.sqlite")

@@ -1,0 +1,248 @@
+"""The scheduler: one task on the API's event loop that submits each schedule's job when it is due.
+
+It sleeps until the earliest due time and is woken early by any change (a new, paused, resumed,
+re-timed or deleted schedule): no polling tick. Each firing is an ordinary job, submitted through
+`api.jobs.submit_record` like POST /jobs (same states, same metrics, same table), and its uuid is
+recorded against the schedule.
+
+A firing that falls due while the broker is silent waits for it for up to one hold time (keepalive
+interval × multiplier, counted from the due time or from the API's start, whichever is later), so
+the firing missed while the API was down is not lost to the moments before its client reaches the
+broker. A firing the fabric still refuses (no broker, no workers, busy) is counted on the schedule
+(`failures`, `last_error`) and not retried: the next slot comes as usual.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid as uuidlib
+from collections.abc import Callable, Iterator
+from contextlib import suppress
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .jobs import submit_record
+from .models import JobRequest
+from .problems import ProblemError
+from .schedule_store import ScheduleRecord, ScheduleStore
+from .schedule_timing import first, following
+from .state import ApiState
+
+log = logging.getLogger(__name__)
+
+# The longest the loop sleeps even with nothing due sooner: wall-clock time (which cron follows) can
+# jump (NTP, a suspended VM) while asyncio sleeps on the monotonic clock; waking now and then re-reads it.
+MAX_SLEEP = 60.0
+DELAY_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 300, 3600)
+
+
+class ScheduleMetrics(Collector):
+    """zfab_schedules{state}, zfab_schedule_firings_total{outcome}, zfab_schedule_delay_seconds."""
+
+    def __init__(self, scheduler: Scheduler, registry: CollectorRegistry) -> None:
+        self.scheduler = scheduler
+        self.registry = registry
+        self.firings = Counter(
+            "zfab_schedule_firings",
+            "Schedule firings by outcome (submitted: its job was submitted; refused: the fabric refused it)",
+            ["outcome"],
+            registry=registry,
+        )
+        self.delay = Histogram(
+            "zfab_schedule_delay_seconds",
+            "How late a firing was submitted after its due time",
+            buckets=DELAY_BUCKETS,
+            registry=registry,
+        )
+        for outcome in ("submitted", "refused"):
+            self.firings.labels(outcome)
+        registry.register(self)
+
+    def collect(self) -> Iterator[Metric]:
+        g = GaugeMetricFamily("zfab_schedules", "Periodic schedules the API holds, by state", labels=["state"])
+        paused = sum(1 for s in self.scheduler.schedules.values() if s.paused)
+        g.add_metric(["active"], len(self.scheduler.schedules) - paused)
+        g.add_metric(["paused"], paused)
+        yield g
+
+    def close(self) -> None:
+        for c in (self, self.firings, self.delay):
+            self.registry.unregister(c)
+
+
+class Scheduler:
+    """Holds every schedule in memory (at most ZFAB_MAX_SCHEDULES) and their store; fires them when due."""
+
+    def __init__(
+        self,
+        state: Callable[[], ApiState | None],
+        store: ScheduleStore,
+        *,
+        capacity: int,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.state = state
+        self.store = store
+        self.capacity = capacity
+        self.clock = clock
+        self.schedules: dict[str, ScheduleRecord] = {}
+        self.metrics = ScheduleMetrics(self, registry) if registry is not None else None
+        self._changed = asyncio.Event()
+        self._writes = asyncio.Lock()  # one write at a time, in order: a later state never loses to an earlier
+        self._task: asyncio.Task[None] | None = None
+        self.started_at = clock()
+
+    # ---- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        now = self.started_at = self.clock()
+        for rec in await asyncio.to_thread(self.store.load):
+            if not rec.paused and rec.next_run_at is None:
+                rec.next_run_at = first(rec.every, rec.cron, now)
+            # A next_run_at in the past was missed while the API was down: it is due now, and fires
+            # once on the first pass; `following` then skips every other slot it missed.
+            self.schedules[rec.id] = rec
+        missed = sum(1 for r in self.schedules.values() if r.next_run_at is not None and r.next_run_at <= now)
+        if self.schedules:
+            log.info("zfab api: %d schedules (%d missed while down: firing once each)", len(self.schedules), missed)
+        self._task = asyncio.create_task(self._run(), name="zfab scheduler")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with suppress(asyncio.CancelledError):
+                await self._task
+        async with self._writes:  # a write in flight finishes before the store closes
+            await asyncio.to_thread(self.store.close)
+        if self.metrics is not None:
+            self.metrics.close()
+
+    # ---- changes (from the routes) ---------------------------------------------------------------
+
+    def full(self) -> bool:
+        return len(self.schedules) >= self.capacity
+
+    async def add(
+        self, job: dict[str, Any], every: float | None, cron: str | None, name: str | None, paused: bool
+    ) -> ScheduleRecord:
+        now = self.clock()
+        rec = ScheduleRecord(
+            id=uuidlib.uuid4().hex,
+            job=job,
+            every=every,
+            cron=cron,
+            name=name,
+            paused=paused,
+            created_at=now,
+            next_run_at=None if paused else first(every, cron, now),
+        )
+        await self._save([rec])  # on disk before it exists: a schedule answered 201 survives a restart
+        self.schedules[rec.id] = rec
+        self._changed.set()
+        return rec
+
+    async def update(self, rec: ScheduleRecord, changes: dict[str, Any]) -> ScheduleRecord:
+        """Apply the PATCH fields given (paused, every, cron, name, job)."""
+        now = self.clock()
+        retimed = "every" in changes or "cron" in changes
+        if retimed:
+            rec.every, rec.cron = changes.get("every"), changes.get("cron")
+        if "name" in changes:
+            rec.name = changes["name"]
+        if "job" in changes:
+            rec.job = changes["job"]
+        resumed = changes.get("paused") is False and rec.paused
+        if "paused" in changes:
+            rec.paused = bool(changes["paused"])
+        if rec.paused:
+            rec.next_run_at = None
+        elif retimed or resumed or rec.next_run_at is None:
+            rec.next_run_at = first(rec.every, rec.cron, now)  # a resumed schedule does not catch up
+        await self._save([rec])
+        self._changed.set()
+        return rec
+
+    async def delete(self, rec: ScheduleRecord) -> None:
+        self.schedules.pop(rec.id, None)  # first: it must not fire while the delete is written
+        self._changed.set()
+        async with self._writes:
+            await asyncio.to_thread(self.store.delete, rec.id)
+
+    def schedule_of(self, job_uuid: str) -> str | None:
+        """The id of the schedule whose firing submitted this job (from the store's mapping)."""
+        return self.store.schedule_of(job_uuid)
+
+    # ---- the loop ------------------------------------------------------------------------------
+
+    def _broker_wait(self) -> tuple[float, float] | None:
+        """(hold time, check step) while the broker is silent; None when it answers."""
+        st = self.state()
+        if st is None or st.client.broker_alive:
+            return None
+        s = st.settings
+        return s.keepalive_interval * s.keepalive_multiplier, s.keepalive_interval
+
+    async def _run(self) -> None:
+        while True:
+            self._changed.clear()
+            now = self.clock()
+            due = [r for r in self.schedules.values() if r.next_run_at is not None and r.next_run_at <= now]
+            recheck: float | None = None
+            silent = self._broker_wait() if due else None
+            if silent is not None:
+                hold, step = silent
+                held = [r for r in due if now - max(r.next_run_at or now, self.started_at) < hold]
+                if held:  # not yet refused: look again in one keepalive interval
+                    due = [r for r in due if r not in held]
+                    recheck = now + step
+            if due:
+                fired = [self.fire(r, now) for r in due]
+                try:
+                    await self._save(due, [f for f in fired if f is not None])
+                except Exception:  # the loop must outlive a full disk; the schedules go on in memory
+                    log.exception("api schedules: could not record %d firings", len(due))
+            upcoming = [r.next_run_at for r in self.schedules.values() if r.next_run_at is not None]
+            wake = min([t for t in upcoming if t > now] + ([recheck] if recheck is not None else []), default=None)
+            delay = MAX_SLEEP if wake is None else min(max(0.0, wake - self.clock()), MAX_SLEEP)
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), delay)
+
+    def fire(self, rec: ScheduleRecord, now: float) -> tuple[str, str, float] | None:
+        """Submit the schedule's job (on the event loop, as POST /jobs does); the mapping row, or None if refused."""
+        due = rec.next_run_at if rec.next_run_at is not None else now
+        rec.next_run_at = following(rec.every, rec.cron, due, now)
+        rec.last_run_at = now
+        st = self.state()
+        outcome, row = "refused", None
+        try:
+            if st is None:
+                raise ProblemError(503, "starting", "API starting", "the API is starting or stopping")
+            job = submit_record(st, JobRequest.model_validate(rec.job), None, "").uuid
+        except ProblemError as exc:
+            rec.failures += 1
+            rec.last_error = exc.detail
+            log.warning("schedule %s: firing refused: %s", rec.id, exc.detail)
+        except Exception as exc:  # a template an upgraded API no longer accepts, a bug: counted, not fatal
+            rec.failures += 1
+            rec.last_error = f"{type(exc).__name__}: {exc}"
+            log.exception("schedule %s: firing failed", rec.id)
+        else:
+            rec.runs += 1
+            rec.last_error = None
+            rec.last_jobs.append(job)
+            outcome, row = "submitted", (job, rec.id, now)
+        if self.metrics is not None:
+            self.metrics.firings.labels(outcome).inc()
+            self.metrics.delay.observe(max(0.0, now - due))
+        return row
+
+    async def _save(self, recs: list[ScheduleRecord], fired: list[tuple[str, str, float]] | None = None) -> None:
+        rows = [r.row() for r in recs]  # taken now, on the loop: what is written is this moment's state
+        async with self._writes:
+            await asyncio.to_thread(self.store.save, rows, fired or [])

@@ -171,7 +171,7 @@ async def job_events(uuid: JobUuid, request: Request, _: Principal, last_event_i
     in worker-name order; for a one-worker job they are the same ids).
     """
     st = api_state(request)
-    rec = known_job(st, uuid)
+    rec = await known_job(st, uuid)
     await ensure_live(st, rec)
     if last_event_id == "end" and rec.done:
         return Response(status_code=204)
@@ -197,7 +197,7 @@ async def send_input(uuid: JobUuid, answer: InputAnswer, request: Request, _: Pr
     400 with the worker's reason when the value does not match the request's schema; 409 when
     the job is not waiting for input."""
     st = api_state(request)
-    rec = known_job(st, uuid)
+    rec = await known_job(st, uuid)
     fut = rec.live
     if rec.done:
         raise _conflict(uuid, "job-finished", "Job already finished", f"job {uuid} already finished")

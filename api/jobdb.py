@@ -23,7 +23,7 @@ from service.errors import ClosedError
 from service.storage import open_sqlite
 
 from .jobtable import JobRecord, JobTable
-from .models import Job, JobState
+from .models import Job, JobRequest, JobState
 
 log = logging.getLogger(__name__)
 
@@ -42,21 +42,25 @@ CREATE TABLE IF NOT EXISTS jobs (
     timeout REAL NOT NULL,
     submitted_at REAL NOT NULL,
     completed_at REAL,
-    job TEXT NOT NULL
+    job TEXT NOT NULL,
+    request TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_broker ON jobs(broker);
 """
+SCHEMA_VERSION = 2
+MIGRATIONS = {2: "ALTER TABLE jobs ADD COLUMN request TEXT"}  # v2: what was asked, to submit it again
 # `target` is the JSON of what the job was sent to ("any", "all", a name, a list); `workers` the
 # JSON list of the workers known to run it (recovery asks them); `job` the body GET answers.
 # Rows keep their first rowid on update, so rowid order is submission order.
 UPSERT = """
 INSERT INTO jobs (uuid, broker, service, task, target, state, workers, fingerprint, timeout, submitted_at,
-                  completed_at, job)
-VALUES (?,?,?,?,?,?,?,?,?,?,?,?)
+                  completed_at, job, request)
+VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)
 ON CONFLICT(uuid) DO UPDATE SET state=excluded.state, workers=excluded.workers, completed_at=excluded.completed_at,
     job=excluded.job
 """
-Row = tuple[str, str, str, str, str, str, str, str, float, float, float | None, str]
+Row = tuple[str, str, str, str, str, str, str, str, float, float, float | None, str, str | None]
+COLUMNS = "uuid, service, task, target, workers, fingerprint, timeout, job, request"
 
 
 def row_of(rec: JobRecord, broker: str) -> Row:
@@ -65,9 +69,12 @@ def row_of(rec: JobRecord, broker: str) -> Row:
     fut = rec.live
     if fut is not None and fut.done() and not fut.cancelled() and isinstance(fut.exception(), ClosedError):
         # The API stopped, not the job: it stays unfinished, to be recovered after the restart.
-        job = job.model_copy(update={"state": JobState.pending, "error": None, "results": None, "completed_at": None})
+        state = JobState.running if rec.dispatched() else JobState.queued
+        job = job.model_copy(
+            update={"state": state, "error": None, "reason": None, "results": None, "completed_at": None}
+        )
     if job.state is JobState.waiting:  # an input request cannot be answered across a restart
-        job = job.model_copy(update={"state": JobState.pending, "input_request": None})
+        job = job.model_copy(update={"state": JobState.running, "input_request": None})
     done = job.completed_at.timestamp() if job.completed_at else None
     return (
         rec.uuid,
@@ -82,14 +89,24 @@ def row_of(rec: JobRecord, broker: str) -> Row:
         job.submitted_at.timestamp(),
         done,
         job.model_dump_json(),
+        rec.request.model_dump_json() if rec.request is not None else None,
     )
 
 
 def record_of(
-    uuid: str, service: str, task: str, target: str, workers: str, fp: str, timeout: float, job: str
+    uuid: str,
+    service: str,
+    task: str,
+    target: str,
+    workers: str,
+    fp: str,
+    timeout: float,
+    job: str,
+    request: str | None,
 ) -> JobRecord:
     """A job read back from its row: known only from the database until a read recovers it."""
     stored = Job.model_validate_json(job)
+    asked = JobRequest.model_validate_json(request) if request else None
     return JobRecord(
         uuid=uuid,
         service=service,
@@ -101,6 +118,7 @@ def record_of(
         cancel_requested=stored.cancel_requested,
         stored=stored,
         ran_on=json.loads(workers),
+        request=asked,
     )
 
 
@@ -112,14 +130,21 @@ class JobDB:
         self.capacity = capacity
         self._lock = threading.Lock()  # a write cut off by shutdown may still run when the last one starts
         # v1; files written before the version was recorded (user_version 0) have the same table.
-        self._conn = open_sqlite(path, SCHEMA, 1, table="jobs", check_same_thread=False, also_accept=(0,))
+        self._conn = open_sqlite(
+            path,
+            SCHEMA,
+            SCHEMA_VERSION,
+            table="jobs",
+            check_same_thread=False,
+            also_accept=(0,),
+            migrations=MIGRATIONS,
+        )
 
     def load(self, broker: str) -> list[JobRecord]:
         """The newest `capacity` jobs run through `broker`, oldest first (a job id means nothing elsewhere)."""
         with self._lock:
             rows = self._conn.execute(
-                "SELECT uuid, service, task, target, workers, fingerprint, timeout, job FROM jobs "
-                "WHERE broker=? ORDER BY rowid DESC LIMIT ?",
+                f"SELECT {COLUMNS} FROM jobs WHERE broker=? ORDER BY rowid DESC LIMIT ?",
                 (broker, self.capacity),
             ).fetchall()
         out = []
@@ -129,6 +154,17 @@ class JobDB:
             except ValueError as exc:  # pydantic's ValidationError is a ValueError
                 log.warning("api job db: skipping unreadable job %s: %s", row[0], exc)
         return out
+
+    def read(self, uuid: str) -> JobRecord | None:
+        """One job by uuid (a job the in-memory table let go of), or None."""
+        with self._lock:
+            row = self._conn.execute(f"SELECT {COLUMNS} FROM jobs WHERE uuid=?", (uuid,)).fetchone()
+        if row is None:
+            return None
+        try:
+            return record_of(*row)
+        except ValueError:
+            return None
 
     def write(self, rows: list[Row]) -> None:
         """Upsert the rows and drop the oldest beyond `capacity`, in one transaction."""
@@ -164,6 +200,7 @@ class Persister:
 
     def start(self) -> None:
         self.table.persisting = True
+        self.table.loader = self.db.read
         self._task = asyncio.create_task(self._run(), name="api job db writer")
 
     async def _run(self) -> None:

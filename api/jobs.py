@@ -2,22 +2,37 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import asyncio
+from datetime import UTC, datetime
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 
 from service import MAX_JOB_UUID
-from service.errors import BadRequestError, ZfabError
+from service.errors import (
+    BackpressureError,
+    BadRequestError,
+    BrokerUnavailableError,
+    BusyError,
+    ClosedError,
+    JobError,
+    NoWorkersError,
+    ZfabError,
+)
 
+from .admission import check_job
 from .auth import Principal
 from .fabric import wait_done
 from .jobtable import REFUSALS, JobRecord, fingerprint, job_uuid_for_key, new_job_uuid
-from .models import Job, JobPage, JobRequest
+from .models import Job, JobPage, JobRequest, JobState, JobSummary
 from .problems import ProblemError, from_fabric_error, responses, unavailable
 from .recovery import ensure_live
 from .state import ApiState, api_state
 
 MAX_PAGE = 1000
+# How long POST /jobs waits for the broker to admit a job. A broker that just started holds a POST
+# for a service none of its workers confirmed yet for its startup grace (a few seconds).
+ADMISSION_TIMEOUT = 10.0
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -60,8 +75,22 @@ def _applied(request: Request, response: Response, waited: float | None) -> None
         response.headers["Preference-Applied"] = f"wait={waited:g}"
 
 
-def submit_record(st: ApiState, req: JobRequest, uuid: str | None, fp: str) -> JobRecord:
-    """Submit a job to the fabric and remember it in the table (POST /jobs, schedules)."""
+def admission_problem(exc: ZfabError, uuid: str) -> ProblemError:
+    """The HTTP answer for a job the fabric would not take: what a retry cannot fix is a 4xx."""
+    if isinstance(exc, NoWorkersError):
+        return ProblemError(404, "unknown-service", "No such service or worker", str(exc), job=uuid)
+    if isinstance(exc, BusyError | BackpressureError):
+        hint = exc.retry_after if isinstance(exc, JobError) and exc.retry_after else 1
+        return ProblemError(503, "busy", "Fabric busy", str(exc), {"Retry-After": str(int(hint))}, job=uuid)
+    if isinstance(exc, BrokerUnavailableError | ClosedError):
+        return unavailable(str(exc))
+    if isinstance(exc, BadRequestError):
+        return ProblemError(400, "bad-request", "Request rejected by the fabric", str(exc), job=uuid)
+    return from_fabric_error(exc, uuid)
+
+
+def submit_record(st: ApiState, req: JobRequest, uuid: str | None, fp: str, *, resubmit: bool = False) -> JobRecord:
+    """Submit a job to the fabric and remember it in the table (POST /jobs, schedules, recovery)."""
     if not st.client.broker_alive:
         raise unavailable(f"the broker at {st.client.broker} is not answering; retry shortly")
     juuid = uuid or new_job_uuid()
@@ -76,12 +105,31 @@ def submit_record(st: ApiState, req: JobRequest, uuid: str | None, fp: str) -> J
             req.timeout,
             uuid=juuid,
             on_event=lambda _: table.changed(juuid),  # wakes the job's SSE streams, if any
+            retries=req.retries,
+            priority=req.priority,
+            delay=req.delay or None,
+            resubmit=resubmit,
         )
     except ZfabError as exc:
         raise from_fabric_error(exc) from None
-    rec = JobRecord(fut.uuid, req.service, req.task, req.workers, fut, fp, req.timeout)
+    rec = JobRecord(fut.uuid, req.service, req.task, req.workers, fut, fp, req.timeout, request=req)
     table.add(rec)
     return rec
+
+
+async def admitted(rec: JobRecord) -> None:
+    """Wait until the broker took the job (queued or dispatched); a refusal becomes its 4xx/503."""
+    fut = rec.live
+    if fut is None:
+        return
+    try:
+        await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut.admission)), ADMISSION_TIMEOUT)
+    except TimeoutError:
+        raise unavailable(
+            f"the broker did not say within {ADMISSION_TIMEOUT:g} s whether it took job {rec.uuid}"
+        ) from None
+    except ZfabError as exc:
+        raise admission_problem(exc, rec.uuid) from None
 
 
 async def wait_for_job(rec: JobRecord, bound: float) -> None:
@@ -99,8 +147,8 @@ async def wait_for_job(rec: JobRecord, bound: float) -> None:
     response_model=Job,
     responses={
         200: {"model": Job, "description": "The job finished within the wait bound (any final state)"},
-        202: {"description": "Accepted; poll the `Location` header, GET /jobs/{uuid}"},
-        **responses(400, 401, 403, 409, 413, 422, 503),
+        202: {"description": "Admitted (queued or running); poll the `Location` header, GET /jobs/{uuid}"},
+        **responses(400, 401, 403, 404, 409, 413, 415, 422, 503),
     },
 )
 async def submit_job(
@@ -118,12 +166,14 @@ async def submit_job(
         ),
     ] = None,
 ) -> Job:
-    """Run `task` of `service` on `workers`. Answers 202 with the pending job and its `Location`;
-    with `?wait=N` (or `Prefer: wait=N`) answers 200 with the finished job when it ends in time.
+    """Run `task` of `service` on `workers`. Answers once the broker has admitted the job: 202 with
+    the job (`queued` or `running`) and its `Location`; with `?wait=N` (or `Prefer: wait=N`) 200
+    with the finished job when it ends in time (any final state: see `state` and `reason`).
 
-    A job that was refused (no live workers, fabric busy) or rejected (unknown task, bad
-    arguments) while the request waited answers 503 or 400; a job that timed out or lost its
-    worker is a finished job in state `error`.
+    Refused at once: 404 for a service (or worker name) the broker does not know, 400 for a task
+    the service does not have, 422 for arguments the task would refuse, 503 + Retry-After for a
+    full queue or an unreachable broker. A job waits in the broker's queue while no worker can take
+    it, until its `timeout` (default 60 s, counted from the end of its `delay`).
     """
     st = api_state(request)
     uuid, fp = (job_uuid_for_key(idempotency_key, principal), fingerprint(req)) if idempotency_key else (None, "")
@@ -140,16 +190,14 @@ async def submit_job(
         )
     fresh = rec is None or rec.refused()
     if rec is None or fresh:
+        await check_job(st.schemas, st.client, req)
         rec = submit_record(st, req, uuid, fp)
     else:
         await ensure_live(st, rec)
+    await admitted(rec)
     bound = wait_bound(wait, prefer, st.settings.default_wait_max)
     if bound is not None:
         await wait_for_job(rec, bound)
-        fut = rec.live
-        exc = fut.exception() if fut is not None and fut.done() and not fut.cancelled() else None
-        if isinstance(exc, (*REFUSALS, BadRequestError)):
-            raise from_fabric_error(exc, rec.uuid)
     _applied(request, response, bound)
     view = rec.view()
     response.headers["Location"] = f"{request.scope.get('root_path', '')}/jobs/{rec.uuid}"
@@ -178,7 +226,7 @@ async def get_job(
 ) -> Job:
     """The job as it stands (`state` says whether it finished). `?wait=N` long-polls until it does."""
     st = api_state(request)
-    rec = known_job(st, uuid)
+    rec = await known_job(st, uuid)
     await ensure_live(st, rec)
     bound = wait_bound(wait, prefer, st.settings.default_wait_max)
     if bound is not None:
@@ -190,15 +238,16 @@ async def get_job(
 @router.delete(
     "/{uuid}",
     operation_id="cancel_job",
-    summary="Cancel a pending job",
+    summary="Cancel a job, queued or running",
     status_code=202,
     response_model=Job,
     responses=responses(401, 403, 404, 409, 422, 503),
 )
 async def cancel_job(uuid: JobUuid, request: Request, _: Principal) -> Job:
-    """Ask the job's workers to cancel it (202); the job then ends as its workers report."""
+    """Cancel the job (202): a queued one leaves the broker's queue at once and never runs; a
+    running one is asked to stop, and ends as its workers report (`cancelled`, or its result)."""
     st = api_state(request)
-    rec = known_job(st, uuid)
+    rec = await known_job(st, uuid)
     await ensure_live(st, rec)
     if rec.live is None and not rec.done:
         raise unavailable(f"job {uuid} ran before the API restarted and none of its workers answers yet; retry shortly")
@@ -216,32 +265,91 @@ async def cancel_job(uuid: JobUuid, request: Request, _: Principal) -> Job:
     return rec.view()
 
 
+StateFilter = Annotated[list[JobState] | None, Query(description="Only jobs in these states (repeat the parameter)")]
+
+
 @router.get(
     "",
     operation_id="list_jobs",
     summary="Recent jobs, newest first",
     response_model=JobPage,
+    response_model_exclude_none=False,
     responses=responses(401, 403, 422),
 )
 async def list_jobs(
     request: Request,
     _: Principal,
-    limit: Annotated[int, Query(ge=1, description=f"Page size (capped at {MAX_PAGE})")] = 50,
-    offset: Annotated[int, Query(ge=0, description="Jobs to skip, from the newest")] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description=f"Page size, at most {MAX_PAGE}")] = 50,
+    cursor: Annotated[str | None, Query(description="Where the page starts: the `next` of the page before")] = None,
+    state: StateFilter = None,
+    service: Annotated[str | None, Query(max_length=256)] = None,
+    task: Annotated[str | None, Query(max_length=256)] = None,
+    worker: Annotated[str | None, Query(max_length=256, description="Jobs a worker of this name ran")] = None,
+    since: Annotated[datetime | None, Query(description="Submitted at or after (ISO 8601)")] = None,
+    until: Annotated[datetime | None, Query(description="Submitted before (ISO 8601)")] = None,
+    include: Annotated[Literal["results"] | None, Query(description="`results`: whole jobs, not summaries")] = None,
 ) -> JobPage:
-    """The jobs this API submitted (up to ZFAB_JOB_HISTORY of them; across restarts with ZFAB_API_DB).
-
-    A job from before a restart that had not finished reads as `pending` here until a
-    GET /jobs/{uuid} recovers it from its workers."""
+    """The jobs this API submitted (up to ZFAB_JOB_HISTORY of them; across restarts with ZFAB_API_DB),
+    newest first, as summaries (no results, no events) unless `include=results`. Pages follow
+    `next` (cursor pagination: a page is not shifted by jobs submitted meanwhile)."""
     st = api_state(request)
-    limit = min(limit, MAX_PAGE)
-    items = [rec.view() for rec in st.jobs.page(limit, offset)]
-    return JobPage(items=items, total=len(st.jobs), limit=limit, offset=offset)
+    try:
+        before = int(cursor) if cursor is not None else None
+    except ValueError:
+        raise ProblemError(422, "bad-cursor", "Bad cursor", "cursor must be the `next` of an earlier page") from None
+    states = set(state) if state else None
+    items: list[Job | JobSummary] = []
+    last: int | None = None
+    more = False
+    for rec in st.jobs.newest(before):
+        view = rec.view()
+        if not _matches(view, rec, states, service, task, worker, since, until):
+            continue
+        if len(items) == limit:
+            more = True
+            break
+        items.append(view if include == "results" else JobSummary.of(view))
+        last = rec.seq
+    nxt = None
+    if more and last is not None:
+        nxt = str(request.url.include_query_params(cursor=str(last)))
+    return JobPage(items=items, total=len(st.jobs), limit=limit, next=nxt)
 
 
-def known_job(st: ApiState, uuid: str) -> JobRecord:
-    """The job, or a 404 problem."""
+def _matches(
+    view: Job,
+    rec: JobRecord,
+    states: set[JobState] | None,
+    service: str | None,
+    task: str | None,
+    worker: str | None,
+    since: datetime | None,
+    until: datetime | None,
+) -> bool:
+    if states is not None and view.state not in states:
+        return False
+    if service is not None and view.service != service:
+        return False
+    if task is not None and view.task != task:
+        return False
+    if worker is not None and worker not in rec.dispatched():
+        return False
+    if since is not None and view.submitted_at < _aware(since):
+        return False
+    return until is None or view.submitted_at < _aware(until)
+
+
+def _aware(when: datetime) -> datetime:
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+async def known_job(st: ApiState, uuid: str) -> JobRecord:
+    """The job (from memory, or the API's database when memory let it go), or a 404 problem."""
     rec = st.jobs.get(uuid)
+    if rec is None and st.jobs.loader is not None:
+        rec = await asyncio.to_thread(st.jobs.loader, uuid)
+        if rec is not None:
+            st.jobs.add(rec, persist=False)
     if rec is None:
         raise ProblemError(
             404,
@@ -250,3 +358,6 @@ def known_job(st: ApiState, uuid: str) -> JobRecord:
             f"no job {uuid} here: this API remembers the last {st.jobs.capacity} jobs it submitted",
         )
     return rec
+
+
+__all__ = ["REFUSALS", "known_job", "router", "submit_record"]

@@ -16,11 +16,12 @@ import os
 import random
 import uuid as uuidlib
 from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from service import JobFuture
+from service import JobFuture, final_state
 from service.errors import BackpressureError, BrokerUnavailableError, BusyError, ClosedError, JobError, NoWorkersError
 
 from .inputs import is_open, pending_input, snapshot
@@ -33,6 +34,7 @@ REFUSAL_NAMES = frozenset(cls.__name__ for cls in REFUSALS)
 # A recovery (GET from the workers after an API restart) that ended like this tried nothing:
 # the job stays as the database has it, and the next read tries again.
 RECOVERY_RETRY = (*REFUSALS, BrokerUnavailableError)
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024  # results and events of finished jobs the table keeps in memory
 IDEMPOTENCY_NAMESPACE = uuidlib.UUID("6f1b7f4e-2c55-4f0e-9d43-0b7d7cf0a6a1")
 
 
@@ -63,18 +65,19 @@ def _when(epoch: float | None) -> datetime | None:
 
 
 def state_of(future: JobFuture) -> tuple[JobState, dict[str, Any] | None, BaseException | None]:
-    """(state, results, error) of a job right now."""
+    """(state, results, error) of a job right now: the client's state machine, read as it stands."""
     if not future.done():
-        return JobState.pending, None, None
+        return JobState(future.state.value), None, None
     if future.cancelled():
-        return JobState.error, None, ClosedError("the job's future was cancelled")
+        return JobState.lost, None, ClosedError("the job's future was cancelled")
     exc = future.exception()
+    if not future.state.final:  # resolved by someone other than the client (it sets the state first)
+        future.state, future.reason = final_state(None if exc else future.result(), exc)
     if exc is not None:
         partial = exc.results if isinstance(exc, JobError) and exc.results else None
-        return JobState.error, partial, exc
+        return JobState(future.state.value), partial, exc
     results: dict[str, Any] = future.result()
-    failed = any(isinstance(v, dict) and v.get("failed") for v in results.values())
-    return (JobState.failed if failed else JobState.completed), results, None
+    return JobState(future.state.value), results, None
 
 
 @dataclass(slots=True, eq=False)
@@ -93,6 +96,9 @@ class JobRecord:
     future: JobFuture | None
     fingerprint: str  # of the request, when it came with an Idempotency-Key
     timeout: float = 60.0
+    request: JobRequest | None = None  # what was asked (kept to submit it again after a restart)
+    seq: int = 0  # order of arrival in the table (cursor pagination)
+    counted: int = 0  # bytes of it the table counts (settled when the job finishes)
     cancel_requested: bool = False
     stored: Job | None = None
     ran_on: list[str] = field(default_factory=list)  # workers known to run it, from the database
@@ -111,6 +117,12 @@ class JobRecord:
         ):
             return None
         return fut
+
+    @property
+    def size(self) -> int:
+        """Bytes the record holds in memory: its future's results and events."""
+        fut = self.future
+        return fut.size if fut is not None else 0
 
     @property
     def done(self) -> bool:
@@ -166,21 +178,46 @@ class JobRecord:
             timings.update(t)
         elif "completed" in t:  # a recovered job: when the API learnt the outcome
             timings.update(recovered=t.get("submitted", 0.0), completed=t["completed"])
-        request = self.input_request() if state is JobState.pending else None
+        request = self.input_request() if not state.finished else None
+        if request is not None:
+            state = JobState.waiting
+        started = _started(timings, results)
+        finished = _when(timings.get("completed")) if state.finished else None
+        req = self.request
         return Job(
             uuid=self.uuid,
             service=self.service,
             task=self.task,
             workers=self.workers,
-            state=JobState.waiting if request is not None else state,
+            state=state,
+            reason=fut.reason if state.finished else None,
             results=results,
             error=JobErrorInfo(type=type(exc).__name__, message=str(exc)) if exc is not None else None,
             submitted_at=_when(timings.get("submitted")) or datetime.now(UTC),
-            completed_at=_when(timings.get("completed")) if state.finished else None,
+            queued_at=_when(timings.get("queued") or timings.get("dispatched")),
+            started_at=started,
+            finished_at=finished,
+            completed_at=finished,
             timings=timings,
             cancel_requested=self.cancel_requested,
             input_request=request,
+            priority=req.priority if req is not None else 5,
+            retries=req.retries if req is not None else 0,
         )
+
+
+def _started(timings: dict[str, float], results: dict[str, Any] | None) -> datetime | None:
+    """When a worker started the job: its 201, else the earliest start its results report."""
+    if "started" in timings:
+        return _when(timings["started"])
+    starts = [
+        ts["started"]
+        for entry in (results or {}).values()
+        if isinstance(entry, dict)
+        and isinstance(ts := entry.get("timestamps"), dict)
+        and isinstance(ts.get("started"), int | float)
+    ]
+    return _when(min(starts)) if starts else None
 
 
 class JobTable:
@@ -190,18 +227,26 @@ class JobTable:
     persist, `listen` gives an asyncio.Event set on each event and on completion (for SSE).
     """
 
-    def __init__(self, capacity: int, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(
+        self, capacity: int, loop: asyncio.AbstractEventLoop | None = None, max_bytes: int = DEFAULT_MAX_BYTES
+    ) -> None:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         self.capacity = capacity
+        self.max_bytes = max_bytes
+        self.bytes = 0  # results and events of finished jobs held in memory
         self.loop = loop
         self._jobs: OrderedDict[str, JobRecord] = OrderedDict()
+        self._seq = 0
+        # Reads a job the table let go of from the API's database (set by the persister); None: memory only.
+        self.loader: Callable[[str], JobRecord | None] | None = None
         self.persisting = False  # set when a persister drains `dirty`; otherwise nothing is collected
         self.dirty: deque[str] = deque()
         self.kick = asyncio.Event()  # set when `dirty` gains entries (the persister waits on it)
         self._kicked = False
         self._listeners: dict[str, set[asyncio.Event]] = {}
         self.closing = False  # the server is stopping: streams end (callers resume with Last-Event-ID)
+        self.released = 0  # finished jobs let go of for the byte bound (still in the database)
 
     def __len__(self) -> int:
         return len(self._jobs)
@@ -210,10 +255,14 @@ class JobTable:
         return self._jobs.get(uuid)
 
     def add(self, record: JobRecord, *, persist: bool = True) -> None:
-        self._jobs.pop(record.uuid, None)
+        old = self._jobs.pop(record.uuid, None)
+        if old is not None:
+            self.bytes -= old.counted
+        self._seq += 1
+        record.seq = self._seq
         self._jobs[record.uuid] = record
         while len(self._jobs) > self.capacity:
-            self._jobs.popitem(last=False)
+            self.bytes -= self._jobs.popitem(last=False)[1].counted
         if record.future is not None:
             self.watch(record.future)
         if persist:
@@ -223,6 +272,30 @@ class JobTable:
         """Persist and wake listeners when `future` (a job's, or its recovery's) finishes."""
         uuid = future.uuid
         future.add_done_callback(lambda _: self.changed(uuid, finished=True))
+
+    def newest(self, before: int | None = None) -> Iterator[JobRecord]:
+        """Newest first; with `before`, only those that arrived before that sequence number."""
+        for rec in reversed(self._jobs.values()):
+            if before is None or rec.seq < before:
+                yield rec
+
+    def settle(self, uuid: str) -> None:
+        """A job finished (event loop): count what it holds, and let the oldest finished jobs go while
+        the table is over its byte bound. They stay in the database, where GET finds them."""
+        rec = self._jobs.get(uuid)
+        if rec is not None and rec.done:
+            size = rec.size
+            self.bytes += size - rec.counted
+            rec.counted = size
+        if self.bytes <= self.max_bytes:
+            return
+        for old in list(self._jobs.values()):
+            if self.bytes <= self.max_bytes:
+                break
+            if old.done and old.counted:
+                del self._jobs[old.uuid]
+                self.bytes -= old.counted
+                self.released += 1
 
     def page(self, limit: int, offset: int) -> list[JobRecord]:
         """Newest first."""
@@ -254,6 +327,7 @@ class JobTable:
         """A job got an event or finished (called on the client's owner thread)."""
         if finished:
             self.touch(uuid)
+            self._soon(lambda: self.settle(uuid))
         if uuid in self._listeners:
             self._soon(lambda: self._wake(uuid))
 

@@ -13,6 +13,8 @@ from service import MAX_NAME_BYTES
 # The broker drops frames whose service or worker name is longer than MAX_NAME_BYTES; checking
 # here turns a job that would silently time out into a 422.
 MAX_JOB_TIMEOUT = 86_400.0
+MAX_DELAY = 7 * 86_400.0
+MAX_RETRIES = 10
 MMI_SERVICE = "mmi.service.broker"
 
 
@@ -41,22 +43,31 @@ Target = WorkerName | Annotated[list[WorkerName], Field(min_length=1, max_length
 
 
 class JobState(StrEnum):
-    """Where a job is. `failed` and `error` differ: a failed job ran and reported failure."""
+    """Where a job is: one state machine, the same in the Python client, the CLI and the metrics.
 
-    pending = "pending"
-    """Submitted; not every worker has answered yet."""
+    queued → running (↔ waiting) → completed | failed | cancelled | expired | lost; a final
+    state carries a `reason`."""
+
+    queued = "queued"
+    """Admitted by the broker; waiting for a worker (or its `delay`)."""
+    running = "running"
+    """A worker started it."""
+    waiting = "waiting"
+    """Running; a worker waits for input from the client (see `input_request`, POST /jobs/{uuid}/input)."""
     completed = "completed"
     """Finished; every worker's result has `failed: false`."""
     failed = "failed"
-    """Finished; at least one worker's result has `failed: true` (the task raised or refused)."""
-    error = "error"
-    """Ended without a complete result: timeout, no workers, worker lost, busy... see `error`."""
-    waiting = "waiting"
-    """Running; a worker waits for input from the client (see `input_request`, POST /jobs/{uuid}/input)."""
+    """Finished; a task raised, or the job was refused (see `reason` and the results' `errors`)."""
+    cancelled = "cancelled"
+    """Stopped by DELETE, queued or running."""
+    expired = "expired"
+    """Its deadline (`timeout`, counted from the end of its `delay`) passed before it finished."""
+    lost = "lost"
+    """Its worker (or the broker) was lost and no retry was left: its outcome is unknown."""
 
     @property
     def finished(self) -> bool:
-        return self not in (JobState.pending, JobState.waiting)
+        return self not in (JobState.queued, JobState.running, JobState.waiting)
 
 
 class JobRequest(BaseModel):
@@ -80,12 +91,24 @@ class JobRequest(BaseModel):
         "any", description="`any` (one worker), `all`, a worker name, or a list of names", examples=["any"]
     )
     timeout: float = Field(
-        60.0, gt=0, le=MAX_JOB_TIMEOUT, allow_inf_nan=False, description="Seconds the job may take, end to end"
+        60.0,
+        gt=0,
+        le=MAX_JOB_TIMEOUT,
+        allow_inf_nan=False,
+        description="Seconds the job may take, end to end (default 60); counted from the end of its `delay`. "
+        "Past it the job is `expired`, queued or running.",
+    )
+    priority: int = Field(5, ge=0, le=9, description="Queue order at the broker: 9 first, 0 last (default 5)")
+    delay: float = Field(
+        0.0, ge=0, le=MAX_DELAY, allow_inf_nan=False, description="Seconds the broker holds the job before it may run"
+    )
+    retries: int = Field(
+        0, ge=0, le=MAX_RETRIES, description="Runs again on another worker when its worker is lost (target `any`)"
     )
 
 
 class JobErrorInfo(BaseModel):
-    """Why a job ended in state `error`."""
+    """The fabric error that ended a job (expired, lost, cancelled, refused), as the Python client raises it."""
 
     type: str = Field(description="The fabric error, e.g. JobTimeoutError, NoWorkersError, WorkerLostError")
     message: str
@@ -130,13 +153,19 @@ class Job(BaseModel):
     task: str
     workers: str | list[str] = Field(description="The target the job was submitted to")
     state: JobState
+    reason: str | None = Field(None, description="Why a job ended as it did (for final states other than completed)")
     results: dict[str, Any] | None = Field(
         description="Results keyed by worker name, as Client.run_job returns them; null while pending "
         "(an `error` job keeps whatever results did arrive)"
     )
     error: JobErrorInfo | None = None
+    priority: int = 5
+    retries: int = 0
     submitted_at: datetime
-    completed_at: datetime | None = None
+    queued_at: datetime | None = Field(None, description="When the broker admitted it to its queue")
+    started_at: datetime | None = Field(None, description="When a worker started it")
+    finished_at: datetime | None = Field(None, description="When it reached its final state")
+    completed_at: datetime | None = Field(None, description="The same as finished_at (kept for older clients)")
     timings: dict[str, float] = Field(description="Epoch seconds at each hop the client saw")
     cancel_requested: bool = False
     input_request: dict[str, Any] | None = Field(
@@ -159,13 +188,47 @@ class InputAnswer(BaseModel):
     )
 
 
-class JobPage(BaseModel):
-    """Recent jobs, newest first."""
+class JobSummary(BaseModel):
+    """A job in a listing: where it is and when, without its results or events (`include=results` for those)."""
 
-    items: list[Job]
+    uuid: str
+    service: str
+    task: str
+    workers: str | list[str]
+    state: JobState
+    reason: str | None = None
+    submitted_at: datetime
+    queued_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    priority: int = 5
+    cancel_requested: bool = False
+
+    @classmethod
+    def of(cls, job: Job) -> JobSummary:
+        return cls(
+            uuid=job.uuid,
+            service=job.service,
+            task=job.task,
+            workers=job.workers,
+            state=job.state,
+            reason=job.reason,
+            submitted_at=job.submitted_at,
+            queued_at=job.queued_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+            priority=job.priority,
+            cancel_requested=job.cancel_requested,
+        )
+
+
+class JobPage(BaseModel):
+    """Recent jobs, newest first: summaries, or whole jobs with `include=results`."""
+
+    items: list[Job | JobSummary]
     total: int = Field(description="Jobs the API remembers (bounded by ZFAB_JOB_HISTORY)")
     limit: int
-    offset: int
+    next: str | None = Field(None, description="The next page's URL (same filters), or null on the last page")
 
 
 class Problem(BaseModel):

@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 import time
 
+from service import State
 from service.errors import ZfabError
 
 from .fabric import mmi
 from .jobtable import JobRecord
+from .models import JobRequest
 from .state import ApiState
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,9 @@ async def ensure_live(st: ApiState, rec: JobRecord) -> None:
     """
     if rec.live is not None or rec.stored is None or rec.stored.state.finished:
         return
+    if rec.request is not None and not rec.dispatched():
+        _resubmit(st, rec, rec.request)
+        return
     workers = rec.dispatched() or await _service_workers(st, rec.service)
     if not workers or rec.live is not None:  # nobody to ask, or a concurrent read started it
         return
@@ -46,6 +51,26 @@ async def ensure_live(st: ApiState, rec: JobRecord) -> None:
     except (ZfabError, ValueError) as exc:
         log.info("api: cannot recover job %s yet: %s", rec.uuid, exc)
         return
+    fut.state = State(rec.stored.state.value)  # as far as we know, until its workers answer
     rec.future = fut
     st.jobs.watch(fut)
     log.info("api: recovering job %s from %s", rec.uuid, ", ".join(workers))
+
+
+def _resubmit(st: ApiState, rec: JobRecord, req: JobRequest) -> None:
+    """A job the broker had queued when this API stopped: POST it again, same uuid. The broker
+    dedupes (still queued: the answer comes to us now; dispatched or done: its worker answers),
+    and a new broker takes it as a job of a service its first broker knew."""
+    from .jobs import submit_record  # jobs imports this module
+
+    assert rec.stored is not None
+    start = rec.stored.submitted_at.timestamp() + req.delay
+    left = max(0.001, start + req.timeout - time.time())
+    again = req.model_copy(update={"timeout": round(left, 3), "delay": max(0.0, start - time.time())})
+    try:
+        fresh = submit_record(st, again, rec.uuid, rec.fingerprint, resubmit=True)
+    except Exception as exc:  # no broker yet: the next read tries again
+        log.info("api: cannot submit job %s again yet: %s", rec.uuid, exc)
+        return
+    fresh.stored, fresh.request = rec.stored, req
+    log.info("api: job %s was queued when the API stopped; submitted again", rec.uuid)

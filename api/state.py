@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import Request
 
 from service import Client
 
+from .admission import TaskSchemas
 from .fabric import FabricView
 from .jobtable import JobTable
 from .problems import unavailable
@@ -20,6 +21,7 @@ class ApiState:
     client: Client
     jobs: JobTable
     fabric: FabricView
+    schemas: TaskSchemas = field(default_factory=TaskSchemas)  # task argument schemas, from the broker
 
 
 def api_state(request: Request) -> ApiState:

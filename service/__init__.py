@@ -12,6 +12,8 @@ from .client.clientjob import JobFuture
 from .client.filestream import FileStream
 from .core.payloads import MAX_JOB_UUID
 from .core.protocol import MAX_NAME_BYTES
+from .core.schemacheck import check_arguments
+from .core.states import State, final_state
 from .errors import *  # noqa: F403 - every error class is part of the face
 from .settings import Settings
 from .worker.job import Job
@@ -27,7 +29,10 @@ __all__ = [
     "Job",
     "JobFuture",
     "Settings",
+    "State",
     "Worker",
+    "check_arguments",
+    "final_state",
     "task",
     *errors.__all__,
 ]

@@ -233,6 +233,11 @@ class Broker:
         self.keys.move_to_end(sender)
         return bound == user
 
+    def _owner_of(self, job: Any) -> bool:
+        """May the sender of this frame take over the job's answers? Under CURVE only with the key
+        that submitted it (another key could otherwise divert a job's results)."""
+        return self.zap is None or job.client_key == self.loop.user_id
+
     def in_grace(self) -> bool:
         return self.grace_until is not None
 
@@ -284,10 +289,16 @@ class Broker:
         reg, d = self.registry, self.dispatch
         waiting = d.queued.get(req.uuid)
         if waiting is not None:
-            d.requeued(waiting)  # idempotent by uuid: the same answer, no second copy
+            # Idempotent by uuid: the same answer, no second copy. From another connection it is the
+            # job's client again (it reconnected, or the API restarted): answers go there now.
+            if self._owner_of(waiting):
+                waiting.client = sender
+            d.requeued(waiting)
             return
         route = reg.routes.get(req.uuid)
         if route is not None:
+            if route.job is None or self._owner_of(route.job):
+                route.client = sender
             # A retried POST of a job in flight goes back to the workers that have it;
             # they answer with its state instead of running it twice.
             self.counts["post_retried"] += 1
@@ -384,6 +395,8 @@ class Broker:
         if svc is None:
             raise Refusal(nfp.ST_NOT_FOUND, Word.FAILED, f"service '{req.service.decode(errors='replace')}' is unknown")
         route = reg.routes.get(req.uuid)
+        if route is not None and (route.job is None or self._owner_of(route.job)):
+            route.client = sender  # its client, reconnected: the job's answers go there now
         if target == "any":
             workers = [w for n in route.workers if (w := reg.by_name.get(n))] if route else []
             if not workers and (w := reg.least_loaded(svc) or next(iter(reg.live(svc)), None)) is not None:
@@ -490,6 +503,9 @@ class Broker:
     def forward(self, worker: WorkerRecord, msg: nfp.WorkerReply) -> None:
         """Route a worker's reply to its client; final replies free the worker's credit."""
         forward = True
+        route_now = self.registry.routes.get(msg.uuid)
+        # The route knows the job's client as it is now (it may have reconnected since the POST).
+        client = route_now.client if route_now is not None else msg.client
         if msg.command == nfp.RESPONSE:
             if msg.status in nfp.FINAL_STATUSES:
                 route = self.registry.complete(worker, msg.uuid)
@@ -508,7 +524,7 @@ class Broker:
                     return  # back in the queue: the client waits on, nothing to tell it
         if forward:
             self.counts["forwarded"] += 1
-            self.send(nfp.broker_reply(msg.client, msg.command, worker.service, msg.uuid, msg.status, msg.payload))
+            self.send(nfp.broker_reply(client, msg.command, worker.service, msg.uuid, msg.status, msg.payload))
 
     def _disconnect_unknown(self, sender: bytes, service: bytes) -> None:
         # After a broker restart workers learn at their next frame that they must re-register.

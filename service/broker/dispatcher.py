@@ -125,9 +125,10 @@ class Dispatcher:
         self.reply(job.client, job.service, job.uuid, nfp.ST_QUEUED, answer(job, Word.QUEUED, depth=depth))
 
     def requeued(self, job: QueuedJob) -> None:
-        """A POST repeated for a job that waits: the same answer again."""
+        """A POST repeated for a job that waits: the same answer again (none yet for a job whose
+        service no worker has confirmed while the broker starts)."""
         self.counts["post_retried"] += 1
-        if job.announce:
+        if job.announce and job.told_queued:
             self._tell_queued(job)
 
     # ---- sending -----------------------------------------------------------------

@@ -137,8 +137,6 @@ class Registry:
         if svc is not None:
             svc.last_active = self.clock()
             self.services.move_to_end(name)
-            if not tentative:
-                svc.tentative = False
             return svc
         if not create:
             return None

@@ -157,6 +157,7 @@ class Client:
         priority: int | None = None,
         delay: float | None = None,
         not_before: float | None = None,
+        resubmit: bool = False,
     ) -> JobFuture:
         """Queue a job; the returned future resolves to {worker name: result entry}.
 
@@ -166,6 +167,8 @@ class Client:
         time) hold the job there until then; `timeout` counts from then.
         With `retries` (target "any" only), a job whose worker is lost runs again on
         another worker, with its attempt number; a late result of the lost attempt is dropped.
+        `resubmit` sends again a job (same uuid) a broker admitted before, e.g. after a restart
+        of this process: its service counts as known, and a refusal means its outcome is unknown.
         """
         if timeout <= 0:
             raise ValueError("timeout must be positive")
@@ -183,9 +186,14 @@ class Client:
             not_before = max(not_before or 0.0, time.time() + delay)
         if not_before is not None:
             fields["not_before"] = not_before
-        return self._submit(
+        if resubmit:
+            fields["known"] = True
+        fut = self._submit(
             service.encode(), target, body, timeout, uuid=uuid, on_event=on_event, retries=retries, fields=fields
         )
+        if resubmit and (job := self._jobs.get(fut.uuid)) is not None:
+            job.resubmitted = True
+        return fut
 
     def run_job(
         self,

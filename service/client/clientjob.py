@@ -226,7 +226,8 @@ class ClientJob:
                 # Sent again after the broker came back: the first copy may have run meanwhile.
                 why = f"the job may have run before the broker restarted; submitting it again was refused: {why}"
                 cls = OutcomeUnknownError
-            self.refused = cls(why, uuid=self.uuid)
+            hint = payload.get("retry_after")
+            self.refused = cls(why, uuid=self.uuid, retry_after=hint if isinstance(hint, int | float) else None)
             return True
         worker = str(payload.get("worker", ""))
         if status == nfp.ST_WORKER_LOST:

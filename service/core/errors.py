@@ -40,10 +40,13 @@ class BrokerUnavailableError(ZfabError):
 class JobError(ZfabError):
     """A job did not produce a complete result. `results` holds what did arrive."""
 
-    def __init__(self, message: str, *, uuid: str = "", results: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, message: str, *, uuid: str = "", results: dict[str, Any] | None = None, retry_after: float | None = None
+    ) -> None:
         super().__init__(message)
         self.uuid = uuid
         self.results: dict[str, Any] = results or {}
+        self.retry_after = retry_after  # seconds the fabric suggests waiting before a retry (a full queue)
 
 
 class NoWorkersError(JobError):

@@ -227,10 +227,10 @@ def test_idle_streams_get_pings_and_a_caller_that_hangs_up_releases_its_stream(t
             wait_for(lambda: uuid not in table._listeners, 10, what="the streams' listeners released")
             t0 = time.monotonic()
             assert c.get("/healthz").status_code == 200 and time.monotonic() - t0 < 1.0
-            assert c.get(f"/jobs/{uuid}").json()["state"] == "pending"
+            assert c.get(f"/jobs/{uuid}").json()["state"] in ("queued", "running")
             assert c.delete(f"/jobs/{uuid}").status_code == 202
             r = c.get(f"/jobs/{uuid}", params={"wait": 10})
-            assert r.json()["state"] == "failed" and r.json()["results"]["w1"]["status"] == "cancelled"
+            assert r.json()["state"] == "cancelled" and r.json()["results"]["w1"]["status"] == "cancelled"
 
 
 def test_files_download_over_http_intact_and_bad_paths_are_refused(tmp_path: Path) -> None:

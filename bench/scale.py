@@ -1,0 +1,319 @@
+"""1,000 workers on one broker: idle CPU, dispatch latency and MMI with a fleet connected.
+
+A harness of DEALER peers speaking the zfab worker protocol (docs/protocol.md), a few
+processes of a few hundred sockets each, every process one single-threaded poll loop:
+
+    READY      [b"", NFPW01, 0x01, service, {"v": 2, "name", "credits", "tasks": {"echo": {}}}]
+    KEEPALIVE  [b"", NFPW01, 0x02, service, stats]   every interval, staggered, as a zfab worker does
+    POST  ->   [b"", NFPW01, 0x05, client, b"", uuid, b"200", {name: result entry}]   (an echo)
+
+against a real `zfab broker` process. Measured with 1 peer and with 1,000 (the baseline is the
+one-worker broker, started the same way in the same run):
+
+- broker CPU over a window with every peer connected and keepalives flowing (% of one core,
+  from /proc/PID/stat), and its RSS;
+- dispatch p50/p99 through the broker: a zfab Client running sequential echo jobs (target any);
+- pipelined echo jobs/s from one client (window 200), for scale;
+- MMI show_workers answer time (and size) with the whole fleet listed.
+
+    python -m bench.scale [--quick] [--workers 1000] [--procs 4]
+    python -m bench.scale peers ...   (a child: the peer harness)
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import os
+import random
+import signal
+import sys
+import tempfile
+import time
+from collections import deque
+from types import FrameType
+from typing import Any
+
+import zmq
+
+from bench.common import cpu_seconds, percentile, report, spawn, stop, wait_for
+from bench.harness import Fabric, log_tail, rss_bytes, wait_mmi_workers
+
+SERVICE = "scale"
+HEADER_W = b"NFPW01"
+READY, KEEPALIVE, DISCONNECT, POST, RESPONSE = b"0x01", b"0x02", b"0x03", b"0x04", b"0x05"
+GET, DELETE, PUT = b"0x06", b"0x07", b"0x10"
+
+
+# ------------------------------------------------------------------ the peer harness
+
+
+class _Peer:
+    __slots__ = ("announce", "name", "sock", "next_ka", "jobs")
+
+    def __init__(self, name: str, sock: zmq.Socket[bytes], next_ka: float, credits: int) -> None:
+        self.name = name
+        self.sock = sock
+        self.next_ka = next_ka
+        self.jobs = 0
+        self.announce = json.dumps({"v": 2, "name": name, "credits": credits, "tasks": {"echo": {}}}).encode()
+
+
+def run_peers(
+    endpoint: str, count: int, prefix: str, interval: float, credits: int, answer_keepalives: bool,
+    max_seconds: float, parent: int | None,
+) -> None:
+    """``count`` DEALER peers in one thread until SIGTERM, the parent's exit or ``max_seconds``."""
+    stopping = False
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    ctx.setsockopt(zmq.MAX_SOCKETS, count + 64)
+    peers: list[_Peer] = []
+    by_sock: dict[zmq.Socket[bytes], _Peer] = {}
+    poller = zmq.Poller()
+    service = SERVICE.encode()
+    started = time.monotonic()
+    counts = {"posts": 0, "keepalives_rx": 0, "keepalives_tx": 0, "disconnects": 0, "other": 0}
+    try:
+        for i in range(count):
+            name = f"{prefix}-{i:04d}"
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 500)
+            sock.setsockopt(zmq.IDENTITY, f"{name}~{os.urandom(4).hex()}".encode())
+            sock.setsockopt(zmq.SNDHWM, 10_000)
+            sock.setsockopt(zmq.RCVHWM, 10_000)
+            sock.connect(endpoint)
+            peer = _Peer(name, sock, started + random.uniform(0, interval), credits)
+            peers.append(peer)
+            by_sock[sock] = peer
+            poller.register(sock, zmq.POLLIN)
+        for p in peers:
+            p.sock.send_multipart([b"", HEADER_W, READY, service, p.announce])
+        print(f"peers {prefix}: {count} connected to {endpoint}", flush=True)
+        # Keepalives due are kept in a heap: a wake-up costs O(log n), not a scan of every peer.
+        due = [(p.next_ka, i) for i, p in enumerate(peers)]
+        heapq.heapify(due)
+        while not stopping:
+            now = time.monotonic()
+            if now - started > max_seconds:
+                print(f"peers {prefix}: max {max_seconds:.0f} s reached", flush=True)
+                break
+            if parent is not None and os.getppid() != parent:
+                print(f"peers {prefix}: parent gone", flush=True)
+                break
+            while due and due[0][0] <= now:
+                _, i = heapq.heappop(due)
+                p = peers[i]
+                stats = b'{"job_queue_depth":0,"jobs_running":0,"jobs_completed":%d}' % p.jobs
+                p.sock.send_multipart([b"", HEADER_W, KEEPALIVE, service, stats])
+                counts["keepalives_tx"] += 1
+                p.next_ka = now + interval
+                heapq.heappush(due, (p.next_ka, i))
+            next_due = min(due[0][0] if due else now + 1.0, now + 1.0)
+            timeout_ms = max(0, int((next_due - time.monotonic()) * 1000) + 1)
+            for sock, _ in poller.poll(timeout_ms):
+                p = by_sock[sock]
+                for _ in range(64):
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    _handle(p, frames, service, counts, answer_keepalives)
+    finally:
+        for p in peers:
+            try:
+                p.sock.send_multipart([b"", HEADER_W, DISCONNECT, service], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+        print(f"peers {prefix}: {counts}", flush=True)
+        for p in peers:
+            p.sock.close(linger=200)
+        ctx.term()
+
+
+def _handle(p: _Peer, frames: list[bytes], service: bytes, counts: dict[str, int], answer_ka: bool) -> None:
+    # broker -> worker, as a DEALER sees it: [b"", NFPB01, CMD, ...]
+    if len(frames) < 3:
+        counts["other"] += 1
+        return
+    cmd = frames[2]
+    if cmd == KEEPALIVE:
+        counts["keepalives_rx"] += 1
+        if answer_ka:
+            p.sock.send_multipart([b"", HEADER_W, KEEPALIVE, service])
+            counts["keepalives_tx"] += 1
+        return
+    if cmd == DISCONNECT:
+        counts["disconnects"] += 1
+        p.sock.send_multipart([b"", HEADER_W, READY, service, p.announce])
+        return
+    if cmd in (POST, GET, DELETE, PUT) and len(frames) >= 7:
+        client, uuid, body = frames[3], frames[5], frames[6]
+        data: Any = None
+        if cmd == POST:
+            counts["posts"] += 1
+            p.jobs += 1
+            try:
+                data = json.loads(body).get("kwargs", {}).get("data")
+            except (ValueError, AttributeError):
+                data = None
+        uid = uuid.decode(errors="replace")
+        now = time.time()
+        entry = {
+            p.name: {
+                "result": data, "failed": False, "errors": [], "messages": [], "juuid": uid.split("~")[0],
+                "task": f"{p.name}:echo", "status": "completed", "resources": [], "resources_failed": [],
+                "task_started": "", "task_completed": "", "service": SERVICE, "worker": p.name,
+                "timestamps": {"received": now, "started": now, "completed": now},
+            }
+        }
+        p.sock.send_multipart([b"", HEADER_W, RESPONSE, client, b"", uuid, b"200", json.dumps(entry).encode()])
+        return
+    counts["other"] += 1
+
+
+# ------------------------------------------------------------------------ measuring
+
+
+def _sequential(c: Any, n: int) -> list[float]:
+    lat = []
+    for i in range(n):
+        t = time.perf_counter()
+        c.run_job(SERVICE, "echo", kwargs={"data": i}, timeout=10)
+        lat.append(time.perf_counter() - t)
+    return lat
+
+
+def _pipelined(c: Any, n: int, window: int) -> float:
+    q: deque[Any] = deque()
+    t0 = time.perf_counter()
+    for i in range(n):
+        if len(q) >= window:
+            q.popleft().result(60)
+        q.append(c.submit(SERVICE, "echo", kwargs={"data": i}, timeout=60))
+    while q:
+        q.popleft().result(60)
+    return n / (time.perf_counter() - t0)
+
+
+def _fleet(tmp: str, n_workers: int, n_procs: int, quick: bool, answer_ka: bool) -> dict[str, float]:
+    from service import Client, Settings
+
+    seq_n, pipe_n, idle_s, mmi_n = (300, 2000, 5.0, 10) if quick else (1000, 5000, 10.0, 20)
+    out: dict[str, float] = {}
+    with Fabric(tmp) as fab:
+        broker = fab.start_broker()
+        per = [n_workers // n_procs + (1 if i < n_workers % n_procs else 0) for i in range(n_procs)]
+        per = [k for k in per if k > 0]
+        peers = []
+        for i, k in enumerate(per):
+            args = [sys.executable, "-m", "bench.scale", "peers", "--endpoint", fab.endpoint, "--count", str(k),
+                    "--prefix", f"p{i}", "--parent", str(os.getpid()), "--max-seconds", "900"]
+            if answer_ka:
+                args.append("--answer-keepalives")
+            peers.append(fab.spawn(args))
+        try:
+            with Client(settings=Settings(broker=fab.endpoint), name="scale") as c:
+                t0 = time.monotonic()
+                wait_mmi_workers(c, n_workers, timeout=60 + n_workers / 20, service=SERVICE)
+                out["register_s"] = time.monotonic() - t0
+                _sequential(c, 50)  # warm-up
+                time.sleep(min(3.0, idle_s))  # let every peer's first keepalive round pass
+                pids = [broker.pid]
+                b0, h0, t0 = cpu_seconds(broker.pid), sum(cpu_seconds(p.pid) for p in peers), time.monotonic()
+                time.sleep(idle_s)
+                dt = time.monotonic() - t0
+                out["broker_cpu_pct"] = 100 * (cpu_seconds(pids[0]) - b0) / dt
+                out["harness_cpu_pct"] = 100 * (sum(cpu_seconds(p.pid) for p in peers) - h0) / dt
+                out["broker_rss_mb"] = rss_bytes(broker.pid) / 1e6
+                lat = _sequential(c, seq_n)
+                out["seq_p50_ms"] = percentile(lat, 50) * 1000
+                out["seq_p99_ms"] = percentile(lat, 99) * 1000
+                out["pipe_jps"] = _pipelined(c, pipe_n, 200)
+                mmi_lat, size = [], 0
+                for _ in range(mmi_n):
+                    t = time.perf_counter()
+                    ws = c.mmi("show_workers", timeout=10)
+                    mmi_lat.append(time.perf_counter() - t)
+                    size = len(json.dumps(ws))
+                out["mmi_p50_ms"] = percentile(mmi_lat, 50) * 1000
+                out["mmi_max_ms"] = max(mmi_lat) * 1000
+                out["mmi_kb"] = size / 1000
+                alive = [w for w in c.mmi("show_workers", timeout=10) if w.get("alive")]
+                out["alive_at_end"] = len(alive)
+        except Exception as exc:
+            raise RuntimeError(f"{exc}{log_tail([broker, *peers])}") from exc
+        finally:
+            stop(peers)
+    return out
+
+
+def run(quick: bool = False, workers: int = 1000, procs: int = 4) -> dict[str, Any]:
+    """Measure with 1 peer and with ``workers`` peers, print both with ratios."""
+    print(f"-- {workers:,} workers on one broker (harness: {procs} processes, one poll loop each); "
+          f"baseline: the same broker with 1 worker", flush=True)
+    with tempfile.TemporaryDirectory(prefix="zfab-bench-scale-") as tmp:
+        one = _fleet(tmp + "/one", 1, 1, quick, False)
+        many = _fleet(tmp + "/many", workers, procs, quick, False)
+        chatty = None
+        if not quick:
+            chatty = _fleet(tmp + "/chatty", workers, procs, True, True)
+    label = f"{workers:,} workers"
+    report("broker cpu, 1 worker", one["broker_cpu_pct"], "%core")
+    report(f"broker cpu, {label}", many["broker_cpu_pct"], "%core")
+    print(f"   target < 2 % of a core with {label}; {many['broker_cpu_pct']:.2f} %", flush=True)
+    if chatty is not None:
+        report(f"broker cpu, {label} +ka echo", chatty["broker_cpu_pct"], "%core")
+        print("   (+ka echo: each peer also answers every broker keepalive, 1.5x the keepalive traffic)")
+    report("harness cpu (all peers)", many["harness_cpu_pct"], "%core")
+    report("broker rss, 1 worker", one["broker_rss_mb"], "MB")
+    report(f"broker rss, {label}", many["broker_rss_mb"], "MB")
+    report("dispatch p50, 1 worker", one["seq_p50_ms"], "ms")
+    report(f"dispatch p50, {label}", many["seq_p50_ms"], "ms", one["seq_p50_ms"], False)
+    ratio = many["seq_p50_ms"] / one["seq_p50_ms"]
+    print(f"   dispatch p50 {label} / 1 worker = {ratio:.2f}x (target <= 1.5x)", flush=True)
+    report("dispatch p99, 1 worker", one["seq_p99_ms"], "ms")
+    report(f"dispatch p99, {label}", many["seq_p99_ms"], "ms", one["seq_p99_ms"], False)
+    report("pipelined jobs/s, 1 worker", one["pipe_jps"], "/s")
+    report(f"pipelined jobs/s, {label}", many["pipe_jps"], "/s", one["pipe_jps"])
+    report(f"mmi show_workers p50, {label}", many["mmi_p50_ms"], "ms")
+    report(f"mmi show_workers max, {label}", many["mmi_max_ms"], "ms")
+    print(f"   target < 100 ms; answer {many['mmi_kb']:.0f} kB; 1 worker: {one['mmi_p50_ms']:.1f} ms", flush=True)
+    report(f"registration of {label}", many["register_s"], "s")
+    print(f"   alive at the end: {many['alive_at_end']:.0f} of {workers}", flush=True)
+    return {"one": one, "many": many, "chatty": chatty}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--workers", type=int, default=1000)
+    p.add_argument("--procs", type=int, default=4)
+    sub = p.add_subparsers(dest="role")
+    pe = sub.add_parser("peers")
+    pe.add_argument("--endpoint", required=True)
+    pe.add_argument("--count", type=int, required=True)
+    pe.add_argument("--prefix", required=True)
+    pe.add_argument("--interval", type=float, default=float(os.environ.get("ZFAB_KEEPALIVE_INTERVAL", "2.5")))
+    pe.add_argument("--credits", type=int, default=8)
+    pe.add_argument("--answer-keepalives", action="store_true")
+    pe.add_argument("--max-seconds", type=float, default=900)
+    pe.add_argument("--parent", type=int)
+    ns = p.parse_args(argv)
+    if ns.role == "peers":
+        run_peers(ns.endpoint, ns.count, ns.prefix, ns.interval, ns.credits, ns.answer_keepalives,
+                  ns.max_seconds, ns.parent)
+        return 0
+    run(ns.quick, ns.workers, ns.procs)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -37,7 +37,7 @@ from typing import Any
 
 import zmq
 
-from bench.common import cpu_seconds, percentile, report, spawn, stop, wait_for
+from bench.common import cpu_seconds, percentile, report, stop
 from bench.harness import Fabric, log_tail, rss_bytes, wait_mmi_workers
 
 SERVICE = "scale"
@@ -50,7 +50,7 @@ GET, DELETE, PUT = b"0x06", b"0x07", b"0x10"
 
 
 class _Peer:
-    __slots__ = ("announce", "name", "sock", "next_ka", "jobs")
+    __slots__ = ("announce", "jobs", "name", "next_ka", "sock")
 
     def __init__(self, name: str, sock: zmq.Socket[bytes], next_ka: float, credits: int) -> None:
         self.name = name

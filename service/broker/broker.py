@@ -140,9 +140,11 @@ class Broker:
         sock.setsockopt(zmq.MAXMSGSIZE, s.max_message_bytes)
         sock.setsockopt(zmq.SNDHWM, 10_000)
         sock.setsockopt(zmq.RCVHWM, 10_000)
-        # ZMTP heartbeats drop half-open connections (a peer's host gone) within the hold time.
+        # ZMTP heartbeats drop half-open connections (a peer's host gone), so the identity it held
+        # is free again. Twice the hold time: the DISCONNECT a purge sends (at one hold time)
+        # still reaches a stopped peer's socket buffer before its connection is closed.
         sock.setsockopt(zmq.HEARTBEAT_IVL, int(s.keepalive_interval * 1000))
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(s.hold_time * 1000))
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(2 * s.hold_time * 1000))
         if s.curve_secret:
             curve_server(sock, s.curve_secret)
         sock.bind(self.endpoint)

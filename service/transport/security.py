@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -90,28 +91,69 @@ class ZapHandler:
     """Answers ZAP requests for the broker's context on a thread that owns the ZAP socket.
 
     A key must be in the clients directory. The user id of an accepted connection is its
-    certificate's name, which the broker reads from each worker frame to check that the
-    worker name was issued to that key.
+    certificate's name, which the broker reads from a worker's READY to check that the
+    worker name was issued to that key. The directory is read again when it changes (checked
+    when a connection with an unknown key arrives, at most once a second), so a key is added
+    or rotated without restarting the broker; a removed key admits no new connection.
     """
+
+    RESCAN = 1.0  # seconds between looks at the clients directory
 
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], clients_dir: str) -> None:
         self.ctx = ctx
+        self.clients_dir = Path(clients_dir)
         self.keys: dict[bytes, Peer] = {}
-        for cert in sorted(Path(clients_dir).glob("*.key")):
-            public, _ = zmq.auth.load_certificate(cert)
-            meta = _metadata(cert)
-            # Certificates hold Z85 text; ZAP hands over the raw 32-byte key.
-            self.keys[z85.decode(public)] = Peer(cert.stem, meta.get("worker"))
+        self.by_name: dict[bytes, Peer] = {}
+        self._stamp: tuple[object, ...] = ()
+        self._scanned_at = 0.0
+        self.reloads = 0
+        self._load()
         if not self.keys:
             raise SecurityError(f"no public keys (*.key) in {clients_dir}: nobody could connect")
         self.refused = 0
         self._sock = ctx.socket(zmq.REP)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.bind(ZAP_ENDPOINT)
-        self.by_name = {p.name.encode(): p for p in self.keys.values()}
         self._stop = threading.Event()
         self._waker = Waker()
         self._thread = threading.Thread(target=self._run, name="zfab-zap", daemon=True)
+
+    def _load(self) -> None:
+        keys: dict[bytes, Peer] = {}
+        certs = sorted(self.clients_dir.glob("*.key"))
+        for cert in certs:
+            try:
+                public, _ = zmq.auth.load_certificate(cert)
+            except (OSError, ValueError) as exc:
+                log.warning("CURVE: skipping unreadable certificate %s: %s", cert, exc)
+                continue
+            # Certificates hold Z85 text; ZAP hands over the raw 32-byte key.
+            keys[z85.decode(public)] = Peer(cert.stem, _metadata(cert).get("worker"))
+        # Whole dicts replaced at once: the broker's thread reads by_name while this one reloads.
+        self.keys, self.by_name = keys, {p.name.encode(): p for p in keys.values()}
+        self._stamp = self._fingerprint(certs)
+
+    def _fingerprint(self, certs: list[Path]) -> tuple[object, ...]:
+        out: list[object] = []
+        for c in certs:
+            try:
+                st = c.stat()
+            except OSError:
+                continue
+            out.append((c.name, st.st_mtime_ns, st.st_size))
+        return tuple(out)
+
+    def rescan(self, now: float) -> bool:
+        """Read the directory again if it changed (rate-limited). True when the keys changed."""
+        if now - self._scanned_at < self.RESCAN:
+            return False
+        self._scanned_at = now
+        if self._fingerprint(sorted(self.clients_dir.glob("*.key"))) == self._stamp:
+            return False
+        self._load()
+        self.reloads += 1
+        log.info("CURVE: %d accepted keys after a change in %s", len(self.keys), self.clients_dir)
+        return True
 
     def start(self) -> None:
         # The socket was made and bound on this thread before the thread starts; from
@@ -143,10 +185,14 @@ class ZapHandler:
             self._sock.close(0)
             self._waker.close()
 
-    def may_register(self, identity: bytes, user_id: bytes | None) -> bool:
-        """True when the key a worker frame came with was issued for this worker name."""
+    def may_register(self, name: bytes, user_id: bytes | None) -> bool:
+        """True when the key a worker's READY came with was issued for this worker name: exactly,
+        or by a prefix ending in `*` (one key for a Deployment's replicas, e.g. `zfab-worker-*`)."""
         peer = self.by_name.get(user_id or b"")
-        return peer is not None and peer.worker is not None and peer.worker.encode() == identity
+        if peer is None or peer.worker is None:
+            return False
+        issued = peer.worker.encode()
+        return name.startswith(issued[:-1]) if issued.endswith(b"*") else name == issued
 
     def decide(self, req: list[bytes]) -> list[bytes]:
         """One ZAP request (RFC 27) → its reply frames."""
@@ -164,6 +210,8 @@ class ZapHandler:
         if mechanism != b"CURVE" or not creds:
             return reply(b"400", "CURVE required")
         peer = self.keys.get(creds[0])
+        if peer is None and self.rescan(time.monotonic()):
+            peer = self.keys.get(creds[0])  # a key added since: accepted without a restart
         if peer is None:
             return reply(b"400", "unknown public key")
         # ZAP does not see the peer's identity: the broker checks worker names per frame

@@ -8,6 +8,7 @@ are a finished job with state `error` (see api/jobtable.py).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any, cast
@@ -119,12 +120,23 @@ def json_syntax_problem(exc: RequestValidationError) -> ProblemResponse | None:
     return None
 
 
+# The names pydantic gives the members of a union in an error's location (`function-after[...]`,
+# `constrained-str`, `none`, a model's class name): not fields, so not shown to the caller.
+UNION_MEMBER = re.compile(r"^(?:[A-Z]\w*|[\w-]+\[.*\]|constrained-\w+|none|str|int|float|bool|list|dict)$")
+
+
 def _validation_detail(errors: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
     """One readable line naming each bad field (`body.timeout: ...`), plus the errors without their inputs."""
-    clean = []
+    clean: list[dict[str, Any]] = []
     for e in errors[:20]:
-        loc = [str(p) for p in e.get("loc", ())]
-        clean.append({"loc": loc, "field": ".".join(loc), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))})
+        loc = [str(p) for p in e.get("loc", ()) if not (isinstance(p, str) and UNION_MEMBER.match(p))]
+        msg = str(e.get("msg", "")).removeprefix("Value error, ")
+        entry = {"loc": loc, "field": ".".join(loc), "msg": msg, "type": str(e.get("type", ""))}
+        if entry not in clean:
+            clean.append(entry)
+    # `field: Input should be None` only says the field is optional: noise beside the real reason.
+    fields = {c["field"] for c in clean if c["type"] != "none_required"}
+    clean = [c for c in clean if c["type"] != "none_required" or c["field"] not in fields]
     detail = "; ".join(f"{c['field']}: {c['msg']}" for c in clean) or "invalid request"
     return detail, clean
 

@@ -210,8 +210,11 @@ class Scheduler:
             upcoming = [r.next_run_at for r in self.schedules.values() if r.next_run_at is not None]
             wake = min([t for t in upcoming if t > now] + ([recheck] if recheck is not None else []), default=None)
             delay = MAX_SLEEP if wake is None else min(max(0.0, wake - self.clock()), MAX_SLEEP)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that lands as the event is set,
+            # and stop() would wait on a loop that never ends.
             with suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self._changed.wait()
 
     def fire(self, rec: ScheduleRecord, now: float) -> tuple[str, str, float] | None:
         """Submit the schedule's job (on the event loop, as POST /jobs does); the mapping row, or None if refused."""

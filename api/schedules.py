@@ -80,7 +80,6 @@ Every = Annotated[
 Cron = Annotated[
     str,
     Field(
-        min_length=9,
         max_length=200,
         json_schema_extra={"pattern": CRON_PATTERN},  # checked by _valid_cron, with a readable message
         description="Five-field cron expression in UTC: minute hour day-of-month month day-of-week "

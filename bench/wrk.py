@@ -1,0 +1,201 @@
+"""HTTP under a native load generator: wrk against `zfab api` and a bare FastAPI endpoint, same run.
+
+    wrk -t2 -c64 -d{D}s --latency -s post.lua  http://127.0.0.1:{bare}/jobs          bench/bare_app.py
+    wrk -t2 -c64 -d{D}s --latency -s post.lua  http://127.0.0.1:{api}/jobs?wait=10   zfab api + broker + 1 demo worker
+
+The Lua script posts a JSON demo echo job on every request. Both servers run under the same
+uvicorn setup (api/server.py's serve()). The API's CPU per job comes from /proc (utime+stime
+over the run / requests answered). With uvicorn's defaults ("auto"), uvloop and httptools are
+used when importable; the project does not depend on them, so the default run measures
+asyncio + h11. A second run adds them from a side directory on PYTHONPATH (pip install
+--target, cached under ~/.cache/zfab/bench-uvloop) to say what they would give; nothing is
+installed into the project's venv. Skipped, with the reason printed, when wrk is missing and
+`apt-get install -y wrk` cannot get it.
+
+    python -m bench.wrk [--quick] [--no-uvloop]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import cpu_seconds, free_port, report, wait_for
+from bench.harness import Fabric, http_json, log_tail
+
+CONNECTIONS = 64
+THREADS = 2
+JOB = {"service": "demo", "task": "echo", "kwargs": {"data": "0123456789ab"}}
+UVLOOP_DIR = Path.home() / ".cache" / "zfab" / "bench-uvloop"
+
+LUA = """
+wrk.method = "POST"
+wrk.body = '%s'
+wrk.headers["Content-Type"] = "application/json"
+statuses = {}
+local threads = {}
+function setup(thread) table.insert(threads, thread) end
+function init(args) statuses = {} end
+function response(status, headers, body)
+  statuses[status] = (statuses[status] or 0) + 1
+end
+function done(summary, latency, requests)
+  local by = {}
+  for _, t in ipairs(threads) do
+    local s = t:get("statuses")
+    for k, v in pairs(s) do by[tostring(k)] = (by[tostring(k)] or 0) + v end
+  end
+  local parts = {}
+  for k, v in pairs(by) do table.insert(parts, string.format('"%%s": %%d', k, v)) end
+  io.write(string.format('WRKJSON {"requests": %%d, "duration_us": %%d, "errors_connect": %%d, ' ..
+    '"errors_read": %%d, "errors_write": %%d, "errors_timeout": %%d, "errors_status": %%d, ' ..
+    '"p50_us": %%d, "p99_us": %%d, "statuses": {%%s}}\\n',
+    summary.requests, summary.duration, summary.errors.connect, summary.errors.read,
+    summary.errors.write, summary.errors.timeout, summary.errors.status,
+    latency:percentile(50), latency:percentile(99), table.concat(parts, ", ")))
+end
+""" % json.dumps(JOB)
+
+
+def find_wrk() -> tuple[str | None, str]:
+    """The wrk binary, installing Debian's package if needed; (None, why) when it cannot be had."""
+    path = shutil.which("wrk")
+    if path:
+        return path, ""
+    try:
+        r = subprocess.run(["apt-get", "install", "-y", "wrk"], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"apt-get install -y wrk failed: {exc}"
+    path = shutil.which("wrk")
+    return (path, "") if path else (None, f"apt-get install -y wrk exited {r.returncode}: {r.stderr[-300:]}")
+
+
+def uvloop_path() -> tuple[str | None, str]:
+    """A directory holding uvloop and httptools (pip install --target, cached), or (None, why)."""
+    if (UVLOOP_DIR / "uvloop").is_dir() and (UVLOOP_DIR / "httptools").is_dir():
+        return str(UVLOOP_DIR), ""
+    try:
+        r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target", str(UVLOOP_DIR),
+                            "uvloop", "httptools"], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"pip install --target failed: {exc}"
+    if r.returncode != 0:
+        return None, f"pip install uvloop httptools exited {r.returncode}: {r.stderr[-300:]}"
+    return str(UVLOOP_DIR), ""
+
+
+def run_wrk(wrk: str, url: str, seconds: float, script: Path) -> dict[str, Any]:
+    cmd = [wrk, f"-t{THREADS}", f"-c{CONNECTIONS}", f"-d{int(seconds)}s", "--timeout", "15s", "--latency",
+           "-s", str(script), url]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
+    m = re.search(r"^WRKJSON (.*)$", r.stdout, re.M)
+    if r.returncode != 0 or m is None:
+        raise RuntimeError(f"wrk failed ({r.returncode}): {r.stdout[-500:]} {r.stderr[-500:]}")
+    out: dict[str, Any] = json.loads(m.group(1))
+    out["rps"] = out["requests"] / (out["duration_us"] / 1e6)
+    out["ok"] = out["statuses"].get("200", 0)
+    return out
+
+
+def _measure(wrk: str, script: Path, seconds: float, warm: float, extra_path: str | None) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="zfab-bench-wrk-") as tmp, Fabric(tmp) as fab:
+        env = {}
+        if extra_path:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [extra_path, fab.env.get("PYTHONPATH", "")]))
+        fab.start_broker()
+        fab.start_worker("bench-1")
+        api = fab.start_api(extra_path=extra_path)
+        bare_port = free_port()
+        bare = fab.spawn([sys.executable, "-m", "bench.bare_app", "--port", str(bare_port)], env)
+        bare_url = f"http://127.0.0.1:{bare_port}"
+        fab.wait_api_workers(1)
+        if not wait_for(lambda: http_json(bare_url + "/healthz")[0] == 200, 30):
+            raise RuntimeError("bench.bare_app did not come up" + log_tail([bare]))
+        st, body, raw = http_json(fab.api_url + "/jobs?wait=10", JOB)
+        if st != 200:
+            raise RuntimeError(f"POST /jobs?wait=10 answered {st}: {raw[:300]!r}")
+        out: dict[str, Any] = {}
+        for tag, url, proc in (("bare", bare_url + "/jobs", bare), ("api", fab.api_url + "/jobs?wait=10", api)):
+            run_wrk(wrk, url, warm, script)
+            time.sleep(1.0)
+            c0 = cpu_seconds(proc.pid)
+            fab_pids = [p.pid for p in (fab.broker, *fab.workers.values()) if p is not None]
+            f0 = sum(cpu_seconds(p) for p in fab_pids)
+            res = run_wrk(wrk, url, seconds, script)
+            res["cpu_ms"] = (cpu_seconds(proc.pid) - c0) / max(1, res["requests"]) * 1000
+            res["fabric_cpu_ms"] = (sum(cpu_seconds(p) for p in fab_pids) - f0) / max(1, res["requests"]) * 1000
+            res["cpu_pct"] = (cpu_seconds(proc.pid) - c0) / seconds * 100
+            out[tag] = res
+            time.sleep(1.0)
+        return out
+
+
+def run(quick: bool = False, try_uvloop: bool = True) -> dict[str, Any]:
+    wrk, why = find_wrk()
+    if wrk is None:
+        print(f"-- wrk: SKIPPED, {why}", flush=True)
+        return {}
+    seconds, warm = (5.0, 2.0) if quick else (15.0, 3.0)
+    script = Path(tempfile.mkdtemp(prefix="zfab-wrk-")) / "post.lua"
+    script.write_text(LUA)
+    print(f"-- wrk -t{THREADS} -c{CONNECTIONS} -d{seconds:.0f}s, POST a JSON echo job: bare FastAPI /jobs vs "
+          f"zfab api /jobs?wait=10 (+ broker + 1 demo worker), same uvicorn setup, {os.cpu_count()} CPUs", flush=True)
+    variants: list[tuple[str, str | None]] = [("asyncio+h11", None)]
+    if try_uvloop:
+        path, why = uvloop_path()
+        if path is None:
+            print(f"   uvloop+httptools: not measured ({why})", flush=True)
+        else:
+            variants.append(("uvloop+httptools", path))
+    results: dict[str, Any] = {}
+    for label, extra in variants:
+        try:
+            r = _measure(wrk, script, seconds, warm, extra)
+        except Exception as exc:
+            print(f"   wrk {label}: failed: {exc}", flush=True)
+            continue
+        results[label] = r
+        b, a = r["bare"], r["api"]
+        print(f"- uvicorn with {label}", flush=True)
+        report(f"wrk bare POST ({label})", b["rps"], "/s")
+        report(f"wrk api POST ?wait ({label})", a["rps"], "/s", b["rps"])
+        print(f"   wrk api / bare = {a['rps'] / b['rps']:.2f}x (target >= 0.5x); answers: bare {b['statuses']}, "
+              f"api {a['statuses']}; socket errors api {a['errors_read'] + a['errors_timeout']}", flush=True)
+        report(f"wrk bare p50 ({label})", b["p50_us"] / 1000, "ms")
+        report(f"wrk api p50 ({label})", a["p50_us"] / 1000, "ms", b["p50_us"] / 1000, False)
+        report(f"wrk bare p99 ({label})", b["p99_us"] / 1000, "ms")
+        report(f"wrk api p99 ({label})", a["p99_us"] / 1000, "ms", b["p99_us"] / 1000, False)
+        report(f"bare server cpu/req ({label})", b["cpu_ms"], "ms")
+        report(f"api server cpu/job ({label})", a["cpu_ms"], "ms", b["cpu_ms"], False)
+        print(f"   api process {a['cpu_pct']:.0f} % of a core; broker + worker {a['fabric_cpu_ms']:.2f} ms CPU per job",
+              flush=True)
+    if len(results) == 2:
+        base, fast = results["asyncio+h11"], results["uvloop+httptools"]
+        print(f"   uvloop+httptools vs asyncio+h11: api {fast['api']['rps'] / base['api']['rps']:.2f}x jobs/s, "
+              f"{fast['api']['cpu_ms']:.2f} vs {base['api']['cpu_ms']:.2f} ms CPU/job; bare "
+              f"{fast['bare']['rps'] / base['bare']['rps']:.2f}x", flush=True)
+    shutil.rmtree(script.parent, ignore_errors=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.wrk", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--no-uvloop", action="store_true", help="skip the uvloop+httptools run")
+    ns = p.parse_args(argv)
+    run(ns.quick, not ns.no_uvloop)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

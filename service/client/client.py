@@ -32,6 +32,7 @@ from ..errors import (
     BrokerUnavailableError,
     BusyError,
     ClosedError,
+    JobExpiredError,
     JobNotFoundError,
     JobTimeoutError,
     ZfabError,
@@ -447,8 +448,14 @@ class Client:
                 # Nobody waits for it any more: ask its workers to stop it.
                 target = nfp.dumps(sorted(job.pending or job.expected))
                 self.loop.send_now(nfp.client_request(nfp.DELETE, job.service, target, job.wire_uuid.encode(), b"{}"))
-            if self.broker_alive:
-                err: ZfabError = JobTimeoutError(
+            if self.broker_alive and job.told_queued:
+                # Still in the broker's queue: it never ran (the broker expires it at this deadline too).
+                err: ZfabError = JobExpiredError(
+                    f"job {job.uuid}: deadline of {job.timeout:g} s passed while it waited in the broker's queue",
+                    uuid=job.uuid,
+                )
+            elif self.broker_alive:
+                err = JobTimeoutError(
                     f"job {job.uuid} did not finish within its timeout of {job.timeout:g} s",
                     uuid=job.uuid,
                     results=job.results,

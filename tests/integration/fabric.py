@@ -96,8 +96,10 @@ class Fabric:
     def broker(self, name: str = "broker", *extra: str) -> subprocess.Popen[bytes]:
         return self.start(name, "broker", "--endpoint", self.endpoint, *extra)
 
-    def worker(self, name: str, service: str = "demo", *extra: str) -> subprocess.Popen[bytes]:
-        return self.start(name, "worker", "--service", service, "--name", name, *extra)
+    def worker(
+        self, name: str, service: str = "demo", *extra: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        return self.start(name, "worker", "--service", service, "--name", name, *extra, env=env)
 
     def log(self, name: str) -> str:
         path = self.tmp / f"{name}.log"

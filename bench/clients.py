@@ -99,7 +99,8 @@ def _drive(fab: Fabric, tmp: Path, procs: int, per_proc: int, window: int, durat
         f0, l0, t0 = _cpu(fabric_pids), _cpu([p.pid for p in loaders]), time.monotonic()
         time.sleep(duration)
         dt = time.monotonic() - t0
-        cpu = {"fabric_pct": 100 * (_cpu(fabric_pids) - f0) / dt, "load_pct": 100 * (_cpu([p.pid for p in loaders]) - l0) / dt}
+        cpu = {"fabric_pct": 100 * (_cpu(fabric_pids) - f0) / dt,
+               "load_pct": 100 * (_cpu([p.pid for p in loaders]) - l0) / dt}
         if not wait_for(lambda: all(p.poll() is not None for p in loaders), limit, 0.2):
             raise RuntimeError(f"load processes still running after {limit:.0f} s" + log_tail(loaders))
         lanes: list[Any] = []

@@ -39,7 +39,7 @@ UVLOOP_DIR = Path.home() / ".cache" / "zfab" / "bench-uvloop"
 
 LUA = """
 wrk.method = "POST"
-wrk.body = '%s'
+wrk.body = '@BODY@'
 wrk.headers["Content-Type"] = "application/json"
 statuses = {}
 local threads = {}
@@ -55,15 +55,15 @@ function done(summary, latency, requests)
     for k, v in pairs(s) do by[tostring(k)] = (by[tostring(k)] or 0) + v end
   end
   local parts = {}
-  for k, v in pairs(by) do table.insert(parts, string.format('"%%s": %%d', k, v)) end
-  io.write(string.format('WRKJSON {"requests": %%d, "duration_us": %%d, "errors_connect": %%d, ' ..
-    '"errors_read": %%d, "errors_write": %%d, "errors_timeout": %%d, "errors_status": %%d, ' ..
-    '"p50_us": %%d, "p99_us": %%d, "statuses": {%%s}}\\n',
+  for k, v in pairs(by) do table.insert(parts, string.format('"%s": %d', k, v)) end
+  io.write(string.format('WRKJSON {"requests": %d, "duration_us": %d, "errors_connect": %d, ' ..
+    '"errors_read": %d, "errors_write": %d, "errors_timeout": %d, "errors_status": %d, ' ..
+    '"p50_us": %d, "p99_us": %d, "statuses": {%s}}\\n',
     summary.requests, summary.duration, summary.errors.connect, summary.errors.read,
     summary.errors.write, summary.errors.timeout, summary.errors.status,
     latency:percentile(50), latency:percentile(99), table.concat(parts, ", ")))
 end
-""" % json.dumps(JOB)
+""".replace("@BODY@", json.dumps(JOB))
 
 
 def find_wrk() -> tuple[str | None, str]:
@@ -120,7 +120,7 @@ def _measure(wrk: str, script: Path, seconds: float, warm: float, extra_path: st
         fab.wait_api_workers(1)
         if not wait_for(lambda: http_json(bare_url + "/healthz")[0] == 200, 30):
             raise RuntimeError("bench.bare_app did not come up" + log_tail([bare]))
-        st, body, raw = http_json(fab.api_url + "/jobs?wait=10", JOB)
+        st, _, raw = http_json(fab.api_url + "/jobs?wait=10", JOB)
         if st != 200:
             raise RuntimeError(f"POST /jobs?wait=10 answered {st}: {raw[:300]!r}")
         out: dict[str, Any] = {}

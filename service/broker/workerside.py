@@ -1,0 +1,209 @@
+"""The broker's worker side: registration, keepalives, replies, purges (mixed into Broker).
+
+What a worker sends is handled here; what a client sends, and the loop's plumbing, in broker.py.
+Runs on the broker's owner thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, OrderedDict
+from typing import Any
+
+from ..core import payloads
+from ..core import protocol as nfp
+from ..core.keepalive import Clock
+from ..settings import Settings
+from ..transport.base import Frames, Transport
+from ..transport.security import ZapHandler
+from .dispatcher import Dispatcher
+from .registry import PROTOCOL_V2, Registry, WorkerRecord
+
+log = logging.getLogger(__name__)
+
+MAX_TASKS = 1000  # tasks a worker may announce
+MAX_NAMES_SEEN = 10_000  # worker names remembered per service (to tell a typo from a worker away)
+
+
+class WorkerSide:
+    """The Broker's handlers for worker frames; the attributes below are the Broker's."""
+
+    settings: Settings
+    registry: Registry
+    dispatch: Dispatcher
+    loop: Transport
+    zap: ZapHandler | None
+    clock: Clock
+    counts: Counter[str]
+    gone: OrderedDict[bytes, dict[str, Any]]
+    told_to_leave: OrderedDict[bytes, float]
+    _next_keepalive: float
+    TOLD_TO_LEAVE_MAX: int
+    GONE_MAX: int
+
+    def send(self, frames: Frames) -> None:
+        raise NotImplementedError
+
+    def reject(self, reason: str, detail: str) -> None:
+        raise NotImplementedError
+
+    def reply(self, client: bytes, service: bytes, uuid: bytes, status: bytes, payload: Any) -> None:
+        raise NotImplementedError
+
+    def process_worker(self, sender: bytes, msg: nfp.WorkerControl | nfp.WorkerReply) -> None:
+        reg = self.registry
+        worker = reg.workers.get(sender)
+        if isinstance(msg, nfp.WorkerControl):
+            if msg.command == nfp.READY:
+                self.ready(sender, msg)
+                return
+            if worker is None:
+                self._disconnect_unknown(sender, msg.service)
+                return
+            if msg.command == nfp.KEEPALIVE:
+                worker.keepalive.heard()
+                if msg.stats is not None:
+                    was = (worker.draining, worker.throttle)
+                    worker.stats = msg.stats
+                    worker.throttle = 0  # a fresh report: its own figures say what it holds
+                    if (worker.draining, worker.throttle) != was:
+                        self._relevel(worker)
+            elif msg.command == nfp.DISCONNECT:
+                log.info("worker %s disconnected", worker.label)
+                self._lose(worker, "disconnected")
+            return
+        if worker is None:
+            self._disconnect_unknown(sender, b"")
+            return
+        worker.keepalive.heard(keepalive=False)
+        self.forward(worker, msg)
+
+    def _relevel(self, w: WorkerRecord) -> None:
+        svc = self.registry.services.get(w.service)
+        if svc is not None:
+            self.registry.set_level(svc, w)
+            self.dispatch.dirty.add(svc.name)
+
+    def ready(self, sender: bytes, msg: nfp.WorkerControl) -> None:
+        """READY: a worker (re)connects. zfab workers announce name, credits and tasks (docs/protocol.md)."""
+        reg = self.registry
+        ann = msg.stats or {}
+        name = ann.get("name")
+        name_b = name.encode() if isinstance(name, str) and 0 < len(name.encode()) <= nfp.MAX_NAME_BYTES else sender
+        if self.zap is not None and not self.zap.may_register(name_b, self.loop.user_id):
+            self.reject("auth", f"READY as {name_b[:64]!r} with a key not issued for that worker name")
+            return
+        credits = ann.get("credits")
+        if isinstance(credits, bool) or not isinstance(credits, int) or credits < 1:
+            credits = self.settings.default_worker_credits
+        tasks = ann.get("tasks")
+        tasks = tasks if isinstance(tasks, dict) and len(tasks) <= MAX_TASKS else None
+        old = reg.workers.get(sender)
+        if old is not None:  # same connection, fresh start: its jobs in flight are gone
+            self._lose(old, "re-registered")
+        other = reg.by_name.get(name_b)
+        if other is not None:
+            # Another connection holds the name: a restart whose old connection is not gone yet, or
+            # a second process under the same name. The newest wins; the other is told to leave and
+            # its jobs are reported lost (retried where the client asked).
+            self.counts["worker_replaced"] += 1
+            log.warning("worker %s registered again from a new connection; the previous one is dropped", other.label)
+            self._lose(other, "replaced by a new connection under the same name")
+            self._tell_to_leave(other, "replaced")
+        svc = reg.service(msg.service, create=True)
+        if svc is None:
+            self.counts["services_full"] += 1
+            self.reject("services_full", f"READY for a new service with {reg.max_services} services known")
+            return
+        was_tentative = svc.tentative
+        svc.tentative = False
+        rec = reg.register_worker(sender, name_b, svc, credits=credits, v2=ann.get("v") == PROTOCOL_V2, tasks=tasks)
+        if len(svc.workers_seen) < MAX_NAMES_SEEN:
+            svc.workers_seen.add(name_b)
+        self.gone.pop(name_b, None)
+        self._next_keepalive = 0.0
+        self.dispatch.dirty.add(svc.name)
+        if was_tentative:
+            self.dispatch.pump()
+            self.dispatch.announce_waiting(svc)
+        log.debug("worker %s ready for service %s (%d credits)", rec.label, svc.label, rec.credits)
+
+    def forward(self, worker: WorkerRecord, msg: nfp.WorkerReply) -> None:
+        """Route a worker's reply to its client; final replies free the worker's credit."""
+        forward = True
+        route_now = self.registry.routes.get(msg.uuid)
+        # The route knows the job's client as it is now (it may have reconnected since the POST).
+        client = route_now.client if route_now is not None else msg.client
+        if msg.command == nfp.RESPONSE:
+            if msg.status in nfp.FINAL_STATUSES:
+                route = self.registry.complete(worker, msg.uuid)
+                self.dispatch.dirty.add(worker.service)
+                if route is not None and not route.push:
+                    # A NorFab client collects results with GET; the completion only frees the slot.
+                    forward = False
+                elif route is None and msg.uuid in self.registry.routes:
+                    # The job is in flight elsewhere now (this worker was purged and the job
+                    # retried): a late result from the lost attempt is discarded.
+                    self.counts["stale_results"] += 1
+                    forward = False
+            elif msg.status == nfp.ST_BUSY:
+                svc = self.registry.services.get(worker.service)
+                if svc is not None and self.dispatch.busy(svc, worker, msg.uuid):
+                    return  # back in the queue: the client waits on, nothing to tell it
+        if forward:
+            self.counts["forwarded"] += 1
+            self.send(nfp.broker_reply(client, msg.command, worker.service, msg.uuid, msg.status, msg.payload))
+
+    def _disconnect_unknown(self, sender: bytes, service: bytes) -> None:
+        # After a broker restart workers learn at their next frame that they must re-register.
+        # Once per keepalive interval per identity: a burst of frames from before the worker
+        # re-registers must not make it reconnect again (and lose what it was sent meanwhile).
+        self.counts["unknown_worker"] += 1
+        now = self.clock()
+        last = self.told_to_leave.get(sender)
+        if last is not None and now - last < self.settings.keepalive_interval:
+            return
+        self.told_to_leave[sender] = now
+        self.told_to_leave.move_to_end(sender)
+        if len(self.told_to_leave) > self.TOLD_TO_LEAVE_MAX:
+            self.told_to_leave.popitem(last=False)
+        self.send(nfp.broker_control(sender, nfp.DISCONNECT, service))
+
+    def _tell_to_leave(self, w: WorkerRecord, reason: str) -> None:
+        frames = nfp.broker_control(w.ident, nfp.DISCONNECT, w.service)
+        if w.v2:
+            frames.append(nfp.dumps({"reason": reason}))  # zfab workers drop jobs they have not started
+        self.send(frames)
+
+    def _lose(self, worker: WorkerRecord, why_lost: str) -> None:
+        reg = self.registry
+        svc = reg.services.get(worker.service)
+        lost = reg.remove_worker(worker)
+        lost.update(self.dispatch.worker_lost(svc, worker))
+        self.gone[worker.name] = {"service": worker.service, "at": self.clock(), "why": why_lost}
+        self.gone.move_to_end(worker.name)
+        while len(self.gone) > self.GONE_MAX:
+            self.gone.popitem(last=False)
+        why = f"worker '{worker.label}' was lost ({why_lost}) before it answered"
+        for uuid, client in lost.items():
+            self.counts["jobs_lost"] += 1
+            self.reply(
+                client, worker.service, uuid, nfp.ST_WORKER_LOST, payloads.lost(worker.label, uuid, worker.service, why)
+            )
+        if svc is not None:
+            self.dispatch.dirty.add(svc.name)
+
+    def purge_workers(self) -> None:
+        for w in self.registry.expired_workers():
+            log.warning("worker %s missed its keepalives for %.1f s; purged", w.label, w.keepalive.hold_time)
+            svc = self.registry.services.get(w.service)
+            if svc is not None:
+                svc.purged += 1
+            self._tell_to_leave(w, "purged")
+            self._lose(w, "keepalives expired")
+
+    def send_keepalives(self) -> None:
+        for w in self.registry.workers.values():
+            if w.keepalive.due():
+                self.send(nfp.broker_control(w.ident, nfp.KEEPALIVE, w.service))
+                w.keepalive.mark_sent()

@@ -1,0 +1,290 @@
+"""The client's owner-loop side (mixed into Client): its socket, keepalives and reconnects, the
+broker's replies, and the timers that poll quiet jobs or re-establish them after an outage.
+
+The public API (submit, run_job, mmi, cancel, streams) is client.py's. Everything here runs on
+the client's owner thread.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+import queue
+import secrets
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from ..core import payloads
+from ..core import protocol as nfp
+from ..core.keepalive import Clock, KeepAlive
+from ..core.states import State
+from ..errors import (
+    BadRequestError,
+    BrokerUnavailableError,
+    JobExpiredError,
+    JobTimeoutError,
+    ZfabError,
+)
+from ..settings import Settings
+from ..transport.base import Frames, Transport
+from ..transport.wire import dealer_socket
+from .clientjob import ClientJob
+
+log = logging.getLogger(__name__)
+
+EventCallback = Callable[[dict[str, Any]], None]
+
+
+class ClientSession:
+    """The Client's Role handlers; the attributes below are the Client's."""
+
+    name: str
+    broker: str
+    identity: bytes
+    settings: Settings
+    loop: Transport
+    clock: Clock
+    keepalive: KeepAlive
+    poll_after: float
+    counts: dict[str, int]
+    _jobs: dict[str, ClientJob]
+    _timers: list[tuple[float, str]]
+    _lock: threading.Lock
+    _callbacks: dict[str, EventCallback]
+    _bytes: int
+    _boot: str | None
+    _reconnect_at: float
+    _broker_seen: bool
+
+    @property
+    def broker_alive(self) -> bool:
+        """True while the broker answered within its hold time."""
+        return self._broker_seen and self.keepalive.is_alive()
+
+    def _finish(self, job: ClientJob, error: ZfabError | None = None) -> None:
+        raise NotImplementedError
+
+    def open_socket(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
+        # A fresh identity per connection: the broker ignores a second connection under an
+        # identity in use, and nobody learns one that stays valid across reconnects.
+        self.identity = f"{self.name}-{secrets.token_hex(4)}".encode()
+        return dealer_socket(ctx, self.identity, self.settings, self.broker)
+
+    def on_batch_end(self) -> None:
+        pass
+
+    def on_connected(self) -> None:
+        # The hold time is not reset: the broker is alive once it answers, not when we connect.
+        self._send_keepalive()
+
+    def on_closing(self) -> None:
+        pass
+
+    def _send_keepalive(self) -> None:
+        self.loop.send_now(nfp.client_request(nfp.KEEPALIVE, nfp.MMI_SERVICE, b"", b"", b""))
+        self.keepalive.mark_sent()
+
+    def on_timer(self, now: float) -> float | None:
+        ka = self.keepalive
+        if self._broker_seen and ka.expired() and now >= self._reconnect_at:
+            # Silent past its hold time: a new connection (and identity), as workers do. Its jobs
+            # are re-established (GET, or POST again) when the broker answers (_broker_returned).
+            log.warning("client %s: broker silent for %.1f s; reconnecting", self.name, ka.hold_time)
+            self._reconnect_at = now + ka.hold_time
+            self.counts["reconnects"] += 1
+            self.loop.request_reconnect()
+        if ka.due():
+            self._send_keepalive()
+        nxt = ka.next_deadline() if not ka.expired() else ka.next_due
+        while True:
+            with self._lock:
+                if not self._timers or self._timers[0][0] > now:
+                    break
+                _, uuid = heapq.heappop(self._timers)
+                job = self._jobs.get(uuid)
+            if job is not None:
+                self._check(job, now)
+        with self._lock:
+            if self._timers:
+                nxt = min(nxt, self._timers[0][0])
+        return nxt
+
+    def _check(self, job: ClientJob, now: float) -> None:
+        if now >= job.deadline:
+            if job.expected and not job.mmi and self.broker_alive:
+                # Nobody waits for it any more: ask its workers to stop it.
+                target = nfp.dumps(sorted(job.pending or job.expected))
+                self.loop.send_now(nfp.client_request(nfp.DELETE, job.service, target, job.wire_uuid.encode(), b"{}"))
+            if self.broker_alive and job.told_queued:
+                # Still in the broker's queue: it never ran (the broker expires it at this deadline too).
+                err: ZfabError = JobExpiredError(
+                    f"job {job.uuid}: deadline of {job.timeout:g} s passed while it waited in the broker's queue",
+                    uuid=job.uuid,
+                )
+            elif self.broker_alive:
+                err = JobTimeoutError(
+                    f"job {job.uuid} did not finish within its timeout of {job.timeout:g} s",
+                    uuid=job.uuid,
+                    results=job.results,
+                )
+            else:
+                err = BrokerUnavailableError(
+                    f"job {job.uuid}: the broker at {self.broker} has not answered within its hold time; "
+                    "the job's outcome is unknown"
+                )
+            self._finish(job, err)
+            return
+        if self.broker_alive:
+            if job.recheck:
+                job.recheck = False
+                self._reestablish(job)
+            elif now - job.last_heard >= self.poll_after and not (job.told_queued and job.expected is None):
+                self._poll(job)  # a job waiting in the broker's queue is quiet by design: not polled
+        with self._lock:
+            heapq.heappush(self._timers, (min(job.deadline, now + self.poll_after), job.uuid))
+
+    def _poll(self, job: ClientJob) -> None:
+        """The job went quiet: ask its workers (GET), or re-send the POST if none is known yet."""
+        self.counts["polls"] += 1
+        job.polls += 1
+        job.last_heard = self.clock()
+        uuid_b = job.wire_uuid.encode()
+        if job.mmi or job.expected is None:
+            # Not known to be admitted: POST again. The broker and the workers dedupe by
+            # uuid, so a job still in flight is not run twice.
+            cmd = nfp.MMI if job.mmi else nfp.POST
+            self.loop.send_now(nfp.client_request(cmd, job.service, job.target, uuid_b, job.body, job.flags))
+            return
+        self._get(job, sorted(job.pending))
+
+    def _get(self, job: ClientJob, workers: list[str]) -> None:
+        uuid_b = job.wire_uuid.encode()
+        for worker in workers:
+            self.loop.send_now(
+                nfp.client_request(nfp.GET, job.service, worker.encode(), uuid_b, payloads.EMPTY_BODY, payloads.NO_ACK)
+            )
+
+    def _reestablish(self, job: ClientJob) -> None:
+        """The broker is back (restarted, or reachable again): ask the workers of a dispatched job;
+        submit a queued one again. The new broker never saw it, so the POST says the service is
+        known (its first broker admitted the job) and carries what is left of the timeout."""
+        self.counts["reestablished"] += 1
+        job.last_heard = self.clock()
+        if job.expected is not None and not job.mmi:
+            self._get(job, sorted(job.pending))
+            return
+        flags = job.flags
+        if job.fields is not None and not job.mmi:
+            left = max(0.001, job.deadline - self.clock())
+            flags = nfp.dumps({**job.fields, "known": True, "timeout": round(left, 3)})
+            job.resubmitted = True
+        cmd = nfp.MMI if job.mmi else nfp.POST
+        self.loop.send_now(nfp.client_request(cmd, job.service, job.target, job.wire_uuid.encode(), job.body, flags))
+
+    def on_frames(self, frames: Frames) -> None:
+        try:
+            reply = nfp.decode_broker_to_client(frames, self.settings.max_message_bytes)
+        except nfp.ProtocolError as exc:
+            self.counts["rejected_frames"] += 1
+            if self.counts["rejected_frames"] <= 3:
+                log.warning("client %s dropped a malformed message: %s", self.name, exc)
+            return
+        was_alive = self.broker_alive or not self._broker_seen  # the first contact is no return
+        self._broker_seen = True
+        self.keepalive.heard(keepalive=reply.command == nfp.KEEPALIVE)
+        if reply.command == nfp.KEEPALIVE:
+            boot = _boot_of(reply.payload)
+            restarted = boot is not None and self._boot is not None and boot != self._boot
+            if boot is not None:
+                self._boot = boot
+            if restarted:
+                log.info("client %s: the broker restarted; re-establishing %d jobs", self.name, len(self._jobs))
+            if restarted or not was_alive:
+                self._broker_returned()
+            return
+        if not was_alive:
+            self._broker_returned()
+        uuid, attempt = payloads.split_wire_uuid(reply.uuid.decode(errors="replace"))
+        job = self._jobs.get(uuid)
+        if job is None or attempt != job.attempt:
+            self.counts["late"] += 1  # a finished job, or an earlier attempt of a retried one
+            return
+        if reply.command == nfp.EVENT:
+            self._event(job, reply)
+            return
+        if reply.command == nfp.STREAM:
+            job.last_heard = self.clock()
+            if job.future.chunks is None:
+                self.counts["rejected_frames"] += 1
+                return
+            try:
+                job.future.chunks.put_nowait(reply.payload)
+            except queue.Full:
+                # More chunks than the credits granted: the sender broke flow control.
+                self.counts["rejected_frames"] += 1
+                self._finish(job, BadRequestError(f"job {uuid}: stream overran its credit window", uuid=uuid))
+            return
+        before = job.size
+        try:
+            done = job.apply(reply, self.clock())
+        except ValueError as exc:
+            self.counts["rejected_frames"] += 1
+            log.warning("client %s: unreadable reply for job %s: %s", self.name, uuid, exc)
+            return
+        if job.size != before:
+            with self._lock:
+                self._bytes += job.size - before
+        if done and job.retry():
+            log.info("client %s: job %s lost its worker; attempt %d", self.name, uuid, job.attempt)
+            wire = job.wire_uuid.encode()
+            self.loop.send_now(nfp.client_request(nfp.POST, job.service, job.target, wire, job.body, job.flags))
+        elif done:
+            self._finish(job)
+
+    def _broker_returned(self) -> None:
+        # After an outage or a restart, every job is re-established at once, not at its next poll.
+        with self._lock:
+            for job in self._jobs.values():
+                job.recheck = True
+                heapq.heappush(self._timers, (0.0, job.uuid))
+
+    def _event(self, job: ClientJob, reply: nfp.BrokerReply) -> None:
+        try:
+            payload = json.loads(reply.payload)
+        except ValueError:
+            self.counts["rejected_frames"] += 1
+            return
+        if not isinstance(payload, dict):
+            return
+        job.last_heard = self.clock()
+        fut = job.future
+        worker = payload.get("worker")
+        if fut.worker is None and isinstance(worker, str):
+            fut.worker = worker
+        kind = payload.get("event_type")
+        fut.move(State.WAITING if kind == "input_request" else State.RUNNING)
+        if kind == "result_ready" and isinstance(worker, str) and worker in job.pending:
+            # A worker that does not push results (a NorFab worker) says it has one: GET it now.
+            self._get(job, [worker])
+        fut.add_event(payload, len(reply.payload))
+        cb = self._callbacks.get(job.uuid)
+        if cb is not None:
+            try:
+                cb(payload)
+            except Exception:
+                log.exception("client %s: event callback failed", self.name)
+
+
+def _boot_of(payload: bytes) -> str | None:
+    """The broker incarnation a zfab broker's keepalive answer carries (NorFab's carry nothing)."""
+    if not payload:
+        return None
+    try:
+        boot = json.loads(payload).get("boot")
+    except (ValueError, AttributeError):
+        return None
+    return boot if isinstance(boot, str) else None

@@ -113,6 +113,7 @@ class Fabric:
 
     def __init__(self, tmp: str | os.PathLike[str], zfab: str | None = None, **env: str) -> None:
         self.tmp = Path(tmp)
+        self.tmp.mkdir(parents=True, exist_ok=True)
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.cli = [zfab] if zfab else [sys.executable, "-m", "service.cli"]
         self.env = {

@@ -175,20 +175,11 @@ class ScheduleStore:
         with self._lock:
             self._conn.execute("DELETE FROM schedules WHERE id=?", (schedule_id,))
 
-    def schedule_of(self, job_uuid: str) -> str | None:
-        """The schedule that made this job, if one did (and the mapping still holds it)."""
+    def mapping(self) -> list[tuple[str, str]]:
+        """(job uuid, schedule id) of every job a schedule made that the mapping still holds, oldest first."""
         with self._lock:
-            row = self._conn.execute("SELECT schedule_id FROM schedule_jobs WHERE job_uuid=?", (job_uuid,)).fetchone()
-        return str(row[0]) if row else None
-
-    def jobs_of(self, schedule_id: str, limit: int = 100) -> list[str]:
-        """The uuids of the jobs this schedule made, newest first."""
-        with self._lock:
-            rows = self._conn.execute(
-                "SELECT job_uuid FROM schedule_jobs WHERE schedule_id=? ORDER BY fired_at DESC, rowid DESC LIMIT ?",
-                (schedule_id, limit),
-            ).fetchall()
-        return [str(u) for (u,) in rows]
+            rows = self._conn.execute("SELECT job_uuid, schedule_id FROM schedule_jobs ORDER BY rowid").fetchall()
+        return [(str(u), str(s)) for u, s in rows]
 
     def close(self) -> None:
         with self._lock:

@@ -18,7 +18,8 @@ import asyncio
 import logging
 import time
 import uuid as uuidlib
-from collections.abc import Callable, Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import suppress
 from typing import Any
 
@@ -39,6 +40,31 @@ log = logging.getLogger(__name__)
 # jump (NTP, a suspended VM) while asyncio sleeps on the monotonic clock; waking now and then re-reads it.
 MAX_SLEEP = 60.0
 DELAY_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 300, 3600)
+
+
+def plan(
+    recs: Iterable[ScheduleRecord], now: float, started_at: float, silent: tuple[float, float] | None
+) -> tuple[list[ScheduleRecord], float | None]:
+    """The schedules to fire now, and when to look again for those held back.
+
+    `silent` is (hold time, check step) while the broker does not answer: a due schedule then waits
+    for it, up to a hold time from its due time or from the scheduler's start (whichever is later),
+    and is looked at again one step later; past that it fires (and is counted refused).
+    """
+    due = [r for r in recs if r.next_run_at is not None and r.next_run_at <= now]
+    if silent is None or not due:
+        return due, None
+    hold, step = silent
+    held = [r for r in due if now - max(r.next_run_at or now, started_at) < hold]
+    return [r for r in due if r not in held], (now + step if held else None)
+
+
+def next_wake(recs: Iterable[ScheduleRecord], now: float, recheck: float | None) -> float | None:
+    """The earliest time something is due after `now` (or `recheck`); None when nothing ever is."""
+    times = [r.next_run_at for r in recs if r.next_run_at is not None and r.next_run_at > now]
+    if recheck is not None:
+        times.append(recheck)
+    return min(times, default=None)
 
 
 class ScheduleMetrics(Collector):
@@ -92,6 +118,9 @@ class Scheduler:
         self.capacity = capacity
         self.clock = clock
         self.schedules: dict[str, ScheduleRecord] = {}
+        # job uuid -> schedule id, newest last, as many as the store keeps (the API's job history):
+        # read on the event loop by whoever labels or filters jobs, so held in memory.
+        self.made: OrderedDict[str, str] = OrderedDict()
         self.metrics = ScheduleMetrics(self, registry) if registry is not None else None
         self._changed = asyncio.Event()
         self._writes = asyncio.Lock()  # one write at a time, in order: a later state never loses to an earlier
@@ -102,6 +131,7 @@ class Scheduler:
 
     async def start(self) -> None:
         now = self.started_at = self.clock()
+        self.made.update(await asyncio.to_thread(self.store.mapping))
         for rec in await asyncio.to_thread(self.store.load):
             if not rec.paused and rec.next_run_at is None:
                 rec.next_run_at = first(rec.every, rec.cron, now)
@@ -175,8 +205,12 @@ class Scheduler:
             await asyncio.to_thread(self.store.delete, rec.id)
 
     def schedule_of(self, job_uuid: str) -> str | None:
-        """The id of the schedule whose firing submitted this job (from the store's mapping)."""
-        return self.store.schedule_of(job_uuid)
+        """The id of the schedule whose firing submitted this job, if one did (a dict lookup)."""
+        return self.made.get(job_uuid)
+
+    def jobs_of(self, schedule_id: str) -> list[str]:
+        """The uuids of the jobs this schedule made that are still remembered, newest first."""
+        return [u for u, sid in reversed(self.made.items()) if sid == schedule_id]
 
     # ---- the loop ------------------------------------------------------------------------------
 
@@ -192,23 +226,14 @@ class Scheduler:
         while True:
             self._changed.clear()
             now = self.clock()
-            due = [r for r in self.schedules.values() if r.next_run_at is not None and r.next_run_at <= now]
-            recheck: float | None = None
-            silent = self._broker_wait() if due else None
-            if silent is not None:
-                hold, step = silent
-                held = [r for r in due if now - max(r.next_run_at or now, self.started_at) < hold]
-                if held:  # not yet refused: look again in one keepalive interval
-                    due = [r for r in due if r not in held]
-                    recheck = now + step
+            due, recheck = plan(self.schedules.values(), now, self.started_at, self._broker_wait())
             if due:
                 fired = [self.fire(r, now) for r in due]
                 try:
                     await self._save(due, [f for f in fired if f is not None])
                 except Exception:  # the loop must outlive a full disk; the schedules go on in memory
                     log.exception("api schedules: could not record %d firings", len(due))
-            upcoming = [r.next_run_at for r in self.schedules.values() if r.next_run_at is not None]
-            wake = min([t for t in upcoming if t > now] + ([recheck] if recheck is not None else []), default=None)
+            wake = next_wake(self.schedules.values(), now, recheck)
             delay = MAX_SLEEP if wake is None else min(max(0.0, wake - self.clock()), MAX_SLEEP)
             # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that lands as the event is set,
             # and stop() would wait on a loop that never ends.
@@ -239,6 +264,9 @@ class Scheduler:
             rec.runs += 1
             rec.last_error = None
             rec.last_jobs.append(job)
+            self.made[job] = rec.id
+            while len(self.made) > self.store.mapping_capacity:
+                self.made.popitem(last=False)
             outcome, row = "submitted", (job, rec.id, now)
         if self.metrics is not None:
             self.metrics.firings.labels(outcome).inc()

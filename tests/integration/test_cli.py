@@ -293,6 +293,7 @@ def test_processes_print_one_ready_line_and_one_stopped_line(tmp_path: Path) -> 
         wait_for(lambda: "zfab api ready" in f.log("api"), 30, what="the API's ready line")
         wait_for(lambda: "zfab worker w1 ready" in f.log("w1"), 30, what="the worker's ready line")
         assert f.log("broker").count("zfab broker ready on tcp://127.0.0.1:") == 1, f.log("broker")
+        assert "listening on" not in f.log("broker")  # no log line repeating the ready line
         assert f.log("api").count(f"zfab api ready on http://127.0.0.1:{port}") == 1, f.log("api")
         # uvicorn's own startup lines would only repeat it
         assert "Uvicorn running" not in f.log("api") and "Application startup" not in f.log("api")

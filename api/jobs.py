@@ -280,7 +280,10 @@ async def list_jobs(
     request: Request,
     _: Principal,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description=f"Page size, at most {MAX_PAGE}")] = 50,
-    cursor: Annotated[str | None, Query(description="Where the page starts: the `next` of the page before")] = None,
+    cursor: Annotated[
+        str | None,
+        Query(pattern=r"^[0-9]{1,18}$", description="Where the page starts (from the `next` link of the page before)"),
+    ] = None,
     state: StateFilter = None,
     service: Annotated[str | None, Query(max_length=256)] = None,
     task: Annotated[str | None, Query(max_length=256)] = None,
@@ -293,10 +296,7 @@ async def list_jobs(
     newest first, as summaries (no results, no events) unless `include=results`. Pages follow
     `next` (cursor pagination: a page is not shifted by jobs submitted meanwhile)."""
     st = api_state(request)
-    try:
-        before = int(cursor) if cursor is not None else None
-    except ValueError:
-        raise ProblemError(422, "bad-cursor", "Bad cursor", "cursor must be the `next` of an earlier page") from None
+    before = int(cursor) if cursor is not None else None
     states = set(state) if state else None
     items: list[Job | JobSummary] = []
     last: int | None = None

@@ -8,7 +8,6 @@ Task names and reply shapes follow NorFab 0.25 where NorFab has them (`show_work
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import sys
 import time
 from collections import Counter, OrderedDict
@@ -59,7 +58,7 @@ class MmiService:
     def answer(self, body: bytes) -> tuple[bytes, bytes]:
         """(status, JSON payload) for an MMI request body; ProtocolError("json", why) when it is malformed."""
         try:
-            req = json.loads(body) if body else {}
+            req = nfp.loads(body) if body else {}
             if not isinstance(req, dict):
                 raise ValueError("body must be a JSON object")
             task = str(req.get("task", ""))

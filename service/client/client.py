@@ -15,7 +15,6 @@ import os
 import secrets
 import threading
 import time
-import uuid as uuidlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -309,7 +308,7 @@ class Client(ClientSession):
             self.start()
         if uuid is not None:
             payloads.check_job_uuid(uuid)
-        juuid = uuid or uuidlib.uuid4().hex
+        juuid = uuid or os.urandom(16).hex()  # unique and unguessable, without a UUID object
         fut = JobFuture(juuid, stream_window, self.settings.max_events_per_job)
         fut.timings["submitted"] = time.time()
         now = self.clock()
@@ -364,12 +363,11 @@ class Client(ClientSession):
         if error is None:
             result, error = job.outcome()
         fut.state, fut.reason = final_state(result, error)
-        if not fut.admission.done():
-            # Ended before the broker said it took it: a refusal (or the client gave up first).
-            if error is not None and job.refused is error:
-                fut.admission.set_exception(error)
-            else:
-                fut.admission.set_result("dispatched" if job.expected else "unknown")
+        # Ended before the broker said it took it: a refusal (or the client gave up first).
+        if job.refused is not None and job.refused is error:
+            fut.refused(job.refused)
+        else:
+            fut.admitted("dispatched" if job.expected else "unknown")
         if self.on_complete is not None and not job.mmi:
             try:
                 self.on_complete(fut, job.service.decode(errors="replace"), fut.state.value, result)

@@ -6,7 +6,6 @@ No sockets or threads: the client's owner loop calls `apply` for each reply and
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 import time
@@ -32,6 +31,7 @@ from ..errors import (
     WorkerLostError,
 )
 
+_ADMISSION_LOCK = threading.Lock()
 MAX_EVENTS_PER_JOB = 1000
 MAX_EVENT_BYTES_PER_JOB = 1024 * 1024  # events a future holds, in bytes: older ones make room
 _REFUSAL_ERRORS: dict[bytes, type[JobError]] = {
@@ -56,7 +56,8 @@ class JobFuture(Future[Any]):
         self.uuid = uuid
         self.state = State.QUEUED
         self.reason: str | None = None
-        self.admission: Future[str] = Future()
+        self._admission: Future[str] | None = None  # made when asked for: most callers never ask
+        self._admitted: str | None = None
         self.events: deque[dict[str, Any]] = deque(maxlen=max_events)
         self.events_bytes = 0
         self.events_dropped = 0
@@ -90,9 +91,33 @@ class JobFuture(Future[Any]):
                 self.events_dropped += 1
             self.changed.notify_all()
 
+    @property
+    def admission(self) -> Future[str]:
+        """Resolves once the broker took the job ("queued", "dispatched"), or raises why it would not."""
+        with _ADMISSION_LOCK:
+            fut = self._admission
+            if fut is None:
+                fut = self._admission = Future()
+                if self._admitted is not None:
+                    fut.set_result(self._admitted)
+                elif self.done() and not self.cancelled():
+                    exc = self.exception()
+                    if exc is not None:
+                        fut.set_exception(exc)
+            return fut
+
     def admitted(self, how: str) -> None:
-        if not self.admission.done():
-            self.admission.set_result(how)
+        with _ADMISSION_LOCK:
+            if self._admitted is None:
+                self._admitted = how
+                if self._admission is not None and not self._admission.done():
+                    self._admission.set_result(how)
+
+    def refused(self, error: BaseException) -> None:
+        """The job ended before the broker took it (its refusal, or the client gave up)."""
+        with _ADMISSION_LOCK:
+            if self._admitted is None and self._admission is not None and not self._admission.done():
+                self._admission.set_exception(error)
 
     def move(self, state: State) -> None:
         """A step of a job not finished yet (queued, running, waiting)."""
@@ -175,7 +200,7 @@ class ClientJob:
         self.last_heard = now
         if self.mmi:
             if reply.command == nfp.RESPONSE:
-                payload = json.loads(reply.payload) if reply.payload else None
+                payload = nfp.loads(reply.payload) if reply.payload else None
                 if reply.status == nfp.ST_OK:
                     self.results = {"result": payload}
                 else:
@@ -193,7 +218,7 @@ class ClientJob:
             fut.move(State.WAITING)
             return False
         try:
-            payload = json.loads(reply.payload) if reply.payload else {}
+            payload = nfp.loads(reply.payload) if reply.payload else {}
         except (ValueError, RecursionError):
             payload = {}
         if not isinstance(payload, dict):

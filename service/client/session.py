@@ -8,7 +8,6 @@ the client's owner thread.
 from __future__ import annotations
 
 import heapq
-import json
 import logging
 import queue
 import secrets
@@ -254,7 +253,7 @@ class ClientSession:
 
     def _event(self, job: ClientJob, reply: nfp.BrokerReply) -> None:
         try:
-            payload = json.loads(reply.payload)
+            payload = nfp.loads(reply.payload)
         except ValueError:
             self.counts["rejected_frames"] += 1
             return
@@ -284,7 +283,7 @@ def _boot_of(payload: bytes) -> str | None:
     if not payload:
         return None
     try:
-        boot = json.loads(payload).get("boot")
+        boot = nfp.loads(payload).get("boot")
     except (ValueError, AttributeError):
         return None
     return boot if isinstance(boot, str) else None

@@ -9,14 +9,13 @@ place. Pure: no sockets, no threads. `docs/protocol.md` documents each shape.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Final
 
 from .errors import ProtocolError
-from .protocol import dumps
+from .protocol import dumps, loads
 
 # ---- job uuids ----------------------------------------------------------------------
 
@@ -101,7 +100,7 @@ def post_body(
 
 def with_attempt(body: bytes, attempt: int) -> bytes:
     """The same POST body, marked as attempt `attempt` of its job."""
-    obj = json.loads(body)
+    obj = loads(body)
     obj["attempt"] = attempt
     return dumps(obj)
 
@@ -121,7 +120,7 @@ class PostBody:
 def read_post_body(raw: bytes) -> PostBody:
     """Read and check a POST body; raises ProtocolError("json", why) for anything malformed."""
     try:
-        body = json.loads(raw)
+        body = loads(raw)
     except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep for the parser
         raise ProtocolError("json", f"bad request body: {exc}") from None
     if not isinstance(body, dict):

@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final
 
+import orjson
+
 from .errors import ProtocolError as ProtocolError  # re-exported: callers catch nfp.ProtocolError
 
 CLIENT: Final = b"NFPC01"
@@ -192,8 +194,8 @@ def _check_name(value: bytes, what: str, limit: int = MAX_NAME_BYTES) -> None:
 
 def _json_object(raw: bytes, what: str) -> dict[str, Any]:
     try:
-        obj = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested too deep
+        obj = loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # orjson: nested too deep is a ValueError
         raise ProtocolError("json", f"{what} is not JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise ProtocolError("json", f"{what} must be a JSON object, got {type(obj).__name__}")
@@ -299,8 +301,19 @@ def broker_reply(
 
 
 def dumps(obj: Any) -> bytes:
-    """JSON as NFP carries it: compact UTF-8; anything not JSON-native becomes its str()."""
-    return json.dumps(obj, separators=(",", ":"), default=str).encode()
+    """JSON as NFP carries it: compact UTF-8; anything not JSON-native becomes its str().
+
+    orjson (C, several times the stdlib's speed on the hot path); what it refuses (integers
+    past 64 bits) goes through the stdlib, which also writes NaN where orjson writes null."""
+    try:
+        return orjson.dumps(obj, default=str, option=orjson.OPT_NON_STR_KEYS)
+    except (TypeError, orjson.JSONEncodeError):
+        return json.dumps(obj, separators=(",", ":"), default=str).encode()
+
+
+def loads(raw: bytes | str) -> Any:
+    """Parse JSON (orjson: bytes in, no decode step). Raises ValueError, nested-too-deep included."""
+    return orjson.loads(raw)
 
 
 def parse_target(target: bytes) -> str | list[str]:

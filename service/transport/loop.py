@@ -13,9 +13,9 @@ reconnect or stop if asked.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 
@@ -52,7 +52,11 @@ class OwnerLoop:
         self.batch = batch
         self.linger = linger
         self.stats = LoopStats()
-        self._queue: queue.Queue[Item] = queue.Queue(maxsize=outbound_size)
+        # A deque, not a queue.Queue: appends and pops are atomic under the GIL, with no Condition
+        # round trip per item; only a full queue makes a submitter wait (on _space).
+        self._queue: deque[Item] = deque()
+        self._space = threading.Condition(threading.Lock())
+        self._waiting = 0  # submitters waiting for room (read by the owner after each batch)
         self._waker = Waker()
         self._own_context = context is None
         self._ctx: zmq.Context[zmq.Socket[bytes]] = context if context is not None else zmq.Context()
@@ -88,15 +92,30 @@ class OwnerLoop:
         """
         if self._closing:
             raise ClosedError(f"{self.name} is shutting down; nothing more is accepted")
-        try:
-            self._queue.put(item, timeout=self.submit_timeout if timeout is None else timeout)
-        except queue.Full:
-            raise BackpressureError(
-                f"{self.name}: outbound queue full ({self.outbound_size} frames) for "
-                f"{self.submit_timeout if timeout is None else timeout} s; the peer is slow or unreachable"
-            ) from None
+        if len(self._queue) >= self.outbound_size:
+            self._wait_for_room(self.submit_timeout if timeout is None else timeout)
+        self._queue.append(item)
         if self._sleeping:
             self._waker.wake()
+
+    def _wait_for_room(self, timeout: float) -> None:
+        """The slow path of submit: the queue is full. The bound is soft by the number of threads
+        submitting at the same instant, which is what keeps the fast path free of locks."""
+        deadline = time.monotonic() + timeout
+        with self._space:
+            self._waiting += 1
+            try:
+                while len(self._queue) >= self.outbound_size:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self._closing:
+                        raise BackpressureError(
+                            f"{self.name}: outbound queue full ({self.outbound_size} frames) for "
+                            f"{timeout} s; the peer is slow or unreachable"
+                        )
+                    self._waker.wake()
+                    self._space.wait(left)
+            finally:
+                self._waiting -= 1
 
     def send(self, item: Frames | tuple[Frames, Callable[[], None]], timeout: float | None = None) -> None:
         """Any thread. The owner sends at once: waiting on its own queue could only deadlock it
@@ -125,7 +144,7 @@ class OwnerLoop:
         return fut.result(timeout)
 
     def queue_depth(self) -> int:
-        return self._queue.qsize() + (1 if self._stalled is not None else 0)
+        return len(self._queue) + (1 if self._stalled is not None else 0)
 
     def request_reconnect(self) -> None:
         self._reconnect = True
@@ -249,7 +268,7 @@ class OwnerLoop:
             if timeout_ms is None or timeout_ms > 100:
                 timeout_ms = 100  # a stalled peer: re-check at a bounded pace
         self._sleeping = True
-        if timeout_ms != 0 and not self._queue.empty() and self._stalled is None:
+        if timeout_ms != 0 and self._queue and self._stalled is None:
             timeout_ms = 0  # something arrived between drain and sleep
         try:
             events = dict(self._poller.poll(timeout_ms))
@@ -272,18 +291,23 @@ class OwnerLoop:
             if not self._send_item(self._stalled):
                 return True
             self._stalled = None
-        for _ in range(self.batch):
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return False
-            if isinstance(item, list | tuple):
-                if not self._send_item(item):
-                    self._stalled = item
-                    return True
-            else:
-                self._run_call(item)
-        return not self._queue.empty()
+        q = self._queue
+        try:
+            for _ in range(self.batch):
+                if not q:
+                    return False
+                item = q.popleft()
+                if isinstance(item, list | tuple):
+                    if not self._send_item(item):
+                        self._stalled = item
+                        return True
+                else:
+                    self._run_call(item)
+            return bool(q)
+        finally:
+            if self._waiting:
+                with self._space:
+                    self._space.notify_all()
 
     def _send_item(self, item: Frames | tuple[Frames, Callable[[], None]]) -> bool:
         """A queued frame: False leaves it stalled (retried first); a dropped one still runs its follow-up."""

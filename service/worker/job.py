@@ -15,7 +15,7 @@ from ..core.payloads import iso
 from ..core.schemacheck import check as check_schema
 from ..errors import JobCancelledError, JobTimeoutError
 
-_ACK_LOCK = threading.Lock()  # rare, short: one lock for every job's 201 gate
+_ACK_LOCK = threading.Lock()  # short: one lock for every job's claim and 201 gate
 
 
 class JobState(StrEnum):
@@ -93,7 +93,7 @@ class Job:
     def claim(self) -> bool:
         """True for the first caller only: the pool thread about to run the job, or a DELETE
         ending it while still queued. Whoever claims it produces its one result."""
-        with self.cond:
+        with _ACK_LOCK:  # shared, not the job's own condition: most jobs never need one
             if self._claimed:
                 return False
             self._claimed = True
@@ -102,8 +102,10 @@ class Job:
     def cancel(self) -> None:
         """Ask the task to stop: sets cancel_event and wakes a task blocked on credits or input."""
         self.cancel_event.set()
-        with self.cond:
-            self.cond.notify_all()
+        cond = self._cond
+        if cond is not None:  # nobody waits on a condition nobody made
+            with cond:
+                cond.notify_all()
 
     @property
     def cancelled(self) -> bool:

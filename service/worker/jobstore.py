@@ -84,7 +84,11 @@ class JobStore:
         self.retention_count = retention_count
         self.max_events_per_job = max_events_per_job
         self.queue_size = queue_size
-        self._q: queue.Queue[tuple[Op, After | None] | None] = queue.Queue(maxsize=queue_size)
+        # SimpleQueue (C, no Condition per put); the bound is checked by submit, which waits on
+        # _room only when the writer is behind.
+        self._q: queue.SimpleQueue[tuple[Op, After | None] | None] = queue.SimpleQueue()
+        self._room = threading.Condition(threading.Lock())
+        self._waiting = 0
         self._thread: threading.Thread | None = None
         self._inserts_since_prune = 0
         self.commits = 0
@@ -112,8 +116,21 @@ class JobStore:
         return self._q.qsize()
 
     def submit(self, op: Op, after: After | None = None, timeout: float = 1.0) -> None:
-        """Queue a write; `after` runs on the writer thread once it is committed. Raises queue.Full."""
-        self._q.put((op, after), timeout=timeout)
+        """Queue a write; `after` runs on the writer thread once it is committed. Raises queue.Full
+        when the queue stays at its bound for `timeout` seconds."""
+        if self._q.qsize() >= self.queue_size:
+            deadline = time.monotonic() + timeout
+            with self._room:
+                self._waiting += 1
+                try:
+                    while self._q.qsize() >= self.queue_size:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            raise queue.Full
+                        self._room.wait(left)
+                finally:
+                    self._waiting -= 1
+        self._q.put((op, after))
 
     # ---- writer thread ----------------------------------------------------------
 
@@ -143,6 +160,9 @@ class JobStore:
                         break
                     items.append(nxt)
                 self._commit(conn, items)
+                if self._waiting:
+                    with self._room:
+                        self._room.notify_all()
                 if stop:
                     return
         finally:

@@ -20,7 +20,9 @@ class JobPool(Generic[T]):
         self.runner = runner
         self.size = size
         self.capacity = capacity
-        self._q: queue.Queue[T | None] = queue.Queue(maxsize=capacity)
+        # SimpleQueue is C: put and get cost no Python Condition. The bound is the worker's
+        # admission (it never admits more than `capacity` jobs waiting), checked again here.
+        self._q: queue.SimpleQueue[T | None] = queue.SimpleQueue()
         self._threads = [threading.Thread(target=self._work, name=f"zfab-{name}-{i}", daemon=True) for i in range(size)]
         self._running = 0
         self._lock = threading.Lock()
@@ -29,9 +31,11 @@ class JobPool(Generic[T]):
         for t in self._threads:
             t.start()
 
-    def put(self, item: T, timeout: float | None = None) -> None:
-        """Queue a job; raises queue.Full when the queue stays full past the timeout."""
-        self._q.put(item, timeout=timeout)
+    def put(self, item: T) -> None:
+        """Queue a job; raises queue.Full when `capacity` jobs wait already."""
+        if self._q.qsize() >= self.capacity:
+            raise queue.Full
+        self._q.put(item)
 
     def depth(self) -> int:
         return self._q.qsize()
@@ -42,10 +46,7 @@ class JobPool(Generic[T]):
 
     def stop(self, timeout: float = 5.0) -> None:
         for _ in self._threads:
-            try:
-                self._q.put_nowait(None)
-            except queue.Full:
-                break
+            self._q.put(None)
         for t in self._threads:
             t.join(timeout / max(1, len(self._threads)))
 

@@ -7,7 +7,6 @@ job store's writer thread records them in batches, and 201 follows each commit.
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import secrets
@@ -346,7 +345,7 @@ class Worker:
         )
         # The job runs as soon as a pool thread is free; the store records the whole
         # receive batch in one write (see on_batch_end), and 201 follows that commit.
-        self.pool.put(job, timeout=0)  # cannot be full: admission above keeps it within capacity
+        self.pool.put(job)  # cannot be full: admission above keeps it within capacity
         self._received += 1
         self._unstored.append(job)
         self.jobs.add(job)
@@ -434,7 +433,7 @@ class Worker:
         uuid = msg.uuid.decode(errors="replace")
         job = self.jobs.get(uuid)
         try:
-            body = json.loads(msg.body)
+            body = nfp.loads(msg.body)
             if not isinstance(body, dict):
                 raise ValueError("PUT body must be a JSON object")
         except ValueError as exc:

@@ -400,12 +400,16 @@ def test_dumps_is_compact_json_that_round_trips_text() -> None:
     assert json.loads(raw.decode("utf-8")) == {"a": [1, 2], "name": "café"}
 
 
-def test_dumps_turns_non_json_objects_into_their_str() -> None:
+def test_dumps_writes_datetimes_as_iso_8601_and_other_objects_as_their_str() -> None:
     when = dt.datetime(2024, 5, 1, 12, 30, tzinfo=dt.UTC)
 
-    raw = nfp.dumps({"when": when, "path": PurePosixPath("/tmp/x"), "blob": b"\x00"})
+    raw = nfp.dumps({"when": when, "path": PurePosixPath("/tmp/x"), "blob": b"\x00", 7: "int key"})
 
-    assert json.loads(raw) == {"when": str(when), "path": "/tmp/x", "blob": str(b"\x00")}
+    assert json.loads(raw) == {"when": when.isoformat(), "path": "/tmp/x", "blob": str(b"\x00"), "7": "int key"}
+
+
+def test_dumps_falls_back_to_the_stdlib_for_what_orjson_refuses() -> None:
+    assert json.loads(nfp.dumps({"big": 2**80})) == {"big": 2**80}
 
 
 # ---- property tests: any frames decode or raise ProtocolError --------------------------

@@ -176,7 +176,7 @@ def run(quick: bool = False, mb: int = 10) -> dict[str, Any]:
                 ctl.write_text(str(k))
                 done = wait_for(lambda w=want: client.poll() is not None or ctl.read_text() == w,
                                 max(1.0, deadline - time.monotonic()), 0.05)
-                if not done or client.poll() is not None:
+                if not done or ctl.read_text() != want:  # the client exits right after its last phase
                     raise RuntimeError(f"phase {k} did not finish" + log_tail([client, worker]))
                 mem.update({f"{r}_peak": peak_bytes(pid) for r, pid in pids.items()})
                 mem.update({f"{r}_rss1": rss_bytes(pid) for r, pid in pids.items()})
@@ -202,9 +202,10 @@ def run(quick: bool = False, mb: int = 10) -> dict[str, Any]:
               f"p50 per job {out[f'k{k}_p50_s'] * 1000:.0f} ms (target >= 0.5x the bulk floor)", flush=True)
     for k, _ in phases:
         for r in ("client", "worker", "broker"):
-            report(f"{r} peak rss / job, {k} in flight", out[f"k{k}_{r}_per_job"], "x10MB")
-        print(f"   (target about 1 payload per in-flight job; RSS kept after the phase: worker "
-              f"{out[f'k{k}_worker_kept_mb']:+.0f} MB, broker {out[f'k{k}_broker_kept_mb']:+.0f} MB)", flush=True)
+            report(f"{r} peak rss / job, {k} in flight", out[f"k{k}_{r}_per_job"], "pay")
+        kept_w, kept_b = out[f"k{k}_worker_kept_mb"], out[f"k{k}_broker_kept_mb"]
+        print(f"   ('pay' = payloads of {mb} MB; target about 1 payload per in-flight job; "
+              f"RSS kept after the phase: worker {kept_w:+.0f} MB, broker {kept_b:+.0f} MB)", flush=True)
     return out
 
 

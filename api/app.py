@@ -22,6 +22,7 @@ from .auth import TokenSet
 from .fabric import FabricView
 from .jobdb import JobDB, Persister
 from .jobtable import JobTable
+from .recovery import recover_unfinished
 from .middleware import BodyLimitMiddleware, ContentTypeMiddleware, HeadMiddleware, HttpMetrics, MetricsMiddleware
 from .settings import ApiSettings
 from .state import ApiState
@@ -79,7 +80,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        table = JobTable(s.job_history, asyncio.get_running_loop())
+        table = JobTable(s.job_history, asyncio.get_running_loop(), max_bytes=s.job_history_bytes)
         db = await asyncio.to_thread(JobDB, Path(s.api_db), s.job_history) if s.api_db else None
         if db is not None:
             for rec in await asyncio.to_thread(db.load, s.broker):
@@ -96,13 +97,17 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         persister = Persister(db, table, s.broker) if db is not None else None
         if persister is not None:
             persister.start()
-        app.state.zfab = ApiState(settings=s, client=client, jobs=table, fabric=view)
+        app.state.zfab = st = ApiState(settings=s, client=client, jobs=table, fabric=view)
+        # Jobs the database holds as unfinished are re-established without waiting for a read: a
+        # queued one is submitted again, a running one asked of its workers (api/recovery.py).
+        recovering = asyncio.create_task(recover_unfinished(st), name="api recovery")
         if not tokens:
             log.warning("no ZFAB_API_TOKENS configured: the API serves loopback clients only, without auth")
         log.info("zfab api: broker %s", s.broker)
         try:
             yield
         finally:
+            recovering.cancel()
             app.state.zfab = None
             for collector in (merged, client_metrics.duration, client_metrics.hop):
                 registry.unregister(collector)

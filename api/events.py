@@ -144,7 +144,7 @@ async def event_stream(st: ApiState, rec: JobRecord, after: int) -> AsyncIterato
         yield chunk
     # Without `end`, the server is stopping: the caller reconnects (to the restarted API) with Last-Event-ID.
     if rec.done:
-        yield end_frame(rec.view())
+        yield end_frame(rec.view(tracebacks=st.settings.api_expose_tracebacks))
 
 
 @router.get(
@@ -226,4 +226,4 @@ async def send_input(uuid: JobUuid, answer: InputAnswer, request: Request, _: Pr
         raise ProblemError(504, "timeout", "The worker did not answer in time", str(exc), job=uuid) from None
     except ZfabError as exc:
         raise from_fabric_error(exc, uuid) from None
-    return rec.view()
+    return rec.view(tracebacks=st.settings.api_expose_tracebacks)

@@ -199,7 +199,7 @@ async def submit_job(
     if bound is not None:
         await wait_for_job(rec, bound)
     _applied(request, response, bound)
-    view = rec.view()
+    view = rec.view(tracebacks=st.settings.api_expose_tracebacks)
     response.headers["Location"] = f"{request.scope.get('root_path', '')}/jobs/{rec.uuid}"
     # 200 with a finished job: one that ended within the wait bound, or a retried POST of one that
     # had ended. A job this request submitted without waiting is always 202, even when it was quick
@@ -232,7 +232,11 @@ async def get_job(
     if bound is not None:
         await wait_for_job(rec, bound)
     _applied(request, response, bound)
-    return rec.view()
+    view = rec.view(tracebacks=st.settings.api_expose_tracebacks)
+    scheduler = getattr(request.app.state, "schedules", None)
+    if scheduler is not None:
+        view.schedule = scheduler.schedule_of(uuid)
+    return view
 
 
 @router.delete(
@@ -262,7 +266,7 @@ async def cancel_job(uuid: JobUuid, request: Request, _: Principal) -> Job:
         )
     rec.cancel_requested = True
     st.jobs.touch(uuid)
-    return rec.view()
+    return rec.view(tracebacks=st.settings.api_expose_tracebacks)
 
 
 StateFilter = Annotated[list[JobState] | None, Query(description="Only jobs in these states (repeat the parameter)")]
@@ -291,6 +295,7 @@ async def list_jobs(
     since: Annotated[datetime | None, Query(description="Submitted at or after (ISO 8601)")] = None,
     until: Annotated[datetime | None, Query(description="Submitted before (ISO 8601)")] = None,
     include: Annotated[Literal["results"] | None, Query(description="`results`: whole jobs, not summaries")] = None,
+    schedule: Annotated[str | None, Query(max_length=64, description="Jobs a schedule fired")] = None,
 ) -> JobPage:
     """The jobs this API submitted (up to ZFAB_JOB_HISTORY of them; across restarts with ZFAB_API_DB),
     newest first, as summaries (no results, no events) unless `include=results`. Pages follow
@@ -301,8 +306,14 @@ async def list_jobs(
     items: list[Job | JobSummary] = []
     last: int | None = None
     more = False
+    scheduler = getattr(request.app.state, "schedules", None)
+    made = set(scheduler.jobs_of(schedule)) if schedule is not None and scheduler is not None else None
     for rec in st.jobs.newest(before):
-        view = rec.view()
+        if made is not None and rec.uuid not in made:
+            continue
+        view = rec.view(tracebacks=st.settings.api_expose_tracebacks)
+        if scheduler is not None:
+            view.schedule = scheduler.schedule_of(rec.uuid)
         if not _matches(view, rec, states, service, task, worker, since, until):
             continue
         if len(items) == limit:

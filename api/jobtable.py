@@ -166,11 +166,16 @@ class JobRecord:
             self._input = (len(events), request)
         return request if request is not None and is_open(request) else None
 
-    def view(self) -> Job:
+    def view(self, *, tracebacks: bool = True) -> Job:
+        """The job as it stands. `tracebacks=False` (REST, by default) keeps tasks' tracebacks
+        server-side: a failed entry's `errors` then carry the error's type and message only."""
         fut = self.live
         if fut is None:
             assert self.stored is not None, "a job has a future or a stored view"
-            return self.stored.model_copy(update={"cancel_requested": self.cancel_requested})
+            stored = self.stored.model_copy(update={"cancel_requested": self.cancel_requested})
+            if not tracebacks and stored.results:
+                stored.results = without_tracebacks(stored.results)
+            return stored
         state, results, exc = state_of(fut)
         timings = dict(self.stored.timings) if self.stored else {}
         t = fut.timings
@@ -184,6 +189,8 @@ class JobRecord:
         started = _started(timings, results)
         finished = _when(timings.get("completed")) if state.finished else None
         req = self.request
+        if not tracebacks and results:
+            results = without_tracebacks(results)
         return Job(
             uuid=self.uuid,
             service=self.service,
@@ -204,6 +211,25 @@ class JobRecord:
             priority=req.priority if req is not None else 5,
             retries=req.retries if req is not None else 0,
         )
+
+
+def without_tracebacks(results: dict[str, Any]) -> dict[str, Any]:
+    """Results with each traceback in `errors` cut to its last line (`RuntimeError: boom`): the
+    full one stays in the worker's job store and log (ZFAB_API_EXPOSE_TRACEBACKS shows it)."""
+    out: dict[str, Any] = {}
+    for worker, entry in results.items():
+        errors = entry.get("errors") if isinstance(entry, dict) else None
+        if isinstance(errors, list) and any(isinstance(e, str) and e.startswith("Traceback") for e in errors):
+            entry = {**entry, "errors": [_last_line(e) if isinstance(e, str) else e for e in errors]}
+        out[worker] = entry
+    return out
+
+
+def _last_line(text: str) -> str:
+    if not text.startswith("Traceback"):
+        return text
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else text
 
 
 def _started(timings: dict[str, float], results: dict[str, Any] | None) -> datetime | None:

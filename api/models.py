@@ -36,9 +36,20 @@ def _worker_name(value: str) -> str:
     return _name(value)
 
 
-Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_BYTES), AfterValidator(_name)]
-ServiceName = Annotated[str, Field(min_length=1, max_length=MAX_NAME_BYTES), AfterValidator(_service)]
-WorkerName = Annotated[str, Field(min_length=1, max_length=MAX_NAME_BYTES), AfterValidator(_worker_name)]
+# The schema states what validation enforces: 256 bytes of UTF-8 is at least 64 characters of any
+# script, and a worker name never starts with "[" (that is a JSON list of names).
+_NAME_SCHEMA = {"maxLength": MAX_NAME_BYTES // 4}
+Name = Annotated[
+    str, Field(min_length=1, max_length=MAX_NAME_BYTES, json_schema_extra=_NAME_SCHEMA), AfterValidator(_name)
+]
+ServiceName = Annotated[
+    str, Field(min_length=1, max_length=MAX_NAME_BYTES, json_schema_extra=_NAME_SCHEMA), AfterValidator(_service)
+]
+WorkerName = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_NAME_BYTES, pattern=r"^[^\[]", json_schema_extra=_NAME_SCHEMA),
+    AfterValidator(_worker_name),
+]
 Target = WorkerName | Annotated[list[WorkerName], Field(min_length=1, max_length=1000)]
 
 
@@ -161,6 +172,7 @@ class Job(BaseModel):
     error: JobErrorInfo | None = None
     priority: int = 5
     retries: int = 0
+    schedule: str | None = Field(None, description="The schedule that fired it, if one did")
     submitted_at: datetime
     queued_at: datetime | None = Field(None, description="When the broker admitted it to its queue")
     started_at: datetime | None = Field(None, description="When a worker started it")
@@ -203,6 +215,7 @@ class JobSummary(BaseModel):
     finished_at: datetime | None = None
     priority: int = 5
     cancel_requested: bool = False
+    schedule: str | None = None
 
     @classmethod
     def of(cls, job: Job) -> JobSummary:
@@ -219,6 +232,7 @@ class JobSummary(BaseModel):
             finished_at=job.finished_at,
             priority=job.priority,
             cancel_requested=job.cancel_requested,
+            schedule=job.schedule,
         )
 
 
@@ -253,12 +267,3 @@ class Problem(BaseModel):
     status: int
     detail: str
     instance: str | None = None
-
-
-class Health(BaseModel):
-    status: str = Field(examples=["ok"])
-
-
-class Ready(BaseModel):
-    status: str = Field(examples=["ready"])
-    broker: str = Field(description="The broker endpoint the API talks to")

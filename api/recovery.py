@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -74,3 +75,19 @@ def _resubmit(st: ApiState, rec: JobRecord, req: JobRequest) -> None:
         return
     fresh.stored, fresh.request = rec.stored, req
     log.info("api: job %s was queued when the API stopped; submitted again", rec.uuid)
+
+
+async def recover_unfinished(st: ApiState, wait_for_broker: float = 60.0) -> None:
+    """After a start: every job the database knows as unfinished is re-established once the broker
+    answers (bounded: one at a time, newest first, the table's jobs only)."""
+    deadline = time.monotonic() + wait_for_broker
+    while not st.client.broker_alive:
+        if time.monotonic() > deadline:
+            return  # reads recover them later, one by one
+        await asyncio.sleep(0.2)
+    for rec in list(st.jobs.newest()):
+        if rec.live is None and rec.stored is not None and not rec.stored.state.finished:
+            try:
+                await ensure_live(st, rec)
+            except Exception:  # one job's recovery must not stop the others'
+                log.exception("api: recovering job %s failed", rec.uuid)

@@ -19,6 +19,14 @@ class ApiSettings(Settings):
     )
     api_access_log: bool = Field(False, description="Log one line per HTTP request (costly under load)")
     job_history: int = Field(10_000, ge=1, description="Recent jobs the API remembers for GET /jobs")
+    job_history_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1024,
+        description="Bytes of finished jobs' results and events the API keeps in memory (the rest: its database)",
+    )
+    api_expose_tracebacks: bool = Field(
+        False, description="Show tasks' tracebacks in REST results (else the error's type and message only)"
+    )
     mmi_cache_seconds: float = Field(1.0, ge=0, description="How long /metrics reuses the broker's MMI answers")
     default_wait_max: float = Field(60, ge=0, description="Upper bound of ?wait= / Prefer: wait=N, in seconds")
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest accepted POST /jobs body")

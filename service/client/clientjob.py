@@ -58,6 +58,7 @@ class JobFuture(Future[Any]):
         self.reason: str | None = None
         self._admission: Future[str] | None = None  # made when asked for: most callers never ask
         self._admitted: str | None = None
+        self._refusal: BaseException | None = None
         self.events: deque[dict[str, Any]] = deque(maxlen=max_events)
         self.events_bytes = 0
         self.events_dropped = 0
@@ -100,10 +101,8 @@ class JobFuture(Future[Any]):
                 fut = self._admission = Future()
                 if self._admitted is not None:
                     fut.set_result(self._admitted)
-                elif self.done() and not self.cancelled():
-                    exc = self.exception()
-                    if exc is not None:
-                        fut.set_exception(exc)
+                elif self._refusal is not None:
+                    fut.set_exception(self._refusal)
             return fut
 
     def admitted(self, how: str) -> None:
@@ -116,8 +115,10 @@ class JobFuture(Future[Any]):
     def refused(self, error: BaseException) -> None:
         """The job ended before the broker took it (its refusal, or the client gave up)."""
         with _ADMISSION_LOCK:
-            if self._admitted is None and self._admission is not None and not self._admission.done():
-                self._admission.set_exception(error)
+            if self._admitted is None:
+                self._refusal = error  # kept: the admission future may be asked for only later
+                if self._admission is not None and not self._admission.done():
+                    self._admission.set_exception(error)
 
     def move(self, state: State) -> None:
         """A step of a job not finished yet (queued, running, waiting)."""

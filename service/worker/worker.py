@@ -118,7 +118,7 @@ class Worker:
         self.store.open()
         self.pool.start()
         self.loop.start()
-        log.info("worker %s serving '%s' via %s", self.name, self.service_name, self.broker)
+        log.debug("worker %s serving '%s' via %s", self.name, self.service_name, self.broker)
         return self
 
     def stop(self, drain: float | None = None) -> None:

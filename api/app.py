@@ -22,8 +22,8 @@ from .auth import TokenSet
 from .fabric import FabricView
 from .jobdb import JobDB, Persister
 from .jobtable import JobTable
-from .recovery import recover_unfinished
 from .middleware import BodyLimitMiddleware, ContentTypeMiddleware, HeadMiddleware, HttpMetrics, MetricsMiddleware
+from .recovery import recover_unfinished
 from .settings import ApiSettings
 from .state import ApiState
 

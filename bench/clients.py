@@ -168,7 +168,7 @@ def run(quick: bool = False, n_clients: int = 100, procs: int = 4) -> dict[str, 
     print(f"-- {n} clients ({procs} processes x {n // procs} threads, window 4 each) vs 1 client "
           f"(window 200), {duration:.0f} s each, broker + 2 demo workers, echo", flush=True)
     report("1 client jobs/s", out["one_jps"], "/s")
-    report(f"{n} clients jobs/s", out["many_jps"], "/s", out["one_jps"])
+    report(f"{n} clients jobs/s", out["many_jps"], "/s", out["one_jps"], vs="1 client")
     print(f"   {n} clients / 1 pipelined client = {out['many_jps'] / out['one_jps']:.2f}x (target >= 0.8x)")
     report("1 client p50", out["one_p50_ms"], "ms")
     report("1 client p99", out["one_p99_ms"], "ms")
@@ -176,9 +176,11 @@ def run(quick: bool = False, n_clients: int = 100, procs: int = 4) -> dict[str, 
     report(f"{n} clients p99", out["many_p99_ms"], "ms")
     report(f"{n} clients worst client p99", out["worst_client_p99_ms"], "ms")
     report("1 client: fabric cpu/job", out["one_fabric_ms_per_job"], "ms")
-    report(f"{n} clients: fabric cpu/job", out["many_fabric_ms_per_job"], "ms", out["one_fabric_ms_per_job"], False)
+    report(f"{n} clients: fabric cpu/job", out["many_fabric_ms_per_job"], "ms", out["one_fabric_ms_per_job"], False,
+           vs="1 client")
     report("1 client: client cpu/job", out["one_client_ms_per_job"], "ms")
-    report(f"{n} clients: client cpu/job", out["many_client_ms_per_job"], "ms", out["one_client_ms_per_job"], False)
+    report(f"{n} clients: client cpu/job", out["many_client_ms_per_job"], "ms", out["one_client_ms_per_job"], False,
+           vs="1 client")
     print(f"   (fabric = broker + 2 workers; load generators used {out['one_load_cpu_pct']:.0f} % / "
           f"{out['many_load_cpu_pct']:.0f} % of a core, fabric {out['one_fabric_cpu_pct']:.0f} % / "
           f"{out['many_fabric_cpu_pct']:.0f} %, of 200 % on this machine)", flush=True)

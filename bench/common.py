@@ -212,11 +212,13 @@ def report(
     unit: str,
     floor: float | None = None,
     higher_is_better: bool = True,
+    vs: str = "floor",
 ) -> None:
     """Print one aligned figure and record it in :data:`RESULTS`.
 
     With a ``floor`` the line also shows the speed relative to it, always read the
-    same way: below 1.0x is slower than the floor. For a higher-is-better figure
+    same way: below 1.0x is slower than the floor. ``vs`` names the baseline in the line
+    (the raw floor by default; a section's own baseline, e.g. "1 worker", otherwise). For a higher-is-better figure
     (throughput) that is ``value / floor``; for a lower-is-better one (latency)
     ``floor / value``, so a p50 four times the floor's reads ``0.25x floor``.
     """
@@ -225,7 +227,7 @@ def report(
         ratio = value / floor if higher_is_better else floor / value
     line = f"{name:<28} {_format_value(value):>12}  {unit:<5}"
     if ratio is not None:
-        line += f" {ratio:7.2f}x floor"
+        line += f" {ratio:7.2f}x {vs}"
     print(line.rstrip(), flush=True)
     RESULTS.append(
         {
@@ -235,6 +237,7 @@ def report(
             "floor": floor,
             "ratio": ratio,
             "higher_is_better": higher_is_better,
+            "vs": vs,
         }
     )
 

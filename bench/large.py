@@ -197,7 +197,7 @@ def run(quick: bool = False, mb: int = 10) -> dict[str, Any]:
     report("floor bulk (one way)", out["floor_bulk_mbps"], "MB/s")
     report(f"floor {mb} MB echo (both ways)", out["floor_echo_mbps"], "MB/s")
     for k, _ in phases:
-        report(f"zfab {mb} MB echo, {k} in flight", out[f"k{k}_mbps"], "MB/s", out["floor_bulk_mbps"])
+        report(f"zfab {mb} MB echo, {k} in flight", out[f"k{k}_mbps"], "MB/s", out["floor_bulk_mbps"], vs="floor bulk")
         print(f"   vs floor {mb} MB echo: {out[f'k{k}_mbps'] / out['floor_echo_mbps']:.2f}x; "
               f"p50 per job {out[f'k{k}_p50_s'] * 1000:.0f} ms (target >= 0.5x the bulk floor)", flush=True)
     for k, _ in phases:

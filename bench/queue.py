@@ -175,16 +175,16 @@ def run(quick: bool = False) -> dict[str, Any]:
         trials = 1 if quick else 3
         hol = {p: head_of_line(f"{tmp}/hol{p}", p, trials) for p in ((0, 4) if quick else (0, 1, 4))}
         for p, r in hol.items():
-            report(f"6 short jobs, prefetch {p}", r["s"], "s", 1.2, False)
+            report(f"6 short jobs, prefetch {p}", r["s"], "s", 1.2, False, vs="ideal 1.2 s")
             print(f"   short jobs that waited behind the long one: {r['behind']:.0f} of 6 "
-                  f"('floor' = 6 x 0.2 s run back to back on the free worker)", flush=True)
+                  "(ideal: 6 x 0.2 s back to back on the free worker)", flush=True)
         out["hol"] = hol
         n = 2000 if quick else 10_000
         print(f"-- a queue of {n:,} jobs waiting at the broker, then one worker (pool 4) drains it", flush=True)
         dq = deep_queue(f"{tmp}/deep", n)
         report("pipelined jobs/s, live worker", dq["live_jps"], "/s")
-        report(f"drain of {n:,} queued, jobs/s", dq["drain_jps"], "/s", dq["live_jps"])
-        report("  counted from worker start", dq["from_start_jps"], "/s", dq["live_jps"])
+        report(f"drain of {n:,} queued, jobs/s", dq["drain_jps"], "/s", dq["live_jps"], vs="live")
+        report("  counted from worker start", dq["from_start_jps"], "/s", dq["live_jps"], vs="live")
         print(f"   admitted {dq['admitted']}; broker queue depth shown {dq['depth']:.0f}; submit took "
               f"{dq['submit_s']:.2f} s; worker start to first result {dq['startup_s']:.2f} s; errors "
               f"{dq['errors']}", flush=True)
@@ -194,9 +194,9 @@ def run(quick: bool = False) -> dict[str, Any]:
         sw = sweep(f"{tmp}/sweep", 2000 if quick else 8000, 200 if quick else 500)
         base = sw[0]["jps"]
         for p, r in sw.items():
-            report(f"prefetch {p:>2}: pipelined", r["jps"], "/s", base)
+            report(f"prefetch {p:>2}: pipelined", r["jps"], "/s", base, vs="prefetch 0")
             report(f"prefetch {p:>2}: sequential p50", r["seq_p50_ms"], "ms")
-        print("   'floor' here = prefetch 0's throughput; the worker's credits are pool 4 + prefetch", flush=True)
+        print("   the worker's credits are pool 4 + prefetch", flush=True)
         out["sweep"] = sw
     return out
 

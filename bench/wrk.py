@@ -167,15 +167,15 @@ def run(quick: bool = False, try_uvloop: bool = True) -> dict[str, Any]:
         b, a = r["bare"], r["api"]
         print(f"- uvicorn with {label}", flush=True)
         report(f"wrk bare POST ({label})", b["rps"], "/s")
-        report(f"wrk api POST ?wait ({label})", a["rps"], "/s", b["rps"])
+        report(f"wrk api POST ?wait ({label})", a["rps"], "/s", b["rps"], vs="bare")
         print(f"   wrk api / bare = {a['rps'] / b['rps']:.2f}x (target >= 0.5x); answers: bare {b['statuses']}, "
               f"api {a['statuses']}; socket errors api {a['errors_read'] + a['errors_timeout']}", flush=True)
         report(f"wrk bare p50 ({label})", b["p50_us"] / 1000, "ms")
-        report(f"wrk api p50 ({label})", a["p50_us"] / 1000, "ms", b["p50_us"] / 1000, False)
+        report(f"wrk api p50 ({label})", a["p50_us"] / 1000, "ms", b["p50_us"] / 1000, False, vs="bare")
         report(f"wrk bare p99 ({label})", b["p99_us"] / 1000, "ms")
-        report(f"wrk api p99 ({label})", a["p99_us"] / 1000, "ms", b["p99_us"] / 1000, False)
+        report(f"wrk api p99 ({label})", a["p99_us"] / 1000, "ms", b["p99_us"] / 1000, False, vs="bare")
         report(f"bare server cpu/req ({label})", b["cpu_ms"], "ms")
-        report(f"api server cpu/job ({label})", a["cpu_ms"], "ms", b["cpu_ms"], False)
+        report(f"api server cpu/job ({label})", a["cpu_ms"], "ms", b["cpu_ms"], False, vs="bare")
         print(f"   api process {a['cpu_pct']:.0f} % of a core; broker + worker {a['fabric_cpu_ms']:.2f} ms CPU per job",
               flush=True)
     if len(results) == 2:

@@ -181,6 +181,10 @@ def load_worker_class(spec: str | None, service: str) -> type[Any]:
         from .workers.demo import DemoWorker
 
         return DemoWorker
+    if service == "demo-async":
+        from .workers.demo import AsyncDemoWorker
+
+        return AsyncDemoWorker
     if service == "files":
         try:
             from .workers.files import FilesWorker  # type: ignore[import-not-found, unused-ignore]
@@ -493,7 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("worker", help="run a worker")
     _common(w)
     _metrics_flags(w)
-    w.add_argument("--service", default="demo", help="built-in service (demo, files) or the service name")
+    w.add_argument("--service", default="demo", help="built-in service (demo, demo-async, files) or the service name")
     w.add_argument("--worker", help="module:Class of your own Worker subclass")
     w.add_argument("--name", help="worker name (default: SERVICE-HOST-PID)")
     w.add_argument("--root", help="files service: directory to serve")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid as uuidlib
@@ -55,6 +56,7 @@ class Job:
     event_seq: int = 0
     queued_s: float = 0.0  # how long the broker held it before sending (its meta frame says)
     _ack_gate: int = 2  # the 201 goes once the job is both stored and started (see ack_ready)
+    on_cancel: Callable[[], None] | None = None  # an async task's: cancels its coroutine
     emit: Callable[[Job, dict[str, Any]], None] | None = None
     stream_out: Callable[[Job, bytes], None] | None = None
     _cancel: threading.Event | None = None
@@ -100,8 +102,12 @@ class Job:
             return True
 
     def cancel(self) -> None:
-        """Ask the task to stop: sets cancel_event and wakes a task blocked on credits or input."""
+        """Ask the task to stop: sets cancel_event and wakes a task blocked on credits or input (an
+        `async def` task's coroutine is cancelled)."""
         self.cancel_event.set()
+        hook = self.on_cancel
+        if hook is not None:
+            hook()
         cond = self._cond
         if cond is not None:  # nobody waits on a condition nobody made
             with cond:
@@ -193,6 +199,12 @@ class Job:
                 return self._input_value
         finally:
             self.state = previous
+
+    async def ask(self, question: str, schema: dict[str, Any] | None = None, timeout: float = 300.0) -> Any:
+        """request_input for an `async def` task: the wait runs on a helper thread, so the event
+        loop (and every other async job on it) goes on meanwhile."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self.request_input, question, schema, timeout)
 
     @property
     def input_request(self) -> dict[str, Any] | None:

@@ -8,6 +8,7 @@ sends at once on the owner thread and queues from any other.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
@@ -57,6 +58,7 @@ class JobRunner:
         recent: RecentJobs,
         max_message_bytes: int,
         contact: Callable[[Job], bool],
+        in_contact_now: Callable[[], bool] = lambda: True,
     ) -> None:
         self.name = name
         self.service = service
@@ -66,6 +68,7 @@ class JobRunner:
         self.recent = recent
         self.max_message_bytes = max_message_bytes
         self.contact = contact  # blocks until the worker is in touch with its broker; False: drop the job
+        self.in_contact_now = in_contact_now  # the same, without waiting (for the event loop)
         self.finished = 0
         self.store_dropped = 0  # results the job store could not take (full queue)
         self.counts: dict[str, int] = {"completed": 0, "failed": 0, "oversize": 0, "dropped": 0}
@@ -138,44 +141,98 @@ class JobRunner:
         """Pool thread: validate, run the task, push the result, then store it."""
         if not self.contact(job) or not job.claim():
             return  # dropped (its broker gave it up) or cancelled while it waited: already answered
+        kwargs = self._begin(job)
+        if kwargs is None:
+            return
+        spec = self.tasks[job.task]
+        result: Any = None
+        outcome: tuple[str, list[str], list[str]] = (Outcome.COMPLETED, [], [])
+        t0 = time.monotonic()
+        try:
+            result = spec.fn(**kwargs)
+        except Exception as exc:
+            outcome = self._failed(job, exc)
+        self.task_stats[job.task].run.observe(time.monotonic() - t0)
+        self.complete(job, nfp.ST_OK, result, *outcome)
+
+    async def run_async(self, job: Job) -> None:
+        """Event loop: the same for an `async def` task; its deadline and DELETE cancel the coroutine."""
+        if not await self._contact_async(job) or not job.claim():
+            return
+        kwargs = self._begin(job)
+        if kwargs is None:
+            return
+        spec = self.tasks[job.task]
+        result: Any = None
+        outcome: tuple[str, list[str], list[str]] = (Outcome.COMPLETED, [], [])
+        t0 = time.monotonic()
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        if task is not None:
+
+            def cancel() -> None:
+                loop.call_soon_threadsafe(task.cancel)
+
+            job.on_cancel = cancel
+        deadline = job.deadline
+        try:
+            async with asyncio.timeout_at(None if deadline is None else loop.time() + deadline - time.monotonic()):
+                result = await spec.fn(**kwargs)
+        except asyncio.CancelledError:
+            outcome = (Outcome.CANCELLED, ["cancelled while running"], [])
+        except TimeoutError:
+            outcome = (Outcome.TIMEOUT, [f"job {job.uuid} ran past its {job.timeout} s deadline"], [])
+        except Exception as exc:
+            outcome = self._failed(job, exc)
+        finally:
+            job.on_cancel = None
+        self.task_stats[job.task].run.observe(time.monotonic() - t0)
+        self.complete(job, nfp.ST_OK, result, *outcome)
+
+    async def _contact_async(self, job: Job) -> bool:
+        # The event loop must not block on the contact event: look again every 50 ms (rare path).
+        while not self.in_contact_now():
+            deadline = job.deadline
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.05)
+        return not job.started
+
+    def _begin(self, job: Job) -> dict[str, Any] | None:
+        """The job starts: its 201, its wait, its arguments. None when it ended here already."""
         job.started_at = time.time()
         if job.ack and job.ack_ready():
             self._started(job)
         spec = self.tasks[job.task]
-        stats = self.task_stats[job.task]
-        stats.wait.observe(job.queued_s + max(0.0, job.started_at - job.received_at))
-        errors: list[str] = []
-        messages: list[str] = []
-        result: Any = None
-        status, code = Outcome.COMPLETED, nfp.ST_OK
+        self.task_stats[job.task].wait.observe(job.queued_s + max(0.0, job.started_at - job.received_at))
         if job.cancelled:
-            status, errors = Outcome.CANCELLED, ["cancelled before it started"]
-        elif job.expired():
-            status, errors = Outcome.TIMEOUT, [f"deadline of {job.timeout} s passed before the job started"]
-        else:
-            try:
-                kwargs = spec.bind(job.args, job.kwargs)
-            except TaskArgumentsError as exc:
-                status, code, errors = Outcome.ERROR, nfp.ST_BAD_REQUEST, [str(exc)]
-            else:
-                # Kept in memory only: a restart marks every unfinished stored job
-                # interrupted, so a per-job "running" write would buy nothing.
-                job.state = JobState.RUNNING
-                if spec.job_param:
-                    kwargs[spec.job_param] = job
-                t0 = time.monotonic()
-                try:
-                    result = spec.fn(**kwargs)
-                except JobCancelledError:
-                    status, errors = Outcome.CANCELLED, ["cancelled while running"]
-                except JobTimeoutError as exc:
-                    status, errors = Outcome.TIMEOUT, [str(exc)]
-                except Exception as exc:
-                    status, errors = Outcome.ERROR, [traceback.format_exc()]
-                    messages.append(f"{type(exc).__name__}: {exc}")
-                    log.debug("worker %s: task %s raised %r", self.name, job.task, exc)
-                stats.run.observe(time.monotonic() - t0)
-        self.complete(job, code, result, status, errors, messages)
+            self.complete(job, nfp.ST_OK, None, Outcome.CANCELLED, ["cancelled before it started"])
+            return None
+        if job.expired():
+            why = f"deadline of {job.timeout} s passed before the job started"
+            self.complete(job, nfp.ST_OK, None, Outcome.TIMEOUT, [why])
+            return None
+        try:
+            kwargs = spec.bind(job.args, job.kwargs)
+        except TaskArgumentsError as exc:
+            self.complete(job, nfp.ST_BAD_REQUEST, None, Outcome.ERROR, [str(exc)])
+            return None
+        # Kept in memory only: a restart marks every unfinished stored job interrupted, so a
+        # per-job "running" write would buy nothing.
+        job.state = JobState.RUNNING
+        if spec.job_param:
+            kwargs[spec.job_param] = job
+        return kwargs
+
+    def _failed(self, job: Job, exc: Exception) -> tuple[str, list[str], list[str]]:
+        """(outcome, errors, messages) of a task that raised."""
+        if isinstance(exc, JobCancelledError):
+            return Outcome.CANCELLED, ["cancelled while running"], []
+        if isinstance(exc, JobTimeoutError):
+            return Outcome.TIMEOUT, [str(exc)], []
+        log.debug("worker %s: task %s raised %r", self.name, job.task, exc)
+        tb = "".join(traceback.format_exception(exc))
+        return Outcome.ERROR, [tb], [f"{type(exc).__name__}: {exc}"]
 
     def complete(
         self, job: Job, code: bytes, result: Any, status: str, errors: list[str], messages: list[str] | None = None

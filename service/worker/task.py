@@ -26,6 +26,7 @@ class TaskSpec:
     positional: list[str]  # parameter names in order, for args given by position
     job_param: str | None  # the parameter that receives the Job, if any
     description: str
+    is_async: bool = False  # an `async def` task: runs on the worker's event loop, not a pool thread
 
     def bind(self, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
         """Validate args and kwargs; return keyword arguments ready for the call."""
@@ -56,7 +57,10 @@ class TaskSpec:
 
 
 def task(fn: F) -> F:
-    """Mark a Worker method as a task. Parameters annotated `Job` receive the running job."""
+    """Mark a Worker method as a task. Parameters annotated `Job` receive the running job.
+
+    An `async def` task runs on the worker's event loop (ZFAB_ASYNC_CONCURRENCY at once), not on a
+    pool thread: thousands of jobs that mostly wait cost a coroutine each, not a thread."""
     setattr(fn, _TASK_ATTR, True)
     return fn
 
@@ -89,4 +93,5 @@ def build_spec(name: str, fn: Callable[..., Any], job_type: type) -> TaskSpec:
         f"{name}_arguments", __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=True), **fields
     )
     doc = inspect.getdoc(fn) or ""
-    return TaskSpec(name, fn, model, positional, job_param, doc.split("\n\n")[0])
+    is_async = inspect.iscoroutinefunction(fn)
+    return TaskSpec(name, fn, model, positional, job_param, doc.split("\n\n")[0], is_async)

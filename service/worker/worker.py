@@ -26,6 +26,7 @@ from ..settings import Settings
 from ..transport.base import Frames, LoopFactory, Transport
 from ..transport.loop import OwnerLoop
 from ..transport.wire import dealer_socket
+from .aio import AsyncRunner
 from .job import Job, JobState
 from .jobstore import JobStore, StoredJob
 from .naming import claim_name
@@ -64,13 +65,19 @@ class Worker:
         self.name, self._name_lock = claim_name(Path(s.data_dir), self.service_name, name)
         self._service_b = self.service_name.encode()
         self._identity = self.name.encode()  # made anew for every connection (open_socket)
-        self.credits = max(1, min(s.pool_size + s.worker_prefetch, s.job_queue_size))
         self.tasks: dict[str, TaskSpec] = {}
         for attr in dir(type(self)):
             fn = getattr(self, attr, None)
             if is_task(fn):
                 assert fn is not None
                 self.tasks[attr] = build_spec(attr, fn, Job)
+        self.has_async = any(spec.is_async for spec in self.tasks.values())
+        # Credits: what its pool runs plus its prefetch (never more than its queue admits), and its
+        # event loop's slots when it has async tasks. One count for both kinds: a service that mixes
+        # long thread tasks and async ones on one worker lets the broker send thread jobs up to the
+        # whole count (the worker answers busy past its queue, and the broker takes them back).
+        sync_credits = min(s.pool_size + s.worker_prefetch, s.pool_size + s.job_queue_size)
+        self.credits = max(1, sync_credits + (s.async_concurrency if self.has_async else 0))
         self.keepalive = KeepAlive(s.keepalive_interval, s.keepalive_multiplier, clock)
         self.jobs = RecentJobs(max_count=RECENT_JOBS, max_bytes=s.worker_recent_bytes)  # owner adds and trims
         self._received = 0  # owner thread only
@@ -105,9 +112,15 @@ class Worker:
             recent=self.jobs,
             max_message_bytes=s.max_message_bytes,
             contact=self._in_contact,
+            in_contact_now=self._in_contact_now,
         )
         self._announce: bytes | None = None
         self.store.failure_payload = lambda uuid, task, why: nfp.dumps(self.runner.failure(uuid, task, [why]))
+        self.aio = (
+            AsyncRunner(self.runner.run_async, concurrency=s.async_concurrency, name=self.name)
+            if self.has_async
+            else None
+        )
         self.pool: JobPool[Job] = JobPool(
             self.runner.run, size=s.pool_size, capacity=s.job_queue_size, name=f"{self.name}-job"
         )
@@ -117,6 +130,8 @@ class Worker:
     def start(self) -> Worker:
         self.store.open()
         self.pool.start()
+        if self.aio is not None:
+            self.aio.start()
         self.loop.start()
         log.debug("worker %s serving '%s' via %s", self.name, self.service_name, self.broker)
         return self
@@ -132,10 +147,12 @@ class Worker:
             log.debug("worker %s: could not announce draining", self.name)
         deadline = time.monotonic() + (self.settings.drain_timeout if drain is None else drain)
         pause = threading.Event()
-        while self.pool.depth() + self.pool.running > 0 and time.monotonic() < deadline:
+        while self.busy() and time.monotonic() < deadline:
             pause.wait(0.05)
         self.loop.stop()  # flushes the results still queued, within the linger bound
         self.pool.stop()
+        if self.aio is not None:
+            self.aio.stop()
         self.store.close()
         self._name_lock.close()  # the name is free for the next worker
 
@@ -205,6 +222,21 @@ class Worker:
         """Ready: the broker answered since this connection's READY, within its hold time."""
         return self._heard_since_ready and not self.keepalive.expired()
 
+    def _full(self, is_async: bool) -> bool:
+        """No room for one more job of this kind: the pool's queue, or the event loop's waiting line."""
+        if is_async and self.aio is not None:
+            return self.aio.waiting >= self.settings.job_queue_size
+        return self.pool.depth() >= self.pool.capacity
+
+    def busy(self) -> bool:
+        """Jobs admitted and not finished: queued or running, on the pool or the event loop."""
+        return self._received - self.runner.finished > 0
+
+    def _in_contact_now(self) -> bool:
+        if self.keepalive.expired():
+            self.contact.clear()
+        return self.contact.is_set()
+
     def _in_contact(self, job: Job) -> bool:
         """Pool thread, before it starts a job: wait while the broker has been silent past the hold
         time (its clock jumped after a SIGSTOP, or a partition), bounded by the job's deadline.
@@ -264,7 +296,9 @@ class Worker:
         return {
             "job_queue_depth": self.pool.depth(),
             "job_queue_capacity": self.pool.capacity,
-            "jobs_running": self.pool.running,
+            "jobs_running": self.pool.running + (self.aio.running if self.aio is not None else 0),
+            "async_jobs_running": self.aio.running if self.aio is not None else 0,
+            "async_jobs_waiting": self.aio.waiting if self.aio is not None else 0,
             "pool_size": self.pool.size,
             "outbound_queue_depth": self.loop.queue_depth(),
             "outbound_queue_capacity": self.loop.outbound_size,
@@ -317,7 +351,7 @@ class Worker:
             self.counts["busy"] += 1
             self._reply(msg, nfp.ST_BUSY, self.runner.status(uuid, Word.BUSY, errors=["worker is stopping"]))
             return
-        if self._received - self.runner.finished >= self.pool.capacity:
+        if self._full(self.tasks[task_name].is_async):
             self.counts["busy"] += 1
             self._reply(msg, nfp.ST_BUSY, self.runner.status(uuid, Word.BUSY, errors=["worker job queue is full"]))
             return
@@ -345,7 +379,10 @@ class Worker:
         )
         # The job runs as soon as a pool thread is free; the store records the whole
         # receive batch in one write (see on_batch_end), and 201 follows that commit.
-        self.pool.put(job)  # cannot be full: admission above keeps it within capacity
+        if self.aio is not None and self.tasks[task_name].is_async:
+            self.aio.submit(job)
+        else:
+            self.pool.put(job)  # cannot be full: admission above keeps it within capacity
         self._received += 1
         self._unstored.append(job)
         self.jobs.add(job)

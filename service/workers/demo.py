@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -56,3 +57,21 @@ class DemoWorker(Worker):
         """Ask the client a question (status 102 while waiting) and return its answer."""
         answer = job.request_input(question, {"type": "string", "minLength": 1}, timeout=timeout)
         return {"question": question, "answer": answer}
+
+
+class AsyncDemoWorker(Worker):
+    """The `demo-async` service: tasks that wait on the worker's event loop (`async def`), so one
+    worker holds thousands of them at once (ZFAB_ASYNC_CONCURRENCY)."""
+
+    service = "demo-async"
+
+    @task
+    async def nap(self, seconds: float, job: Job) -> float:
+        """Await `seconds` on the worker's event loop (an async task: thousands wait at once, no
+        thread each); cancellable, honours the deadline. Returns the seconds slept."""
+        if seconds < 0:
+            raise ValueError("seconds must not be negative")
+        start = time.monotonic()
+        await asyncio.sleep(seconds)
+        job.check()
+        return round(time.monotonic() - start, 3)

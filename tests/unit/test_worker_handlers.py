@@ -18,7 +18,7 @@ import pytest
 from service import Settings
 from service.core import protocol as nfp
 from service.transport import FakeClock, StubLoop, StubTransport
-from service.workers.demo import DemoWorker
+from service.workers.demo import AsyncDemoWorker, DemoWorker
 
 Frames = list[bytes]
 PAUSE = threading.Event()  # never set: waits below are bounded polls with a deadline
@@ -78,7 +78,7 @@ def test_ready_is_the_first_frame_and_keepalives_follow_each_interval(worker: De
     first = stub(worker).take()
     assert first[0][1:4] == [nfp.WORKER, nfp.READY, b"demo"]
     announce = json.loads(first[0][4])
-    assert announce["name"] == "w1" and announce["v"] == 2 and announce["credits"] == 2  # pool 1 + prefetch, capped
+    assert announce["name"] == "w1" and announce["v"] == 2 and announce["credits"] == 3  # pool 1 + queue 2
     assert {"echo", "sleep", "list_tasks"} <= set(announce["tasks"])
     assert announce["tasks"]["add"]["properties"]["a"]["type"] == "number"
     clock.advance(1.0)
@@ -242,3 +242,46 @@ def test_the_brokers_meta_frame_shortens_the_deadline_by_the_time_queued(worker:
     assert entry["status"] == "timeout"
     assert worker.runner.task_stats["sleep"].outcomes["expired"] == 1
     assert worker.runner.task_stats["sleep"].wait.count == 1 and worker.runner.task_stats["sleep"].wait.total >= 59.8
+
+
+@pytest.fixture
+def aworker(tmp_path: Path, clock: FakeClock) -> Iterator[AsyncDemoWorker]:
+    s = Settings(data_dir=str(tmp_path / "a"), keepalive_interval=1.0, pool_size=1, job_queue_size=100)
+    w = AsyncDemoWorker(name="a1", settings=s, transport=StubTransport(clock), clock=clock)
+    w.start()
+    yield w
+    w.stop(drain=0)
+
+
+def test_an_async_task_runs_on_the_event_loop_many_at_once(aworker: AsyncDemoWorker) -> None:
+    stub(aworker).take()
+    t = time.monotonic()
+    for i in range(50):  # pool of 1 thread: only the event loop can run these together
+        job(aworker, nfp.POST, f"a{i}".encode(), {"task": "nap", "kwargs": {"seconds": 0.3}})
+    got = collect(aworker, lambda g: sum(1 for c, _, st, _ in g if c == nfp.RESPONSE and st == nfp.ST_OK) == 50)
+    assert time.monotonic() - t < 3.0
+    entries = [p["a1"] for c, _, st, p in got if c == nfp.RESPONSE and st == nfp.ST_OK]
+    assert all(e["status"] == "completed" and e["result"] >= 0.3 for e in entries)
+    assert aworker.runner.task_stats["nap"].outcomes["completed"] == 50
+
+
+def test_an_async_task_is_cancelled_by_delete_and_ended_by_its_deadline(aworker: AsyncDemoWorker) -> None:
+    stub(aworker).take()
+    job(aworker, nfp.POST, b"c", {"task": "nap", "kwargs": {"seconds": 30}})
+    collect(aworker, lambda g: aworker.aio is not None and aworker.aio.running == 1)
+    job(aworker, nfp.DELETE, b"c")
+    body = nfp.dumps({"task": "nap", "kwargs": {"seconds": 30}, "timeout": 60})
+    stub(aworker).feed([b"", nfp.BROKER, nfp.POST, b"c1", b"", b"d", body, b'{"deadline":0.3,"queued":0}'])
+    got = collect(aworker, lambda g: final(b"c")(g) and final(b"d")(g))
+    status = {u: p["a1"]["status"] for c, u, st, p in got if c == nfp.RESPONSE and st == nfp.ST_OK}
+    assert status == {b"c": "cancelled", b"d": "timeout"}
+
+
+def test_a_worker_with_async_tasks_announces_its_event_loop_in_its_credits(tmp_path: Path, clock: FakeClock) -> None:
+    s = Settings(data_dir=str(tmp_path), pool_size=2, worker_prefetch=3, async_concurrency=50, job_queue_size=10)
+    w = AsyncDemoWorker(name="w9", settings=s, transport=StubTransport(clock), clock=clock).start()
+    try:
+        (ready,) = stub(w).take()
+        assert json.loads(ready[4])["credits"] == 2 + 3 + 50
+    finally:
+        w.stop(drain=0)

@@ -95,3 +95,27 @@ def test_zfab_keys_writes_a_usable_pair(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     assert (tmp_path / "w1.key").exists() and (tmp_path / "w1.key_secret").stat().st_mode & 0o077 == 0
     assert 'worker = "w1"' in (tmp_path / "w1.key").read_text()
+
+
+def test_a_key_added_to_the_clients_directory_is_accepted_without_a_restart(tmp_path: Path) -> None:
+    k = keys(tmp_path)
+    pool = create_keys(tmp_path / "keys", "pool", worker="pool-*")  # one key for a Deployment's replicas
+    with fabric(tmp_path) as f:
+        f.env.update(ZFAB_CURVE_SECRET=str(k["broker"][1]), ZFAB_CURVE_CLIENTS=str(tmp_path / "allowed"))
+        f.broker()
+        f.env.pop("ZFAB_CURVE_CLIENTS")
+        f.env.update(ZFAB_CURVE_SECRET=str(pool[1]), ZFAB_CURVE_SERVER_KEY=str(k["broker"][0]))
+        f.worker("pool-a")  # its key is not accepted yet
+        with curve_client(f, k["client"][1], k["broker"][0], "ops") as c:
+            wait_for(lambda: c.broker_alive, 10, what="the client over CURVE")
+            assert c.mmi("show_workers", timeout=2) == []
+            # When the operator copies the new public key in (key rotation: the old one may stay)
+            (tmp_path / "allowed" / "pool.key").write_bytes(pool[0].read_bytes())
+            # Then the worker's next connection attempt is admitted, with no broker restart
+            wait_for(lambda: {w["name"] for w in c.mmi("show_workers", timeout=1)} == {"pool-a"}, 20, what="admitted")
+            assert c.run_job("demo", "echo", kwargs={"data": 1}, timeout=10)["pool-a"]["result"] == 1
+            # and its prefix covers another replica's name, but no name outside it
+            f.worker("pool-b")
+            f.worker("other")
+            wait_for(lambda: "pool-b" in {w["name"] for w in c.mmi("show_workers", timeout=1)}, 20, what="pool-b")
+            assert "other" not in {w["name"] for w in c.mmi("show_workers", timeout=1)}

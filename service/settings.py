@@ -33,8 +33,11 @@ class Settings(BaseSettings):
     max_routes: int = Field(100_000, ge=1, description="Jobs in flight across the whole broker")
     job_queue_size: int = Field(1000, ge=1, description="Jobs a worker holds waiting for its pool")
     pool_size: int = Field(4, ge=1, description="Threads that run jobs in a worker")
-    worker_prefetch: int = Field(
-        4, ge=0, description="Jobs a worker takes beyond its pool; its credits are pool size + prefetch"
+    worker_prefetch: int | None = Field(
+        None,
+        ge=0,
+        description="Jobs a worker takes beyond its pool (its credits are pool size + prefetch); unset: "
+        "adaptive, 0-64, about 50 ms of waiting work per pool thread at its recent job run times",
     )
     async_concurrency: int = Field(100, ge=1, description="async def tasks a worker runs at once")
     default_worker_credits: int = Field(

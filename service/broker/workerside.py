@@ -63,10 +63,14 @@ class WorkerSide:
             if msg.command == nfp.KEEPALIVE:
                 worker.keepalive.heard()
                 if msg.stats is not None:
-                    was = (worker.draining, worker.throttle)
+                    was = (worker.draining, worker.throttle, worker.credits)
                     worker.stats = msg.stats
                     worker.throttle = 0  # a fresh report: its own figures say what it holds
-                    if (worker.draining, worker.throttle) != was:
+                    credits = msg.stats.get("credits")
+                    if isinstance(credits, int) and not isinstance(credits, bool) and credits >= 1:
+                        # Its prefetch adapts to its jobs' run times (worker.py compute_credits).
+                        worker.credits = min(credits, self.registry.max_inflight_per_worker)
+                    if (worker.draining, worker.throttle, worker.credits) != was:
                         self._relevel(worker)
             elif msg.command == nfp.DISCONNECT:
                 log.info("worker %s disconnected", worker.label)

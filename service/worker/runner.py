@@ -73,6 +73,7 @@ class JobRunner:
         self.store_dropped = 0  # results the job store could not take (full queue)
         self.counts: dict[str, int] = {"completed": 0, "failed": 0, "oversize": 0, "dropped": 0}
         self.task_stats = {t: TaskStats() for t in tasks}
+        self.run_time = 0.0  # a moving average of thread tasks' run times (seconds): the adaptive prefetch
         self._lock = threading.Lock()
 
     # ---- shapes (core/payloads.py holds the rules) ---------------------------------------------
@@ -152,7 +153,10 @@ class JobRunner:
             result = spec.fn(**kwargs)
         except Exception as exc:
             outcome = self._failed(job, exc)
-        self.task_stats[job.task].run.observe(time.monotonic() - t0)
+        took = time.monotonic() - t0
+        self.task_stats[job.task].run.observe(took)
+        # Each pool thread writes it; a lost update between two of them costs nothing.
+        self.run_time = took if not self.run_time else 0.9 * self.run_time + 0.1 * took
         self.complete(job, nfp.ST_OK, result, *outcome)
 
     async def run_async(self, job: Job) -> None:

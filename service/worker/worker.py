@@ -38,6 +38,9 @@ from .task import TaskSpec, build_spec, is_task, task
 log = logging.getLogger(__name__)
 
 RECENT_JOBS = 10_000  # finished jobs kept in memory for fast GET; older ones are read from the store
+ADAPTIVE_START = 4  # prefetch before any job ran
+ADAPTIVE_MAX = 64
+ADAPTIVE_BACKLOG = 0.05  # seconds of waiting work per pool thread the adaptive prefetch aims at
 DROPPED = "not started: the broker gave this job up (it lost contact with this worker), so it did not run here"
 
 
@@ -76,8 +79,8 @@ class Worker:
         # event loop's slots when it has async tasks. One count for both kinds: a service that mixes
         # long thread tasks and async ones on one worker lets the broker send thread jobs up to the
         # whole count (the worker answers busy past its queue, and the broker takes them back).
-        sync_credits = min(s.pool_size + s.worker_prefetch, s.pool_size + s.job_queue_size)
-        self.credits = max(1, sync_credits + (s.async_concurrency if self.has_async else 0))
+        self.credits = 0
+        self._credit_time = 0.0
         self.keepalive = KeepAlive(s.keepalive_interval, s.keepalive_multiplier, clock)
         self.jobs = RecentJobs(max_count=RECENT_JOBS, max_bytes=s.worker_recent_bytes)  # owner adds and trims
         self._received = 0  # owner thread only
@@ -114,7 +117,7 @@ class Worker:
             contact=self._in_contact,
             in_contact_now=self._in_contact_now,
         )
-        self._announce: bytes | None = None
+        self._tasks_schema: dict[str, Any] | None = None
         self.store.failure_payload = lambda uuid, task, why: nfp.dumps(self.runner.failure(uuid, task, [why]))
         self.aio = (
             AsyncRunner(self.runner.run_async, concurrency=s.async_concurrency, name=self.name)
@@ -184,11 +187,10 @@ class Worker:
 
     def announce(self) -> bytes:
         """READY's extra frame: name, credits and tasks with their argument schemas (docs/protocol.md)."""
-        if self._announce is None:
-            tasks = {name: spec.model.model_json_schema() for name, spec in self.tasks.items()}
-            body = {"v": 2, "name": self.name, "credits": self.credits, "tasks": tasks}
-            self._announce = nfp.dumps(body)
-        return self._announce
+        self.credits = self.compute_credits()
+        if self._tasks_schema is None:  # made once: pydantic's schemas cost milliseconds
+            self._tasks_schema = {name: spec.model.model_json_schema() for name, spec in self.tasks.items()}
+        return nfp.dumps({"v": 2, "name": self.name, "credits": self.credits, "tasks": self._tasks_schema})
 
     def on_connected(self) -> None:
         # READY goes first after every (re)connect, before any keepalive.
@@ -211,8 +213,21 @@ class Worker:
         return ka.next_deadline()
 
     def _send_keepalive(self) -> None:
+        self.credits = self.compute_credits()  # the broker takes the new count from the stats
         self.loop.send_now(nfp.worker_control(nfp.KEEPALIVE, self._service_b, nfp.dumps(self.stats())))
         self.keepalive.mark_sent()
+
+    def compute_credits(self) -> int:
+        """Pool size + prefetch (+ async slots). An unset ZFAB_WORKER_PREFETCH adapts: short jobs get
+        up to 64 waiting (they would otherwise wait on the broker's round trip), long ones none, so a
+        long job never keeps short ones waiting behind it while another worker is idle."""
+        s = self.settings
+        prefetch = s.worker_prefetch
+        if prefetch is None:
+            run = self.runner.run_time
+            prefetch = ADAPTIVE_START if not run else min(ADAPTIVE_MAX, int(s.pool_size * ADAPTIVE_BACKLOG / run))
+        sync_credits = min(s.pool_size + prefetch, s.pool_size + s.job_queue_size)
+        return max(1, sync_credits + (s.async_concurrency if self.has_async else 0))
 
     @property
     def draining(self) -> bool:

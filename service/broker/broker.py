@@ -1,7 +1,7 @@
 """The broker: its ROUTER socket is owned by one mediate loop (transport/loop.py).
 
 Named after what the spec says happens: `process_client`, `process_worker`, `post` (admission),
-`forward`, `purge_workers`, `send_keepalives`. The job queue and credits are dispatcher.py's,
+`forward`, `tend_workers` (purge and keepalives). The job queue and credits are dispatcher.py's,
 the tables registry.py's, MMI mmi.py's.
 """
 
@@ -164,9 +164,7 @@ class Broker(WorkerSide):
     def on_timer(self, now: float) -> float | None:
         reg = self.registry
         if reg.workers and now >= self._next_keepalive:
-            self.purge_workers()
-            self.send_keepalives()
-            self._next_keepalive = min((w.keepalive.next_deadline() for w in reg.workers.values()), default=now + 3600)
+            self._next_keepalive = self.tend_workers(now)
         d = self.dispatch
         d.expire(now)
         d.due(now)

@@ -7,6 +7,7 @@ Runs on the broker's owner thread.
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter, OrderedDict
 from typing import Any
 
@@ -125,7 +126,7 @@ class WorkerSide:
         if len(svc.workers_seen) < MAX_NAMES_SEEN:
             svc.workers_seen.add(name_b)
         self.gone.pop(name_b, None)
-        self._next_keepalive = 0.0
+        self._next_keepalive = min(self._next_keepalive, rec.keepalive.next_deadline())
         self.dispatch.dirty.add(svc.name)
         if was_tentative:
             self.dispatch.pump()
@@ -197,17 +198,34 @@ class WorkerSide:
         if svc is not None:
             self.dispatch.dirty.add(svc.name)
 
-    def purge_workers(self) -> None:
-        for w in self.registry.expired_workers():
+    def tend_workers(self, now: float) -> float:
+        """One pass over the workers: purge those whose hold time ran out and send the keepalives
+        that are due, or nearly due; return when the next pass is needed.
+
+        Keepalives due within a tenth of the interval go out with this pass, so the workers fall
+        into a few waves: a thousand workers cost a few timer wakeups a second and one scan each,
+        not a wakeup per worker and three scans. Sending a keepalive that much early, or noticing
+        an expiry that much late (0.25 s of a 15 s hold time by default), changes nothing a peer
+        can see."""
+        expired: list[WorkerRecord] = []
+        send = self.send
+        soonest = math.inf
+        for w in self.registry.workers.values():
+            ka = w.keepalive
+            if now >= ka.expires_at:
+                expired.append(w)
+                continue
+            slack = ka.interval / 10
+            if now + slack >= ka.next_due:
+                send(nfp.broker_control(w.ident, nfp.KEEPALIVE, w.service))
+                ka.sent += 1
+                ka.next_due = now + ka.interval
+            soonest = min(soonest, ka.next_due, ka.expires_at)
+        for w in expired:
             log.warning("worker %s missed its keepalives for %.1f s; purged", w.label, w.keepalive.hold_time)
             svc = self.registry.services.get(w.service)
             if svc is not None:
                 svc.purged += 1
             self._tell_to_leave(w, "purged")
             self._lose(w, "keepalives expired")
-
-    def send_keepalives(self) -> None:
-        for w in self.registry.workers.values():
-            if w.keepalive.due():
-                self.send(nfp.broker_control(w.ident, nfp.KEEPALIVE, w.service))
-                w.keepalive.mark_sent()
+        return soonest

@@ -365,6 +365,31 @@ def test_keepalives_go_to_workers_every_interval(broker: Broker, clock: FakeCloc
     assert (ka.sent, ka.received) == (2, 2)
 
 
+def test_a_thousand_workers_cost_a_few_timer_passes_per_interval_not_one_per_worker(clock: FakeClock) -> None:
+    """Workers that joined at scattered moments fall into keepalive waves: the broker's timer
+    wakes about ten times per interval, every worker still gets one keepalive per interval,
+    and none is purged while it answers."""
+    b = make_broker(clock)
+    for i in range(1000):
+        clock.advance(INTERVAL / 1000)
+        ready(b, f"w{i}".encode())
+    stub(b).take()
+    wakeups = 0
+    end = clock() + 10 * INTERVAL
+    while clock() < end:
+        deadline = stub(b).tick()
+        wakeups += 1
+        for f in stub(b).take():
+            if f[3] == nfp.KEEPALIVE:
+                stub(b).feed([f[0], b"", nfp.WORKER, nfp.KEEPALIVE, b"demo"])
+        assert deadline is not None and deadline > clock()
+        clock.advance(deadline - clock())
+    assert len(b.registry.workers) == 1000
+    sent = [w.keepalive.sent for w in b.registry.workers.values()]
+    assert min(sent) >= 9 and max(sent) <= 11
+    assert wakeups <= 10 * 11  # a wave per tenth of the interval the joins were spread over, not 1,000
+
+
 def test_a_client_keepalive_is_answered_with_the_brokers_incarnation(broker: Broker) -> None:
     stub(broker).feed([b"c1", b"", nfp.CLIENT, nfp.KEEPALIVE, nfp.MMI_SERVICE, b"", b"", b""])
     ((answer,),) = [[f] for f in stub(broker).take()]

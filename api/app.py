@@ -6,7 +6,6 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
@@ -17,15 +16,16 @@ from prometheus_client.registry import Collector
 from service import Client
 from service.metrics import ClientMetrics, FabricCollector, version
 
-from . import events, files, jobs, mmi, ops, problems, schedules
+from . import docs, events, files, jobs, mmi, ops, problems, schedules
 from .auth import TokenSet
 from .fabric import FabricView
-from .jobdb import JobDB, Persister
 from .jobtable import JobTable
 from .middleware import BodyLimitMiddleware, ContentTypeMiddleware, HeadMiddleware, HttpMetrics, MetricsMiddleware
+from .persister import Persister
 from .recovery import recover_unfinished
 from .settings import ApiSettings
 from .state import ApiState
+from .store import open_stores
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +81,12 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         table = JobTable(s.job_history, asyncio.get_running_loop(), max_bytes=s.job_history_bytes)
-        db = await asyncio.to_thread(JobDB, Path(s.api_db), s.job_history) if s.api_db else None
-        if db is not None:
-            for rec in await asyncio.to_thread(db.load, s.broker):
+        stores = await open_stores(s)
+        store = stores.jobs
+        if store is not None:
+            for rec in await store.load(s.broker):
                 table.add(rec, persist=False)
-            log.info("zfab api: %d jobs from %s", len(table), db.path)
+            log.info("zfab api: %d jobs from %s", len(table), store.label)
         client_settings = s.model_copy(update={"submit_timeout": min(s.submit_timeout, API_SUBMIT_TIMEOUT)})
         client = Client(broker=s.broker, name="api", settings=client_settings)
         client.start()
@@ -94,10 +95,26 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         view = FabricView(client, s.mmi_cache_seconds)
         merged = MergedCollector([client_metrics, FabricCollector(view.snapshot, role="api")])
         registry.register(merged)
-        persister = Persister(db, table, s.broker) if db is not None else None
+        persister = Persister(store, table, s.broker) if store is not None else None
         if persister is not None:
             persister.start()
-        app.state.zfab = st = ApiState(settings=s, client=client, jobs=table, fabric=view)
+        app.state.zfab = st = ApiState(
+            settings=s,
+            client=client,
+            jobs=table,
+            fabric=view,
+            store=store,
+            persister=persister,
+            schedules=stores.schedules,
+            replicas=stores.replicas,
+        )
+        if stores.replicas is not None:
+            from .remote import adopted, run_command
+
+            stores.replicas.on_command = lambda op, uuid, body: run_command(st, op, uuid, body)
+            stores.replicas.on_adopted = lambda recs: adopted(st, recs)
+            await stores.replicas.start()
+            log.info("zfab api: replica %s of the API on %s", stores.replicas.id, store.label if store else "")
         # Jobs the database holds as unfinished are re-established without waiting for a read: a
         # queued one is submitted again, a running one asked of its workers (api/recovery.py).
         recovering = asyncio.create_task(recover_unfinished(st), name="api recovery")
@@ -114,9 +131,11 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             if persister is not None:
                 # Before the client closes: closing fails its pending jobs, which must stay pending on disk.
                 await persister.stop()
+            if stores.replicas is not None:
+                # After the last write: once deregistered, the other replicas adopt our unfinished jobs.
+                await stores.replicas.stop()
             await asyncio.to_thread(client.close)  # flushes within the loop's linger bound
-            if db is not None:
-                await asyncio.to_thread(db.close)
+            await stores.close()
             log.info("zfab api: fabric client closed")
 
     app = ZfabAPI(
@@ -127,11 +146,14 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         "name; inspect the fabric (MMI); scrape Prometheus metrics. Errors are `application/problem+json`.",
         openapi_tags=TAGS,
         lifespan=lifespan,
+        docs_url=None,  # served from packaged assets instead of a CDN (api/docs.py)
+        redoc_url=None,
     )
     app.state.registry = registry
     app.state.tokens = tokens
     app.state.zfab = None
     problems.install(app)
+    docs.install(app)
     app.include_router(jobs.router)
     app.include_router(events.router)
     app.include_router(files.router)

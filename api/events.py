@@ -27,6 +27,7 @@ from .jobtable import JobRecord
 from .models import InputAnswer, Job
 from .problems import ProblemError, from_fabric_error, responses
 from .recovery import ensure_live
+from .remote import forward, read, remote_events
 from .state import ApiState, api_state
 
 PING = b": ping\n\n"
@@ -138,10 +139,28 @@ async def _from_workers(st: ApiState, rec: JobRecord, after: int) -> AsyncIterat
         yield b"".join(frame(i + 1, events[i]) for i in range(after, len(events)))
 
 
+async def _from_database(st: ApiState, rec: JobRecord, after: int) -> AsyncIterator[bytes]:
+    """Another replica's job (or one this replica let go of): its events as its owner writes them to
+    the shared database, woken by the owner's NOTIFY; ids are the events' sequence numbers in the job."""
+    async for item in remote_events(st, rec, after):
+        yield PING if item is None else frame(*item)
+
+
+def from_database(st: ApiState, rec: JobRecord) -> bool:
+    """Stream from the shared database: a job of another replica, or a finished one not in memory."""
+    return st.replicas is not None and (rec.remote or (rec.live is None and rec.stored is not None and rec.done))
+
+
 async def event_stream(st: ApiState, rec: JobRecord, after: int) -> AsyncIterator[bytes]:
-    source = _live if rec.stored is None and rec.live is not None else _from_workers
-    async for chunk in source(st, rec, after):
-        yield chunk
+    if from_database(st, rec):
+        async for chunk in _from_database(st, rec, after):
+            yield chunk
+        fresh = await read(st, rec.uuid)
+        rec = fresh if fresh is not None else rec
+    else:
+        source = _live if rec.stored is None and rec.live is not None else _from_workers
+        async for chunk in source(st, rec, after):
+            yield chunk
     # Without `end`, the server is stopping: the caller reconnects (to the restarted API) with Last-Event-ID.
     if rec.done:
         yield end_frame(rec.view(tracebacks=st.settings.api_expose_tracebacks))
@@ -172,7 +191,8 @@ async def job_events(uuid: JobUuid, request: Request, _: Principal, last_event_i
     """
     st = api_state(request)
     rec = await known_job(st, uuid)
-    await ensure_live(st, rec)
+    if not rec.remote:
+        await ensure_live(st, rec)
     if last_event_id == "end" and rec.done:
         return Response(status_code=204)
     after = int(last_event_id) if last_event_id != "end" else 0
@@ -198,6 +218,16 @@ async def send_input(uuid: JobUuid, answer: InputAnswer, request: Request, _: Pr
     the job is not waiting for input."""
     st = api_state(request)
     rec = await known_job(st, uuid)
+    if rec.remote:
+        if rec.done:
+            raise _conflict(uuid, "job-finished", "Job already finished", f"job {uuid} already finished")
+        return await forward(st, rec, "input", answer.model_dump(mode="json"))
+    return await input_local(st, rec, answer)
+
+
+async def input_local(st: ApiState, rec: JobRecord, answer: InputAnswer) -> Job:
+    """Answer the input request of a job this replica holds (its own POST, or one another replica forwarded)."""
+    uuid = rec.uuid
     fut = rec.live
     if rec.done:
         raise _conflict(uuid, "job-finished", "Job already finished", f"job {uuid} already finished")

@@ -1,8 +1,8 @@
 """The API's job table on disk (SQLite, WAL), so GET /jobs/{uuid} still answers after a restart.
 
 Writes never happen on the event loop and never one per request: the table marks jobs dirty
-(on submit and when they finish), and the `Persister` writes whatever is dirty in one
-transaction at most every FLUSH_DELAY seconds, from a thread. `synchronous=NORMAL` in WAL mode
+(on submit and when they finish), and the `Persister` (api/persister.py) writes whatever is dirty
+in one transaction at most every FLUSH_DELAY seconds, from a thread. `synchronous=NORMAL` in WAL mode
 makes a commit survive a crash of the API (not of the machine) without an fsync per commit.
 A job submitted less than FLUSH_DELAY before the API is killed may be missing after the
 restart; a clean stop (SIGTERM) writes everything first.
@@ -10,24 +10,19 @@ restart; a clean stop (SIGTERM) writes everything first.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import sqlite3
 import threading
-from contextlib import suppress
-from dataclasses import dataclass
 from pathlib import Path
 
 from service.errors import ClosedError
 from service.storage import open_sqlite
 
-from .jobtable import JobRecord, JobTable
+from .jobtable import JobRecord
 from .models import Job, JobRequest, JobState
 
 log = logging.getLogger(__name__)
 
-FLUSH_DELAY = 0.1
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -63,8 +58,11 @@ Row = tuple[str, str, str, str, str, str, str, str, float, float, float | None, 
 COLUMNS = "uuid, service, task, target, workers, fingerprint, timeout, job, request"
 
 
-def row_of(rec: JobRecord, broker: str) -> Row:
-    """The database row of a job as it stands (called from the persister's thread)."""
+def row_of(rec: JobRecord, broker: str, *, keep_waiting: bool = False) -> Row:
+    """The database row of a job as it stands (called from the persister's thread).
+
+    `keep_waiting`: a job waiting for input stays `waiting`, with its request (PostgreSQL: another
+    replica reads it and forwards the answer to this one); otherwise it is stored as running."""
     job = rec.view()
     fut = rec.live
     if fut is not None and fut.done() and not fut.cancelled() and isinstance(fut.exception(), ClosedError):
@@ -73,7 +71,7 @@ def row_of(rec: JobRecord, broker: str) -> Row:
         job = job.model_copy(
             update={"state": state, "error": None, "reason": None, "results": None, "completed_at": None}
         )
-    if job.state is JobState.waiting:  # an input request cannot be answered across a restart
+    if job.state is JobState.waiting and not keep_waiting:  # an input request cannot be answered across a restart
         job = job.model_copy(update={"state": JobState.running, "input_request": None})
     done = job.completed_at.timestamp() if job.completed_at else None
     return (
@@ -185,52 +183,3 @@ class JobDB:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
-
-
-@dataclass(slots=True, eq=False)
-class Persister:
-    """Writes the table's dirty jobs to the database in batches, off the event loop."""
-
-    db: JobDB
-    table: JobTable
-    broker: str
-    written: int = 0
-    failures: int = 0
-    _task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self.table.persisting = True
-        self.table.loader = self.db.read
-        self._task = asyncio.create_task(self._run(), name="api job db writer")
-
-    async def _run(self) -> None:
-        while True:
-            await self.table.kick.wait()
-            self.table.rearm()
-            await asyncio.sleep(FLUSH_DELAY)  # gather what else changes meanwhile into the same transaction
-            await self.flush()
-
-    async def flush(self) -> None:
-        dirty = self.table.dirty
-        uuids: dict[str, None] = {}
-        while dirty:
-            uuids[dirty.popleft()] = None
-        records = [rec for uuid in uuids if (rec := self.table.get(uuid)) is not None]
-        if records:
-            await asyncio.to_thread(self._write, records)
-
-    def _write(self, records: list[JobRecord]) -> None:
-        try:
-            self.db.write([row_of(rec, self.broker) for rec in records])
-            self.written += len(records)
-        except (sqlite3.Error, OSError) as exc:
-            self.failures += 1
-            log.error("api job db %s: could not record %d jobs: %s", self.db.path, len(records), exc)
-
-    async def stop(self) -> None:
-        """Write what is still dirty; the database stays open (close it after the client)."""
-        if self._task is not None:
-            self._task.cancel()
-            with suppress(asyncio.CancelledError):
-                await self._task
-        await self.flush()

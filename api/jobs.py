@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
+from contextlib import suppress
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
@@ -27,12 +30,17 @@ from .jobtable import REFUSALS, JobRecord, fingerprint, job_uuid_for_key, new_jo
 from .models import Job, JobPage, JobRequest, JobState, JobSummary
 from .problems import ProblemError, from_fabric_error, responses, unavailable
 from .recovery import ensure_live
-from .state import ApiState, api_state
+from .remote import forward, place, read, wait_remote
+from .state import ApiState, api_state, database_unavailable
+
+log = logging.getLogger(__name__)
 
 MAX_PAGE = 1000
 # How long POST /jobs waits for the broker to admit a job. A broker that just started holds a POST
 # for a service none of its workers confirmed yet for its startup grace (a few seconds).
 ADMISSION_TIMEOUT = 10.0
+# Shared store: how long POST /jobs waits for its job's row to commit (so that any replica finds it).
+DURABLE_TIMEOUT = 5.0
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -176,8 +184,16 @@ async def submit_job(
     it, until its `timeout` (default 60 s, counted from the end of its `delay`).
     """
     st = api_state(request)
+    rp = st.replicas
+    if rp is not None and not rp.ok:
+        # A job this replica could not record would be invisible to the others (and an Idempotency-Key
+        # could not be honoured across them): refuse, as a load balancer would once /readyz says so.
+        raise database_unavailable("this replica takes no job until it can record it for the others")
     uuid, fp = (job_uuid_for_key(idempotency_key, principal), fingerprint(req)) if idempotency_key else (None, "")
     rec = st.jobs.get(uuid) if uuid else None
+    claimed = False
+    if uuid is not None and rec is None and rp is not None:
+        rec, claimed = await claim_key(st, uuid, fp, req)
     if rec is not None and rec.fingerprint != fp:
         # 409, not the 422 of the IETF idempotency draft: 422 already means "fix your body",
         # while this request is fine and only clashes with one the server remembers.
@@ -189,15 +205,32 @@ async def submit_job(
             job=rec.uuid,
         )
     fresh = rec is None or rec.refused()
+    if rec is not None and fresh and rec.remote:
+        rec, fresh = await take_refused(st, rec)
+    durable = None
     if rec is None or fresh:
-        await check_job(st.schemas, st.client, req)
-        rec = submit_record(st, req, uuid, fp)
-    else:
+        try:
+            await check_job(st.schemas, st.client, req)
+            rec = submit_record(st, req, uuid, fp)
+        except Exception:
+            if claimed and uuid is not None:
+                await release(st, uuid)
+            raise
+        if st.persister is not None and rp is not None:
+            durable = st.persister.durable(rec.uuid)  # registered before any await: the write is still ahead
+    elif not rec.remote:
         await ensure_live(st, rec)
-    await admitted(rec)
+    if not rec.remote:
+        await admitted(rec)
+    if durable is not None:
+        try:
+            await asyncio.wait_for(durable, DURABLE_TIMEOUT)
+        except TimeoutError:
+            pass  # the job runs; its row follows when the database takes it (the persister retries)
     bound = wait_bound(wait, prefer, st.settings.default_wait_max)
     if bound is not None:
-        await wait_for_job(rec, bound)
+        rec = await await_job(st, rec, bound)
+    await settled(st, rec)
     _applied(request, response, bound)
     view = rec.view(tracebacks=st.settings.api_expose_tracebacks)
     response.headers["Location"] = f"{request.scope.get('root_path', '')}/jobs/{rec.uuid}"
@@ -207,6 +240,103 @@ async def submit_job(
     finished = view.state.finished
     response.status_code = 200 if finished and (bound is not None or not fresh) else 202
     return view
+
+
+async def claim_key(st: ApiState, uuid: str, fp: str, req: JobRequest) -> tuple[JobRecord | None, bool]:
+    """Shared store: the job an Idempotency-Key already stands for on some replica, or (None, True) once
+    this replica has claimed the key's row (an insert that only one replica's succeeds)."""
+    from .pgstore import PgJobStore
+
+    store = st.store
+    assert isinstance(store, PgJobStore)
+    now = time.time()
+    placeholder = JobRecord(
+        uuid,
+        req.service,
+        req.task,
+        req.workers,
+        None,
+        fp,
+        req.timeout,
+        request=req,
+        stored=Job(
+            uuid=uuid,
+            service=req.service,
+            task=req.task,
+            workers=req.workers,
+            state=JobState.queued,
+            results=None,
+            submitted_at=datetime.fromtimestamp(now, UTC),
+            timings={"submitted": now},
+            priority=req.priority,
+            retries=req.retries,
+        ),
+    )
+    for _ in range(2):  # a row released between our insert and our read: claim again
+        try:
+            if await store.claim(placeholder, st.settings.broker):
+                return None, True
+        except Exception as exc:
+            raise database_unavailable(str(exc)) from None
+        existing = await read(st, uuid)
+        if existing is not None:
+            return await place(st, existing), False
+    raise database_unavailable(f"the row of job {uuid} came and went; retry")
+
+
+async def take_refused(st: ApiState, rec: JobRecord) -> tuple[JobRecord, bool]:
+    """Another replica's job the fabric refused: this retry of its key submits it again, unless another
+    replica's retry got there first (then that one is the job)."""
+    from .pgstore import PgJobStore
+
+    store = st.store
+    assert isinstance(store, PgJobStore)
+    try:
+        if await store.take(rec.uuid, rec.owner):
+            return rec, True
+    except Exception as exc:
+        raise database_unavailable(str(exc)) from None
+    again = await read(st, rec.uuid)
+    if again is None:
+        return rec, True
+    again = await place(st, again)
+    return again, again.refused() and not again.remote
+
+
+async def release(st: ApiState, uuid: str) -> None:
+    from .pgstore import PgJobStore
+
+    if isinstance(st.store, PgJobStore):
+        try:
+            await st.store.release(uuid)
+        except Exception as exc:  # the row stays as a queued job nobody runs: a retry reads it, waits, and times out
+            log.warning("api: could not release the row of job %s: %s", uuid, exc)
+
+
+async def settled(st: ApiState, rec: JobRecord) -> None:
+    """Shared store: before answering that one of our jobs finished, let its final row commit, so that
+    any replica asked next answers the same (a few milliseconds: the persister's next batch)."""
+    if st.replicas is None or st.persister is None or rec.remote or not rec.done or rec.final_written:
+        return
+    if not st.replicas.ok:  # the write waits for the database to come back: answer now
+        return
+    if rec.live is None:  # known from the database only: it is what the database says
+        return
+    with suppress(TimeoutError):
+        await asyncio.wait_for(st.persister.durable(rec.uuid, final=True), DURABLE_TIMEOUT)
+
+
+async def await_job(st: ApiState, rec: JobRecord, bound: float) -> JobRecord:
+    """Wait up to `bound` s for the job to finish, wherever it runs; the record as it then stands."""
+    if rec.remote:
+        started = time.monotonic()
+        rec = await wait_remote(st, rec, bound)
+        if rec.remote or rec.done:
+            return rec
+        bound = max(0.0, bound - (time.monotonic() - started))  # adopted meanwhile: ours now
+        await ensure_live(st, rec)
+    await wait_for_job(rec, bound)
+    return rec
 
 
 @router.get(
@@ -227,10 +357,12 @@ async def get_job(
     """The job as it stands (`state` says whether it finished). `?wait=N` long-polls until it does."""
     st = api_state(request)
     rec = await known_job(st, uuid)
-    await ensure_live(st, rec)
+    if not rec.remote:
+        await ensure_live(st, rec)
     bound = wait_bound(wait, prefer, st.settings.default_wait_max)
     if bound is not None:
-        await wait_for_job(rec, bound)
+        rec = await await_job(st, rec, bound)
+    await settled(st, rec)
     _applied(request, response, bound)
     view = rec.view(tracebacks=st.settings.api_expose_tracebacks)
     scheduler = getattr(request.app.state, "schedules", None)
@@ -252,6 +384,18 @@ async def cancel_job(uuid: JobUuid, request: Request, _: Principal) -> Job:
     running one is asked to stop, and ends as its workers report (`cancelled`, or its result)."""
     st = api_state(request)
     rec = await known_job(st, uuid)
+    if rec.remote:
+        if rec.done:
+            raise ProblemError(
+                409, "job-finished", "Job already finished", f"job {uuid} already finished; nothing to cancel", job=uuid
+            )
+        return await forward(st, rec, "cancel", {})
+    return await cancel_local(st, rec)
+
+
+async def cancel_local(st: ApiState, rec: JobRecord) -> Job:
+    """Cancel a job this replica holds (its own DELETE, or one another replica forwarded)."""
+    uuid = rec.uuid
     await ensure_live(st, rec)
     if rec.live is None and not rec.done:
         raise unavailable(f"job {uuid} ran before the API restarted and none of its workers answers yet; retry shortly")
@@ -303,6 +447,10 @@ async def list_jobs(
     st = api_state(request)
     before = int(cursor) if cursor is not None else None
     states = set(state) if state else None
+    if st.replicas is not None:
+        return await shared_page(
+            st, request, limit, before, states, service, task, worker, since, until, include, schedule
+        )
     items: list[Job | JobSummary] = []
     last: int | None = None
     more = False
@@ -325,6 +473,60 @@ async def list_jobs(
     if more and last is not None:
         nxt = str(request.url.include_query_params(cursor=str(last)))
     return JobPage(items=items, total=len(st.jobs), limit=limit, next=nxt)
+
+
+async def shared_page(
+    st: ApiState,
+    request: Request,
+    limit: int,
+    before: int | None,
+    states: set[JobState] | None,
+    service: str | None,
+    task: str | None,
+    worker: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    include: str | None,
+    schedule: str | None,
+) -> JobPage:
+    """GET /jobs on a shared store: every replica's jobs, from the database (this replica's own from
+    memory, where they are fresher), newest first by arrival."""
+    from .pgstore import PgJobStore
+
+    store = st.store
+    assert isinstance(store, PgJobStore)
+    try:
+        rows, total = await store.page(
+            st.settings.broker,
+            before,
+            limit + 1,
+            [s.value for s in states] if states else None,
+            service,
+            task,
+            worker,
+            _aware(since).timestamp() if since is not None else None,
+            _aware(until).timestamp() if until is not None else None,
+            schedule,
+        )
+    except Exception as exc:
+        raise database_unavailable(str(exc)) from None
+    scheduler = getattr(request.app.state, "schedules", None)
+    items: list[Job | JobSummary] = []
+    last: int | None = None
+    more = False
+    for seq, stored, sid in rows:
+        rec = st.jobs.get(stored.uuid) or stored
+        view = rec.view(tracebacks=st.settings.api_expose_tracebacks)
+        view.schedule = sid or (scheduler.schedule_of(rec.uuid) if scheduler is not None else None)
+        if not _matches(view, rec, states, service, task, worker, since, until):
+            continue
+        if len(items) == limit:
+            more = True
+            break
+        items.append(view if include == "results" else JobSummary.of(view))
+        last = seq
+    nxt = str(request.url.include_query_params(cursor=str(last))) if more and last is not None else None
+    return JobPage(items=items, total=total, limit=limit, next=nxt)
 
 
 def _matches(
@@ -358,17 +560,23 @@ async def known_job(st: ApiState, uuid: str) -> JobRecord:
     """The job (from memory, or the API's database when memory let it go), or a 404 problem."""
     rec = st.jobs.get(uuid)
     if rec is None and st.jobs.loader is not None:
-        rec = await asyncio.to_thread(st.jobs.loader, uuid)
-        if rec is not None:
+        try:
+            rec = await st.jobs.loader(uuid)
+        except Exception as exc:  # StoreError: the database is away (the job may be another replica's)
+            raise database_unavailable(str(exc)) from None
+        if rec is not None and st.replicas is not None:
+            rec = await place(st, rec)  # another replica's, or one we adopt
+        elif rec is not None:
             st.jobs.add(rec, persist=False)
     if rec is None:
         raise ProblemError(
             404,
             "job-not-found",
             "Job not found",
-            f"no job {uuid} here: this API remembers the last {st.jobs.capacity} jobs it submitted",
+            f"no job {uuid} here: this API remembers the last {st.jobs.capacity} jobs it submitted"
+            + (" (all replicas' together)" if st.replicas is not None else ""),
         )
     return rec
 
 
-__all__ = ["REFUSALS", "known_job", "router", "submit_record"]
+__all__ = ["REFUSALS", "cancel_local", "known_job", "router", "submit_record"]

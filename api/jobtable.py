@@ -16,7 +16,7 @@ import os
 import random
 import uuid as uuidlib
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -102,6 +102,12 @@ class JobRecord:
     cancel_requested: bool = False
     stored: Job | None = None
     ran_on: list[str] = field(default_factory=list)  # workers known to run it, from the database
+    # Shared store (PostgreSQL): the replica holding the job's future, and what of its events is written.
+    owner: str = ""
+    remote: bool = False  # read from the shared store, owned by another replica that is alive
+    events_written: int = 0  # events written so far (the seq of the last one)
+    event_bytes: int = 0
+    final_written: bool = False  # its finished state is committed to the shared store
     _input: tuple[int, dict[str, Any] | None] = (0, None)  # (events scanned, pending request)
 
     @property
@@ -265,8 +271,9 @@ class JobTable:
         self._jobs: OrderedDict[str, JobRecord] = OrderedDict()
         self._seq = 0
         # Reads a job the table let go of from the API's database (set by the persister); None: memory only.
-        self.loader: Callable[[str], JobRecord | None] | None = None
+        self.loader: Callable[[str], Awaitable[JobRecord | None]] | None = None
         self.persisting = False  # set when a persister drains `dirty`; otherwise nothing is collected
+        self.persist_events = False  # a shared store: each event is written too (other replicas stream them)
         self.dirty: deque[str] = deque()
         self.kick = asyncio.Event()  # set when `dirty` gains entries (the persister waits on it)
         self._kicked = False
@@ -354,6 +361,8 @@ class JobTable:
         if finished:
             self.touch(uuid)
             self._soon(lambda: self.settle(uuid))
+        elif self.persist_events:
+            self.touch(uuid)
         if uuid in self._listeners:
             self._soon(lambda: self._wake(uuid))
 

@@ -53,7 +53,8 @@ async def healthz() -> HealthReport:
 @router.get(
     "/readyz",
     operation_id="readyz",
-    summary="Readiness: the app is started and the broker answers the API's keepalives",
+    summary="Readiness: the app is started, the broker answers the API's keepalives (and, on PostgreSQL, "
+    "the shared database answers)",
     response_model=HealthReport,
     responses={503: {"model": HealthReport, "description": "Not ready: `checks` says which check failed"}},
 )
@@ -61,12 +62,17 @@ async def readyz(request: Request) -> Response:
     st = _state(request)
     started = st is not None
     broker_alive = st is not None and st.client.broker_alive
-    ready = started and broker_alive
+    checks = {"started": started, "broker_alive": broker_alive}
+    if st is not None and st.replicas is not None:
+        # PostgreSQL: a replica that cannot reach the shared database cannot show or take jobs for the
+        # others (it refuses POST /jobs), so a load balancer should send requests elsewhere.
+        checks["database"] = st.replicas.ok
+    ready = all(checks.values())
     report = HealthReport(
         status="ready" if ready else "not ready",
         role=ROLE,
         version=version(),
-        checks={"started": started, "broker_alive": broker_alive},
+        checks=checks,
     )
     headers = {} if ready else {"Retry-After": "1"}
     return JSONResponse(report.model_dump(), status_code=200 if ready else 503, headers=headers)

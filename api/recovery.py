@@ -38,8 +38,8 @@ async def ensure_live(st: ApiState, rec: JobRecord) -> None:
     The recovery's future then answers the job like a submitted one. One that could try
     nothing (no broker, no workers yet) leaves the job as stored, and the next read retries.
     """
-    if rec.live is not None or rec.stored is None or rec.stored.state.finished:
-        return
+    if rec.remote or rec.live is not None or rec.stored is None or rec.stored.state.finished:
+        return  # (a remote job is its owner's to recover: api/remote.py)
     if rec.request is not None and not rec.dispatched():
         _resubmit(st, rec, rec.request)
         return

@@ -5,6 +5,13 @@ re-timed or deleted schedule): no polling tick. Each firing is an ordinary job, 
 `api.jobs.submit_record` like POST /jobs (same states, same metrics, same table), and its uuid is
 recorded against the schedule.
 
+With PostgreSQL (API replicas) every replica runs this loop over the same schedules, kept in step by
+the `zfab_schedules` notification (api/replicas.py). A due schedule fires once per slot across them:
+the firing replica first claims the row with SELECT ... FOR UPDATE SKIP LOCKED and moves its
+next_run_at on in that transaction (api/pgstore.py `fire_claimed`); a replica that finds it locked or
+already moved on lets it be. The job is submitted after that commit, so a replica dying in between
+loses that one firing rather than firing it twice.
+
 A firing that falls due while the broker is silent waits for it for up to one hold time (keepalive
 interval × multiplier, counted from the due time or from the API's start, whichever is later), so
 the firing missed while the API was down is not lost to the moments before its client reaches the
@@ -21,7 +28,7 @@ import uuid as uuidlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import suppress
-from typing import Any
+from typing import Any, cast
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -33,6 +40,7 @@ from .problems import ProblemError
 from .schedule_store import ScheduleRecord, ScheduleStore
 from .schedule_timing import first, following
 from .state import ApiState
+from .store import ScheduleBackend, SharedScheduleBackend, SqliteSchedules
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +48,10 @@ log = logging.getLogger(__name__)
 # jump (NTP, a suspended VM) while asyncio sleeps on the monotonic clock; waking now and then re-reads it.
 MAX_SLEEP = 60.0
 DELAY_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 300, 3600)
+# Shared store: a due schedule another replica holds (locked, or moved on already) is looked at again
+# this much later unless its notification comes first; and everything is re-read this often.
+CLAIM_BACKOFF = 0.5
+RESYNC = 60.0
 
 
 def plan(
@@ -107,7 +119,7 @@ class Scheduler:
     def __init__(
         self,
         state: Callable[[], ApiState | None],
-        store: ScheduleStore,
+        store: ScheduleStore | ScheduleBackend,
         *,
         capacity: int,
         registry: CollectorRegistry | None = None,
@@ -115,6 +127,9 @@ class Scheduler:
     ) -> None:
         self.state = state
         self.store = store
+        self.backend: ScheduleBackend = SqliteSchedules(store) if isinstance(store, ScheduleStore) else store
+        self.shared = self.backend.shared  # PostgreSQL: other replicas fire these schedules too
+        self._shared = cast(SharedScheduleBackend, self.backend) if self.shared else None
         self.capacity = capacity
         self.clock = clock
         self.schedules: dict[str, ScheduleRecord] = {}
@@ -125,14 +140,16 @@ class Scheduler:
         self._changed = asyncio.Event()
         self._writes = asyncio.Lock()  # one write at a time, in order: a later state never loses to an earlier
         self._task: asyncio.Task[None] | None = None
+        self._reloads: set[asyncio.Task[None]] = set()
+        self._resync_at = 0.0
         self.started_at = clock()
 
     # ---- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
         now = self.started_at = self.clock()
-        self.made.update(await asyncio.to_thread(self.store.mapping))
-        for rec in await asyncio.to_thread(self.store.load):
+        self.made.update(await self.backend.mapping())
+        for rec in await self.backend.load():
             if not rec.paused and rec.next_run_at is None:
                 rec.next_run_at = first(rec.every, rec.cron, now)
             # A next_run_at in the past was missed while the API was down: it is due now, and fires
@@ -141,15 +158,17 @@ class Scheduler:
         missed = sum(1 for r in self.schedules.values() if r.next_run_at is not None and r.next_run_at <= now)
         if self.schedules:
             log.info("zfab api: %d schedules (%d missed while down: firing once each)", len(self.schedules), missed)
+        self._resync_at = time.monotonic() + RESYNC
         self._task = asyncio.create_task(self._run(), name="zfab scheduler")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with suppress(asyncio.CancelledError):
-                await self._task
+        for task in [self._task, *self._reloads]:
+            if task is not None:
+                task.cancel()
+                with suppress(asyncio.CancelledError):
+                    await task
         async with self._writes:  # a write in flight finishes before the store closes
-            await asyncio.to_thread(self.store.close)
+            await self.backend.close()
         if self.metrics is not None:
             self.metrics.close()
 
@@ -202,7 +221,45 @@ class Scheduler:
         self.schedules.pop(rec.id, None)  # first: it must not fire while the delete is written
         self._changed.set()
         async with self._writes:
-            await asyncio.to_thread(self.store.delete, rec.id)
+            await self.backend.delete(rec.id)
+
+    async def fetch(self, sid: str) -> ScheduleRecord | None:
+        """A schedule by id: from memory, or (shared store) from the database if another replica just made it."""
+        rec = self.schedules.get(sid)
+        if rec is None and self._shared is not None:
+            for found in await self._shared.read([sid]):
+                rec = self.schedules[found.id] = found
+                self._changed.set()
+        return rec
+
+    def reload(self, ids: list[str] | None) -> None:
+        """Another replica changed these schedules (None: maybe any): read them again (event loop)."""
+        task = asyncio.ensure_future(self._reload(ids))
+        self._reloads.add(task)
+        task.add_done_callback(self._reloads.discard)
+
+    async def _reload(self, ids: list[str] | None) -> None:
+        try:
+            if ids is None or self._shared is None:
+                recs = await self.backend.load()
+                self.schedules = {r.id: r for r in recs}
+            else:
+                recs = await self._shared.read(ids)
+                found = {r.id: r for r in recs}
+                for sid in ids:
+                    if sid in found:
+                        self.schedules[sid] = found[sid]
+                    else:
+                        self.schedules.pop(sid, None)  # deleted
+        except Exception as exc:  # the database is away: the periodic resync catches up
+            log.warning("api schedules: could not reload %s: %s", "all" if ids is None else ",".join(ids), exc)
+            return
+        for rec in recs:
+            for job in rec.last_jobs:
+                self.made[job] = rec.id
+        while len(self.made) > self.backend.mapping_capacity:
+            self.made.popitem(last=False)
+        self._changed.set()
 
     def schedule_of(self, job_uuid: str) -> str | None:
         """The id of the schedule whose firing submitted this job, if one did (a dict lookup)."""
@@ -227,12 +284,17 @@ class Scheduler:
             self._changed.clear()
             now = self.clock()
             due, recheck = plan(self.schedules.values(), now, self.started_at, self._broker_wait())
-            if due:
+            if due and self._shared is not None:
+                await self._fire_shared(self._shared, due, now)
+            elif due:
                 fired = [self.fire(r, now) for r in due]
                 try:
                     await self._save(due, [f for f in fired if f is not None])
                 except Exception:  # the loop must outlive a full disk; the schedules go on in memory
                     log.exception("api schedules: could not record %d firings", len(due))
+            if self.shared and time.monotonic() >= self._resync_at:
+                self._resync_at = time.monotonic() + RESYNC
+                self.reload(None)  # a notification lost while the listener reconnected
             wake = next_wake(self.schedules.values(), now, recheck)
             delay = MAX_SLEEP if wake is None else min(max(0.0, wake - self.clock()), MAX_SLEEP)
             # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that lands as the event is set,
@@ -241,11 +303,53 @@ class Scheduler:
                 async with asyncio.timeout(delay):
                     await self._changed.wait()
 
-    def fire(self, rec: ScheduleRecord, now: float) -> tuple[str, str, float] | None:
-        """Submit the schedule's job (on the event loop, as POST /jobs does); the mapping row, or None if refused."""
+    async def _fire_shared(self, backend: SharedScheduleBackend, due: list[ScheduleRecord], now: float) -> None:
+        """Fire what this replica can claim of `due` (see the module's doc): claim and move on, then submit."""
+        dues: dict[str, float] = {}
+
+        def advance(recs: list[ScheduleRecord]) -> None:
+            for r in recs:
+                dues[r.id] = r.next_run_at if r.next_run_at is not None else now
+                self._advance(r, now)
+
+        try:
+            claimed, passed = await backend.fire_claimed([r.id for r in due], now, advance)
+        except Exception as exc:  # no database, no firing: once it is back the slot fires once
+            log.warning("api schedules: cannot claim %d due firings: %s", len(due), exc)
+            claimed, passed = [], [r.id for r in due]
+        for sid in passed:
+            rec = self.schedules.get(sid)
+            if rec is not None and rec.next_run_at is not None and rec.next_run_at <= now:
+                rec.next_run_at = now + CLAIM_BACKOFF  # its notification brings the real time
+        outcomes: list[tuple[str, bool, str | None]] = []
+        fired: list[tuple[str, str, float]] = []
+        for rec in claimed:
+            row = self._submit(rec, now, dues.get(rec.id, now))
+            outcomes.append((rec.id, row is not None, rec.last_error))
+            if row is not None:
+                fired.append(row)
+            if rec.id in self.schedules:  # not deleted meanwhile (its notification may have come already)
+                self.schedules[rec.id] = rec
+        if outcomes:
+            try:
+                async with self._writes:
+                    await backend.record_firings(outcomes, fired)
+            except Exception:
+                log.exception("api schedules: could not record %d firings", len(outcomes))
+
+    @staticmethod
+    def _advance(rec: ScheduleRecord, now: float) -> None:
         due = rec.next_run_at if rec.next_run_at is not None else now
         rec.next_run_at = following(rec.every, rec.cron, due, now)
         rec.last_run_at = now
+
+    def fire(self, rec: ScheduleRecord, now: float) -> tuple[str, str, float] | None:
+        """Submit the schedule's job (on the event loop, as POST /jobs does); the mapping row, or None if refused."""
+        due = rec.next_run_at if rec.next_run_at is not None else now
+        self._advance(rec, now)
+        return self._submit(rec, now, due)
+
+    def _submit(self, rec: ScheduleRecord, now: float, due: float) -> tuple[str, str, float] | None:
         st = self.state()
         outcome, row = "refused", None
         try:
@@ -265,7 +369,7 @@ class Scheduler:
             rec.last_error = None
             rec.last_jobs.append(job)
             self.made[job] = rec.id
-            while len(self.made) > self.store.mapping_capacity:
+            while len(self.made) > self.backend.mapping_capacity:
                 self.made.popitem(last=False)
             outcome, row = "submitted", (job, rec.id, now)
         if self.metrics is not None:
@@ -276,4 +380,4 @@ class Scheduler:
     async def _save(self, recs: list[ScheduleRecord], fired: list[tuple[str, str, float]] | None = None) -> None:
         rows = [r.row() for r in recs]  # taken now, on the loop: what is written is this moment's state
         async with self._writes:
-            await asyncio.to_thread(self.store.save, rows, fired or [])
+            await self.backend.save(rows, fired or [])

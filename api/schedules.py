@@ -26,7 +26,8 @@ from .schedule_store import LAST_JOBS, ScheduleRecord, ScheduleStore
 from .schedule_timing import CRON_PATTERN, cron_problem
 from .scheduler import Scheduler
 from .settings import ApiSettings
-from .state import ApiState
+from .state import ApiState, database_unavailable
+from .store import ScheduleBackend, is_postgres_url
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,12 @@ MAX_PAGE = 1000
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     st: ApiState | None = getattr(app.state, "zfab", None)
     s: ApiSettings = st.settings if st is not None else ApiSettings()
-    store = ScheduleStore(FilePath(s.api_db) if s.api_db else None, mapping_capacity=s.job_history)
+    store: ScheduleStore | ScheduleBackend
+    if st is not None and st.schedules is not None:
+        store = st.schedules  # PostgreSQL: the replicas' shared table
+    else:
+        path = FilePath(s.api_db) if s.api_db and not is_postgres_url(s.api_db) else None
+        store = ScheduleStore(path, mapping_capacity=s.job_history)
     scheduler = Scheduler(
         lambda: getattr(app.state, "zfab", None),
         store,
@@ -47,6 +53,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         registry=getattr(app.state, "registry", None),
     )
     await scheduler.start()
+    if st is not None and st.replicas is not None:
+        st.replicas.on_schedules = scheduler.reload
     app.state.schedules = scheduler
     try:
         yield
@@ -201,8 +209,11 @@ def scheduler_of(request: Request) -> Scheduler:
     return sched
 
 
-def known(sched: Scheduler, sid: str) -> ScheduleRecord:
-    rec = sched.schedules.get(sid)
+async def known(sched: Scheduler, sid: str) -> ScheduleRecord:
+    try:
+        rec = await sched.fetch(sid)  # PostgreSQL: one made on another replica a moment ago is read
+    except Exception as exc:
+        raise database_unavailable(str(exc)) from None
     if rec is None:
         raise ProblemError(404, "schedule-not-found", "Schedule not found", f"no schedule {sid}")
     return rec
@@ -261,7 +272,7 @@ async def list_schedules(
     responses=responses(401, 403, 404, 422),
 )
 async def get_schedule(sid: ScheduleId, request: Request, _: Principal) -> Schedule:
-    return view(known(scheduler_of(request), sid))
+    return view(await known(scheduler_of(request), sid))
 
 
 @router.patch(
@@ -275,7 +286,7 @@ async def update_schedule(sid: ScheduleId, patch: SchedulePatch, request: Reques
     """`{"paused": true}` pauses it; `{"paused": false}` resumes it from now (missed slots are not caught up);
     `every` or `cron` re-times it from now; `name` and `job` replace those."""
     sched = scheduler_of(request)
-    rec = known(sched, sid)
+    rec = await known(sched, sid)
     changes = patch.model_dump(exclude_unset=True)
     if "job" in changes and patch.job is not None:
         changes["job"] = patch.job.model_dump(mode="json")
@@ -297,5 +308,5 @@ async def update_schedule(sid: ScheduleId, patch: SchedulePatch, request: Reques
 )
 async def delete_schedule(sid: ScheduleId, request: Request, _: Principal) -> Response:
     sched = scheduler_of(request)
-    await sched.delete(known(sched, sid))
+    await sched.delete(await known(sched, sid))
     return Response(status_code=204)

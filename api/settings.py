@@ -32,8 +32,22 @@ class ApiSettings(Settings):
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest accepted POST /jobs body")
     api_db: str | None = Field(
         None,
-        description="SQLite file that keeps the job table across restarts; `zfab api` uses "
-        "<data_dir>/api/jobs.sqlite when unset; empty = memory only",
+        description="Where the job table and schedules live: a SQLite file (`zfab api` uses "
+        "<data_dir>/api/jobs.sqlite when unset), or a postgresql://user:pass@host:port/db URL that several "
+        "API replicas share; empty = memory only",
+        repr=False,  # a URL may carry a password
+    )
+    api_db_bytes: int = Field(
+        1024 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="PostgreSQL: bytes of jobs (rows and their events) the shared database keeps; the oldest go first",
+    )
+    api_replica_timeout: float = Field(
+        10.0,
+        ge=1.0,
+        le=3600,
+        description="PostgreSQL: seconds without a heartbeat before a replica is gone and its unfinished jobs "
+        "are adopted by another",
     )
     sse_ping_seconds: float = Field(15.0, gt=0, le=3600, description="Keep-alive comment interval of idle SSE streams")
     max_schedules: int = Field(1000, ge=1, description="Most periodic schedules the API keeps (POST /schedules)")

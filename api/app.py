@@ -109,10 +109,11 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             replicas=stores.replicas,
         )
         if stores.replicas is not None:
-            from .remote import adopted, run_command
+            from .remote import adopted, recover_pending, run_command
 
             stores.replicas.on_command = lambda op, uuid, body: run_command(st, op, uuid, body)
             stores.replicas.on_adopted = lambda recs: adopted(st, recs)
+            stores.replicas.on_beat = lambda: recover_pending(st)
             await stores.replicas.start()
             log.info("zfab api: replica %s of the API on %s", stores.replicas.id, store.label if store else "")
         # Jobs the database holds as unfinished are re-established without waiting for a read: a

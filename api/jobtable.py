@@ -274,6 +274,7 @@ class JobTable:
         self.loader: Callable[[str], Awaitable[JobRecord | None]] | None = None
         self.persisting = False  # set when a persister drains `dirty`; otherwise nothing is collected
         self.persist_events = False  # a shared store: each event is written too (other replicas stream them)
+        self.lingering: dict[str, JobRecord] = {}  # shared store: running jobs the table let go of
         self.dirty: deque[str] = deque()
         self.kick = asyncio.Event()  # set when `dirty` gains entries (the persister waits on it)
         self._kicked = False
@@ -287,6 +288,11 @@ class JobTable:
     def get(self, uuid: str) -> JobRecord | None:
         return self._jobs.get(uuid)
 
+    def record(self, uuid: str) -> JobRecord | None:
+        """The job to write: in the table, or let go of by it while still running (shared store)."""
+        rec = self._jobs.get(uuid)
+        return rec if rec is not None else self.lingering.get(uuid)  # the persister drops it once written done
+
     def add(self, record: JobRecord, *, persist: bool = True) -> None:
         old = self._jobs.pop(record.uuid, None)
         if old is not None:
@@ -295,7 +301,12 @@ class JobTable:
         record.seq = self._seq
         self._jobs[record.uuid] = record
         while len(self._jobs) > self.capacity:
-            self.bytes -= self._jobs.popitem(last=False)[1].counted
+            _, gone = self._jobs.popitem(last=False)
+            self.bytes -= gone.counted
+            if self.persist_events and gone.live is not None and not gone.done:
+                # A shared store: other replicas wait on this job's row, so its end is still written
+                # (bounded by the jobs the client holds in flight); see record().
+                self.lingering[gone.uuid] = gone
         if record.future is not None:
             self.watch(record.future)
         if persist:

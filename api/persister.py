@@ -69,7 +69,7 @@ class Persister:
         uuids: dict[str, None] = {}
         while dirty:
             uuids[dirty.popleft()] = None
-        records = [rec for uuid in uuids if (rec := self.table.get(uuid)) is not None]
+        records = [rec for uuid in uuids if (rec := self.table.record(uuid)) is not None]
         if not records:
             return True
         finished = {rec.uuid for rec in records if rec.done}  # before the rows are made: these are written final
@@ -97,6 +97,7 @@ class Persister:
                 final = rec.uuid in finished
                 if final:
                     rec.final_written = True
+                    self.table.lingering.pop(rec.uuid, None)
                 waiters = self._durable.pop(rec.uuid, [])
                 for waiter, wants_final in waiters:
                     if final or not wants_final:
@@ -119,7 +120,7 @@ class Persister:
         while True:
             await asyncio.sleep(STATE_SWEEP)
             for uuid, state in list(self._open.items()):
-                rec = self.table.get(uuid)
+                rec = self.table.get(uuid) or self.table.lingering.get(uuid)
                 fut = rec.live if rec is not None else None
                 if fut is None or fut.done():
                     self._open.pop(uuid, None)  # a finished job is written by its done callback

@@ -85,6 +85,21 @@ async def adopted(st: ApiState, recs: list[JobRecord]) -> None:
             log.exception("api: recovering adopted job %s failed", rec.uuid)
 
 
+async def recover_pending(st: ApiState) -> None:
+    """At each heartbeat: adopted jobs whose recovery could try nothing yet (no broker or worker to ask
+    at the time) try again, as a read of them would."""
+    from .recovery import ensure_live
+
+    if not st.client.broker_alive:
+        return
+    for rec in list(st.jobs.newest()):
+        if not rec.remote and rec.live is None and rec.stored is not None and not rec.stored.state.finished:
+            try:
+                await ensure_live(st, rec)
+            except Exception:
+                log.exception("api: recovering job %s failed", rec.uuid)
+
+
 async def read(st: ApiState, uuid: str) -> JobRecord | None:
     assert st.store is not None
     try:

@@ -75,6 +75,7 @@ class Replicas:
         self.on_command: CommandHandler | None = None
         self.on_schedules: Callable[[list[str] | None], None] | None = None  # None: reload them all
         self.on_adopted: Callable[[list[JobRecord]], Awaitable[None]] | None = None
+        self.on_beat: Callable[[], Awaitable[None]] | None = None  # after each heartbeat (retries recoveries)
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._replies: dict[int, asyncio.Future[None]] = {}
         self._commands = asyncio.Semaphore(COMMANDS_AT_ONCE)
@@ -134,6 +135,8 @@ class Replicas:
             try:
                 await self._beat()
                 await self._adopt_orphans()
+                if self.on_beat is not None:
+                    await self.on_beat()
                 if self.beats % 30 == 0:
                     await self._housekeeping()
             except StoreError as exc:

@@ -51,6 +51,7 @@ DELAY_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 300, 3600)
 # Shared store: a due schedule another replica holds (locked, or moved on already) is looked at again
 # this much later unless its notification comes first; and everything is re-read this often.
 CLAIM_BACKOFF = 0.5
+CLAIM_RETRY = 2.0  # the database did not answer the claim: try again this much later
 RESYNC = 60.0
 
 
@@ -142,6 +143,7 @@ class Scheduler:
         self._task: asyncio.Task[None] | None = None
         self._reloads: set[asyncio.Task[None]] = set()
         self._resync_at = 0.0
+        self._claims_failing = False
         self.started_at = clock()
 
     # ---- lifecycle --------------------------------------------------------------------------
@@ -312,15 +314,21 @@ class Scheduler:
                 dues[r.id] = r.next_run_at if r.next_run_at is not None else now
                 self._advance(r, now)
 
+        backoff = CLAIM_BACKOFF
         try:
             claimed, passed = await backend.fire_claimed([r.id for r in due], now, advance)
+            if self._claims_failing:
+                self._claims_failing = False
+                log.info("api schedules: the database answers again; due firings resume")
         except Exception as exc:  # no database, no firing: once it is back the slot fires once
-            log.warning("api schedules: cannot claim %d due firings: %s", len(due), exc)
-            claimed, passed = [], [r.id for r in due]
+            if not self._claims_failing:  # once per outage, not at every retry
+                log.warning("api schedules: cannot claim %d due firings (retrying): %s", len(due), exc)
+            self._claims_failing = True
+            claimed, passed, backoff = [], [r.id for r in due], CLAIM_RETRY
         for sid in passed:
             rec = self.schedules.get(sid)
             if rec is not None and rec.next_run_at is not None and rec.next_run_at <= now:
-                rec.next_run_at = now + CLAIM_BACKOFF  # its notification brings the real time
+                rec.next_run_at = now + backoff  # its notification brings the real time
         outcomes: list[tuple[str, bool, str | None]] = []
         fired: list[tuple[str, str, float]] = []
         for rec in claimed:

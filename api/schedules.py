@@ -27,7 +27,7 @@ from .schedule_timing import CRON_PATTERN, cron_problem
 from .scheduler import Scheduler
 from .settings import ApiSettings
 from .state import ApiState, database_unavailable
-from .store import ScheduleBackend, is_postgres_url
+from .store import ScheduleBackend, StoreError, is_postgres_url
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +239,10 @@ async def create_schedule(body: ScheduleRequest, request: Request, response: Res
             f"the API holds {sched.capacity} schedules, its maximum (ZFAB_MAX_SCHEDULES): delete one first",
         )
     job = body.job.model_dump(mode="json")
-    rec = await sched.add(job, body.every, body.cron, body.name, body.paused)
+    try:
+        rec = await sched.add(job, body.every, body.cron, body.name, body.paused)
+    except StoreError as exc:  # PostgreSQL away: nothing was made
+        raise database_unavailable(str(exc)) from None
     response.headers["Location"] = f"{request.scope.get('root_path', '')}/schedules/{rec.id}"
     return view(rec)
 
@@ -295,7 +298,10 @@ async def update_schedule(sid: ScheduleId, patch: SchedulePatch, request: Reques
             raise ProblemError(422, "validation", "Invalid request", f"body.{key}: may not be null")
     if ("every" in changes or "cron" in changes) and changes.get("every") is None and changes.get("cron") is None:
         raise ProblemError(422, "validation", "Invalid request", "body: give `every` or `cron` to re-time it")
-    return view(await sched.update(rec, changes))
+    try:
+        return view(await sched.update(rec, changes))
+    except StoreError as exc:
+        raise database_unavailable(str(exc)) from None
 
 
 @router.delete(
@@ -308,5 +314,9 @@ async def update_schedule(sid: ScheduleId, patch: SchedulePatch, request: Reques
 )
 async def delete_schedule(sid: ScheduleId, request: Request, _: Principal) -> Response:
     sched = scheduler_of(request)
-    await sched.delete(await known(sched, sid))
+    rec = await known(sched, sid)
+    try:
+        await sched.delete(rec)
+    except StoreError as exc:
+        raise database_unavailable(str(exc)) from None
     return Response(status_code=204)

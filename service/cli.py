@@ -571,10 +571,10 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     ns = parser.parse_args(argv)
+    from .core.memory import return_large_blocks
     from .errors import SecurityError
 
-    if os.environ.get("ZFAB_SWITCH"):
-        sys.setswitchinterval(float(os.environ["ZFAB_SWITCH"]))
+    return_large_blocks()  # a long-running process moving payloads (core/memory.py)
     try:
         code: int = ns.fn(ns)
     except KeyboardInterrupt:

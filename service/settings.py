@@ -70,6 +70,12 @@ class Settings(BaseSettings):
     worker_recent_bytes: int = Field(
         64 * 1024 * 1024, ge=0, description="Bytes of finished jobs a worker keeps in memory for GET (rest: store)"
     )
+    worker_store_payload_bytes: int = Field(
+        1024 * 1024,
+        ge=0,
+        description="Largest request body or result a worker writes to its job store; larger ones are kept "
+        "in memory only (recent jobs) and a later GET says the result was not kept",
+    )
     client_inflight_bytes: int = Field(
         256 * 1024 * 1024, ge=1024, description="Bytes of request bodies and results one client holds at once"
     )

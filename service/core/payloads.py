@@ -59,6 +59,7 @@ class Word(StrEnum):
     PENDING = "PENDING"  #: worker, 300: queued on the worker
     STARTED = "STARTED"  #: worker, 300/102: running
     NOT_FOUND = "JOB NOT FOUND"  #: worker, 404
+    NOT_KEPT = "RESULT NOT KEPT"  #: worker, 404: finished, but its result was too large to store and has left memory
     CANCELLING = "CANCELLING"  #: worker, 202 to DELETE: the running job was asked to stop
     UNSUPPORTED = "UNSUPPORTED"  #: worker, 400: a command it does not take
 

@@ -306,9 +306,14 @@ def dumps(obj: Any) -> bytes:
     orjson (C, several times the stdlib's speed on the hot path); what it refuses (integers
     past 64 bits) goes through the stdlib, which also writes NaN where orjson writes null."""
     try:
-        return orjson.dumps(obj, default=str, option=orjson.OPT_NON_STR_KEYS)
+        out = orjson.dumps(obj, default=str, option=orjson.OPT_NON_STR_KEYS)
     except (TypeError, orjson.JSONEncodeError):
         return json.dumps(obj, separators=(",", ":"), default=str).encode()
+    # orjson hands back its whole growth buffer (at least 4 KiB; 133 MB for a 10 MB string)
+    # with only the length set: a result, a queued body or a stored event would hold that much
+    # while every byte bound counts len(). A right-sized copy costs 0.4 µs for a job's flags,
+    # 2.6 ms for 10 MB.
+    return bytes(memoryview(out))
 
 
 def loads(raw: bytes | str) -> Any:

@@ -84,6 +84,12 @@ class WorkerCollector(Collector):
                 True,
             ),
             (
+                "zfab_worker_payloads_not_stored_total",
+                "Request bodies and results over ZFAB_WORKER_STORE_PAYLOAD_BYTES, kept in memory only",
+                st["payloads_not_stored"],
+                True,
+            ),
+            (
                 "zfab_worker_handler_errors_total",
                 "Requests a handler failed on (answered 500)",
                 st["handler_errors"],

@@ -58,7 +58,7 @@ class StoredJob:
     task: str
     state: str
     status_code: str | None
-    result: str | None
+    result: bytes | str | None  # bytes; str in rows written before 0.3
 
 
 Op = Callable[[sqlite3.Connection], None]
@@ -77,6 +77,7 @@ class JobStore:
         retention_seconds: float = 7 * 86400,
         retention_count: int = 100_000,
         max_events_per_job: int = 1000,
+        max_payload_bytes: int = 1024 * 1024,
     ) -> None:
         self.path = path
         self.batch = batch
@@ -84,6 +85,10 @@ class JobStore:
         self.retention_count = retention_count
         self.max_events_per_job = max_events_per_job
         self.queue_size = queue_size
+        # Writing a 10 MB body and result to SQLite took two thirds of a worker's time on a 10 MB
+        # echo; a payload that large is delivered and kept among the recent jobs, not stored.
+        self.max_payload_bytes = max_payload_bytes
+        self.payloads_not_stored = 0  # owner and pool threads: a count only, races cost nothing
         # SimpleQueue (C, no Condition per put); the bound is checked by submit, which waits on
         # _room only when the writer is behind.
         self._q: queue.SimpleQueue[tuple[Op, After | None] | None] = queue.SimpleQueue()
@@ -222,7 +227,10 @@ class JobStore:
 
     def insert_op(self, rows: list[tuple[str, bytes, str, bytes, float]]) -> Op:
         """Record received jobs: (uuid, client, task, raw request body, received_at) each."""
-        params = [(u, c, t, body.decode(errors="replace"), ts) for u, c, t, body, ts in rows]
+        # Bodies and results go in as bytes (SQLite keeps them as BLOBs): no decoded copy of a
+        # large payload is made on the way to disk.
+        limit = self.max_payload_bytes
+        params = [r if len(r[3]) <= limit else (*r[:3], self._skip(), r[4]) for r in rows]
 
         def op(conn: sqlite3.Connection) -> None:
             self._inserts_since_prune += len(params)  # writer thread only
@@ -234,19 +242,26 @@ class JobStore:
 
         return op
 
-    def result_op(self, job: Job, status_code: str) -> Op:
+    def _skip(self) -> bytes:
+        self.payloads_not_stored += 1
+        return b""
+
+    def result_op(self, job: Job, status_code: str, result: bytes | None = None) -> Op:
+        """Store a finished job: its result payload, or `result` in its place (over the payload
+        bound, the runner's stand-in that says it was not kept)."""
         # An upsert: the job's result may be written before its receive batch is.
+        request = job.request if len(job.request) <= self.max_payload_bytes else self._skip()
         row = (
             job.uuid,
             job.client,
             job.task,
-            job.request.decode(errors="replace"),
+            request,
             job.state.value,
             job.received_at,
             job.started_at,
             job.completed_at,
             status_code,
-            job.result_payload.decode(),
+            job.result_payload if result is None else result,
         )
 
         def op(conn: sqlite3.Connection) -> None:

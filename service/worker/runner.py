@@ -221,6 +221,9 @@ class JobRunner:
         except TaskArgumentsError as exc:
             self.complete(job, nfp.ST_BAD_REQUEST, None, Outcome.ERROR, [str(exc)])
             return None
+        # The call holds the arguments now; a finished job kept among the recent ones must not
+        # (a 10 MB argument would stay as long as its result does).
+        job.args, job.kwargs = [], {}
         # Kept in memory only: a restart marks every unfinished stored job interrupted, so a
         # per-job "running" write would buy nothing.
         job.state = JobState.RUNNING
@@ -288,7 +291,15 @@ class JobRunner:
         # The result is stored once its frame has gone out (the owner runs `stored` after the
         # send): a worker killed in between leaves no "completed" record whose result nobody got,
         # so a retried attempt is not refused as done.
-        op = self.store.result_op(job, code.decode())
+        kept, kept_code = payload, code
+        if len(payload) > self.store.max_payload_bytes:
+            reason = (
+                f"the result ({len(payload)} bytes) was delivered but is over ZFAB_WORKER_STORE_PAYLOAD_BYTES "
+                f"({self.store.max_payload_bytes}), so the worker kept it in memory only, and it has left"
+            )
+            kept = nfp.dumps(self.status(job.uuid, Word.NOT_KEPT, bytes=len(payload), errors=[reason]))
+            kept_code = nfp.ST_NOT_FOUND
+        op = self.store.result_op(job, kept_code.decode(), kept)
 
         def stored() -> None:
             try:

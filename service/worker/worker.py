@@ -99,6 +99,7 @@ class Worker:
             retention_seconds=s.job_retention_seconds,
             retention_count=s.job_retention_count,
             max_events_per_job=s.max_events_per_job,
+            max_payload_bytes=s.worker_store_payload_bytes,
         )
         self.loop: Transport = (transport or OwnerLoop)(
             self,
@@ -324,6 +325,7 @@ class Worker:
             "jobs_busy": self.counts["busy"],
             "jobs_dropped": self.runner.counts["dropped"],
             "results_oversize": self.runner.counts["oversize"],
+            "payloads_not_stored": self.store.payloads_not_stored,
             "handler_errors": self.counts["handler_errors"],
             "frames_rejected": self.counts["rejected_frames"],
             "reconnects": self.loop.stats.reconnects,
@@ -455,7 +457,8 @@ class Worker:
             if found is None:
                 status, payload = nfp.ST_NOT_FOUND, nfp.dumps(self.runner.status(uuid, Word.NOT_FOUND))
             elif found.result is not None:
-                status, payload = (found.status_code or "200").encode(), found.result.encode()
+                r = found.result
+                status, payload = (found.status_code or "200").encode(), r.encode() if isinstance(r, str) else r
             else:
                 status, payload = nfp.ST_PENDING, nfp.dumps(self.runner.status(uuid, Word.PENDING))
             self.runner.send(nfp.worker_reply(nfp.RESPONSE, msg.client, msg.uuid, status, payload))

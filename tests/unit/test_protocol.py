@@ -525,3 +525,22 @@ def test_any_frames_at_all_never_escape_any_decoder_as_another_exception(frames:
             decoder(frames)
         except nfp.ProtocolError as exc:
             assert exc.reason in REASONS
+
+
+def test_dumps_returns_a_right_sized_buffer() -> None:
+    """orjson hands back its whole growth buffer; what the fabric keeps must cost what len() says."""
+    import tracemalloc
+
+    data = "x" * 1_000_000
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        out = nfp.dumps({"w": {"result": data}})
+        held = tracemalloc.get_traced_memory()[0] - before
+        before = tracemalloc.get_traced_memory()[0]
+        small = [nfp.dumps({"push": True, "task": "echo"}) for _ in range(1000)]
+        held_small = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(out) > 1_000_000 and held < len(out) * 1.1  # untrimmed: 13 MB
+    assert len(small) == 1000 and held_small < 200_000  # untrimmed: 4 MB

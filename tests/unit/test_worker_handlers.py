@@ -233,6 +233,36 @@ def test_a_result_over_the_message_limit_becomes_a_failure_that_says_so(tmp_path
         w.stop(drain=0)
 
 
+def test_a_payload_over_the_store_bound_is_delivered_but_not_stored_and_a_later_get_says_so(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    s = Settings(data_dir=str(tmp_path), worker_store_payload_bytes=2000, worker_recent_bytes=0, pool_size=1)
+    w = DemoWorker(name="w1", settings=s, transport=StubTransport(clock), clock=clock).start()
+    try:
+        stub(w).take()
+        job(w, nfp.POST, b"big", {"task": "echo", "kwargs": {"data": "x" * 3000}})
+        got = collect(w, final(b"big"))
+        ((entry,),) = [list(p.values()) for c, u, st, p in got if c == nfp.RESPONSE and st == nfp.ST_OK]
+        assert entry["result"] == "x" * 3000 and entry["failed"] is False  # delivered whole
+        job(w, nfp.POST, b"small", {"task": "echo", "kwargs": {"data": "y"}})  # pushes `big` out of memory
+        collect(w, final(b"small"))
+        job(w, nfp.POST, b"small2", {"task": "echo", "kwargs": {"data": "z"}})  # and `small` too
+        collect(w, final(b"small2"))
+        assert w.jobs.get("big") is None and w.jobs.get("small") is None
+        job(w, nfp.GET, b"big")
+        job(w, nfp.GET, b"small")
+        got = collect(w, lambda g: {u for c, u, _, _ in g if c == nfp.RESPONSE} >= {b"big", b"small"})
+        by_uuid = {u: (st, p) for c, u, st, p in got if c == nfp.RESPONSE}
+        st, p = by_uuid[b"big"]
+        assert st == nfp.ST_NOT_FOUND and p["status"] == "RESULT NOT KEPT" and p["bytes"] > 3000
+        assert "ZFAB_WORKER_STORE_PAYLOAD_BYTES" in p["errors"][0]
+        st, p = by_uuid[b"small"]
+        assert st == nfp.ST_OK and p["w1"]["result"] == "y"  # small ones come back from the store
+        assert w.stats()["payloads_not_stored"] == 2  # the request body and the result of `big`
+    finally:
+        w.stop(drain=0)
+
+
 def test_the_brokers_meta_frame_shortens_the_deadline_by_the_time_queued(worker: DemoWorker) -> None:
     stub(worker).take()
     body = nfp.dumps({"task": "sleep", "kwargs": {"seconds": 2}, "timeout": 60})

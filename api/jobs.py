@@ -97,8 +97,12 @@ def admission_problem(exc: ZfabError, uuid: str) -> ProblemError:
     return from_fabric_error(exc, uuid)
 
 
-def submit_record(st: ApiState, req: JobRequest, uuid: str | None, fp: str, *, resubmit: bool = False) -> JobRecord:
-    """Submit a job to the fabric and remember it in the table (POST /jobs, schedules, recovery)."""
+def submit_record(
+    st: ApiState, req: JobRequest, uuid: str | None, fp: str, *, resubmit: bool = False, persist: bool = True
+) -> JobRecord:
+    """Submit a job to the fabric and remember it in the table (POST /jobs, schedules, recovery).
+
+    `persist=False`: not written until it changes (an event, its end) or the caller touches it."""
     if not st.client.broker_alive:
         raise unavailable(f"the broker at {st.client.broker} is not answering; retry shortly")
     juuid = uuid or new_job_uuid()
@@ -121,7 +125,7 @@ def submit_record(st: ApiState, req: JobRequest, uuid: str | None, fp: str, *, r
     except ZfabError as exc:
         raise from_fabric_error(exc) from None
     rec = JobRecord(fut.uuid, req.service, req.task, req.workers, fut, fp, req.timeout, request=req)
-    table.add(rec)
+    table.add(rec, persist=persist)
     return rec
 
 
@@ -207,30 +211,25 @@ async def submit_job(
     fresh = rec is None or rec.refused()
     if rec is not None and fresh and rec.remote:
         rec, fresh = await take_refused(st, rec)
-    durable = None
+    bound = wait_bound(wait, prefer, st.settings.default_wait_max)
+    # Shared store: a job this POST waits for is written when it ends (or when the wait does), not also
+    # when it starts: one write per quick job instead of two, and nobody else knows its uuid meanwhile.
+    deferred = rp is not None and bound is not None and st.persister is not None
     if rec is None or fresh:
         try:
             await check_job(st.schemas, st.client, req)
-            rec = submit_record(st, req, uuid, fp)
+            rec = submit_record(st, req, uuid, fp, persist=not deferred)
         except Exception:
             if claimed and uuid is not None:
                 await release(st, uuid)
             raise
-        if st.persister is not None and rp is not None:
-            durable = st.persister.durable(rec.uuid)  # registered before any await: the write is still ahead
     elif not rec.remote:
         await ensure_live(st, rec)
     if not rec.remote:
         await admitted(rec)
-    if durable is not None:
-        try:
-            await asyncio.wait_for(durable, DURABLE_TIMEOUT)
-        except TimeoutError:
-            pass  # the job runs; its row follows when the database takes it (the persister retries)
-    bound = wait_bound(wait, prefer, st.settings.default_wait_max)
     if bound is not None:
         rec = await await_job(st, rec, bound)
-    await settled(st, rec)
+    await settled(st, rec, started=fresh)
     _applied(request, response, bound)
     view = rec.view(tracebacks=st.settings.api_expose_tracebacks)
     response.headers["Location"] = f"{request.scope.get('root_path', '')}/jobs/{rec.uuid}"
@@ -313,17 +312,21 @@ async def release(st: ApiState, uuid: str) -> None:
             log.warning("api: could not release the row of job %s: %s", uuid, exc)
 
 
-async def settled(st: ApiState, rec: JobRecord) -> None:
-    """Shared store: before answering that one of our jobs finished, let its final row commit, so that
-    any replica asked next answers the same (a few milliseconds: the persister's next batch)."""
-    if st.replicas is None or st.persister is None or rec.remote or not rec.done or rec.final_written:
-        return
+async def settled(st: ApiState, rec: JobRecord, *, started: bool = False) -> None:
+    """Shared store: before answering about one of our jobs, let its row commit so that any replica asked
+    next answers the same (a few milliseconds: the persister's next batch). A finished job waits for its
+    final row; one this request `started`, for its first (POST /jobs answers once any replica finds it)."""
+    if st.replicas is None or st.persister is None or rec.remote or rec.live is None or rec.final_written:
+        return  # (a job known from the database only is what the database says)
     if not st.replicas.ok:  # the write waits for the database to come back: answer now
         return
-    if rec.live is None:  # known from the database only: it is what the database says
+    if not rec.done and not started:
         return
+    if not rec.done:
+        st.jobs.touch(rec.uuid)  # (deferred while the POST waited for it: see submit_job)
     with suppress(TimeoutError):
-        await asyncio.wait_for(st.persister.durable(rec.uuid, final=True), DURABLE_TIMEOUT)
+        async with asyncio.timeout(DURABLE_TIMEOUT):  # (not wait_for: no task per request)
+            await st.persister.durable(rec.uuid, final=rec.done)
 
 
 async def await_job(st: ApiState, rec: JobRecord, bound: float) -> JobRecord:

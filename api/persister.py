@@ -24,7 +24,9 @@ from .store import JobStore, StoreError
 log = logging.getLogger(__name__)
 
 FLUSH_DELAY = 0.1  # SQLite: what a batch gathers
-SHARED_FLUSH_DELAY = 0.002  # PostgreSQL: a short gather, since a POST waits for its row
+# PostgreSQL: no gathering pause, since a POST waits for its row; jobs that change while a write is in
+# flight (most of them, under load) gather for the next one anyway.
+SHARED_FLUSH_DELAY = 0.002
 STATE_SWEEP = 0.25  # shared store: how often a state change without an event (queued -> running) is looked for
 RETRY_MAX = 5.0
 

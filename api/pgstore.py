@@ -51,16 +51,26 @@ INSERT INTO jobs (uuid, broker, service, task, target, state, workers, fingerpri
                   completed_at, job, request, owner, bytes)
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 """
-UPSERT: LiteralString = (
-    INSERT_JOB
-    + """ON CONFLICT (uuid) DO UPDATE SET state = excluded.state, workers = excluded.workers,
-    completed_at = excluded.completed_at, job = excluded.job, owner = excluded.owner, bytes = excluded.bytes,
-    updated_at = now()"""
-)
 CLAIM: LiteralString = INSERT_JOB + "ON CONFLICT (uuid) DO NOTHING RETURNING uuid"
-INSERT_EVENT: LiteralString = (
-    "INSERT INTO job_events (job_uuid, seq, event, bytes) VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
+JOB_FIELDS: LiteralString = (
+    "uuid, broker, service, task, target, state, workers, fingerprint, timeout, submitted_at, completed_at, job, "
+    "request, owner, bytes"
 )
+# A batch of rows and events as arrays, upserted in one statement whose last step notifies their uuids.
+WRITE: LiteralString = (
+    "WITH r AS (SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], "
+    "%s::text[], %s::text[], %s::float8[], %s::float8[], %s::float8[], %s::text[], %s::text[], %s::text[], "
+    "%s::int8[]) AS t(" + JOB_FIELDS + ")), "
+    "up AS (INSERT INTO jobs (" + JOB_FIELDS + ") SELECT " + JOB_FIELDS + " FROM r "
+    "ON CONFLICT (uuid) DO UPDATE SET state = excluded.state, workers = excluded.workers, "
+    "completed_at = excluded.completed_at, job = excluded.job, owner = excluded.owner, bytes = excluded.bytes, "
+    "updated_at = now() RETURNING uuid), "
+    "ev AS (INSERT INTO job_events (job_uuid, seq, event, bytes) "
+    "SELECT * FROM unnest(%s::text[], %s::int4[], %s::text[], %s::int4[]) ON CONFLICT DO NOTHING) "
+    "SELECT pg_notify(%s, string_agg(uuid, ',')) FROM up"
+)
+INLINE_ROWS = 16  # batches up to this many rows are made on the event loop
+WRITE_BATCH = 200  # rows per statement: their uuids fit one NOTIFY payload (8000 bytes)
 
 
 def notify_payloads(ids: Sequence[str]) -> list[str]:
@@ -213,30 +223,40 @@ class PgJobStore:
         return rec
 
     async def write(self, records: Sequence[JobRecord], broker: str) -> None:
-        rows = await asyncio.to_thread(lambda: [written(r, broker, self.owner) for r in records])
-        async with self.db.connection() as conn, conn.transaction():
-            cur = conn.cursor()
-            await cur.executemany(UPSERT, [w.row for w in rows])
-            events = [e for w in rows for e in w.events]
-            if events:
-                await cur.executemany(INSERT_EVENT, events)
+        # Rows of a small batch are made on the loop: a thread hop costs more than a few model dumps.
+        make = [written(r, broker, self.owner) for r in records] if len(records) <= INLINE_ROWS else None
+        rows = (
+            make
+            if make is not None
+            else await asyncio.to_thread(lambda: [written(r, broker, self.owner) for r in records])
+        )
+        for start in range(0, len(rows), WRITE_BATCH):
+            await self._write(rows[start : start + WRITE_BATCH])
+        if time.monotonic() - self._pruned_at >= PRUNE_EVERY:
+            self._pruned_at = time.monotonic()
+            await self.prune()
+
+    async def _write(self, rows: list[Written]) -> None:
+        """One statement, so one round trip and one implicit transaction: the rows, their new events,
+        and the NOTIFY naming them (delivered at commit). Trimming a job's events, when due, follows."""
+        # Lists, not tuples: psycopg sends a list as an array (a tuple would be a record).
+        columns = [list(c) for c in zip(*(w.row for w in rows), strict=True)]
+        events = [e for w in rows for e in w.events]
+        ev_columns: list[list[Any]] = [list(c) for c in zip(*events, strict=True)] if events else [[], [], [], []]
+        async with self.db.connection() as conn:
+            await conn.execute(WRITE, (*columns, *ev_columns, JOBS_CHANNEL))
             for w in rows:
                 if w.events and w.total > EVENTS_PER_JOB:
-                    await cur.execute(
+                    await conn.execute(
                         "DELETE FROM job_events WHERE job_uuid = %s AND seq <= %s",
                         (w.rec.uuid, w.total - EVENTS_PER_JOB),
                     )
                 if w.events and w.event_bytes > EVENT_BYTES_PER_JOB:
-                    w.event_bytes = await self._trim_event_bytes(cur, w.rec.uuid)
-            for payload in notify_payloads([w.rec.uuid for w in rows]):
-                await cur.execute("SELECT pg_notify(%s, %s)", (JOBS_CHANNEL, payload))
+                    w.event_bytes = await self._trim_event_bytes(conn.cursor(), w.rec.uuid)
         for w in rows:
             w.rec.events_written = max(w.rec.events_written, w.total)
             w.rec.event_bytes = w.event_bytes
             w.rec.owner = self.owner
-        if time.monotonic() - self._pruned_at >= PRUNE_EVERY:
-            self._pruned_at = time.monotonic()
-            await self.prune()
 
     @staticmethod
     async def _trim_event_bytes(cur: psycopg.AsyncCursor[tuple[Any, ...]], uuid: str) -> int:

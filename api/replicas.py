@@ -82,6 +82,7 @@ class Replicas:
         self._tasks: list[asyncio.Task[None]] = []
         self._running: set[asyncio.Task[None]] = set()
         self._listening = asyncio.Event()
+        self._failing = False
 
     @property
     def ok(self) -> bool:
@@ -134,13 +135,18 @@ class Replicas:
             await asyncio.sleep(self.interval)
             try:
                 await self._beat()
+                if self._failing:
+                    self._failing = False
+                    log.info("api replicas: the database answers again")
                 await self._adopt_orphans()
                 if self.on_beat is not None:
                     await self.on_beat()
                 if self.beats % 30 == 0:
                     await self._housekeeping()
             except StoreError as exc:
-                log.warning("api replicas: heartbeat failed: %s", exc)
+                if not self._failing:  # once per outage, not every beat
+                    log.warning("api replicas: heartbeat failed (retrying): %s", exc)
+                self._failing = True
             except Exception:
                 log.exception("api replicas: heartbeat failed")
 

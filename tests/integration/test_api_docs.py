@@ -39,7 +39,7 @@ def test_docs_and_redoc_load_only_packaged_assets() -> None:
         linked |= set(LINK.findall(r.text))
     assert "validatorUrl" in pages["/docs"].text  # Swagger UI's validator badge (an outside image) is off
     assert linked == {f"{STATIC_URL}/{name}" for name in ASSETS}, linked
-    assets = asyncio.run(fetch(sorted(linked) + ["/openapi.json"]))
+    assets = asyncio.run(fetch([*sorted(linked), "/openapi.json"]))
     for path, r in assets.items():
         assert r.status_code == 200, path
         suffix = path[path.rfind(".") :]

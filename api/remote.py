@@ -40,6 +40,9 @@ async def place(st: ApiState, rec: JobRecord) -> JobRecord:
     """Decide what a job read from the shared store is to us (see the module's doc)."""
     rp = st.replicas
     assert rp is not None
+    held = st.jobs.get(rec.uuid)
+    if held is not None:  # ours, and in memory (e.g. adopted by the heartbeat meanwhile): that one is live
+        return held
     if rec.owner == rp.id or rec.done:
         rec.remote = rec.owner != rp.id
         if not rec.done:  # ours but not in memory (the table let it go): hold it again, it is live

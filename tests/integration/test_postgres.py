@@ -252,9 +252,10 @@ def test_a_schedule_fires_once_per_tick_across_replicas(two: Replicas, pg: pgser
     window = time.monotonic() - t0
     fired = pg.sql(two.url, "SELECT fired_at FROM schedule_jobs WHERE schedule_id = %s ORDER BY fired_at", (sid,))
     times = [float(str(t[0])) for t in fired]
-    # One firing per one-second slot: never two for the same tick, whichever replica fired it
-    assert all(b - a > 0.5 for a, b in itertools.pairwise(times)), times
-    assert 5 <= len(times) <= window + 1
+    # One firing per one-second slot, whichever replica fired it: two replicas both firing would make
+    # about twice as many as the slots between the first and the last
+    assert 5 <= len(times) <= (times[-1] - times[0]) + 1.5 and len(times) <= window + 1, times
+    assert min(b - a for a, b in itertools.pairwise(times)) > 0.2, times
     wait_for(lambda: worker_jobs(two.worker_metrics) >= before + len(times), 5, what="every firing ran")
     assert two.a.get(f"/schedules/{sid}").status_code == 404  # deleted on B: gone on A too
     settled = worker_jobs(two.worker_metrics)

@@ -209,9 +209,10 @@ class ZapHandler:
 
         if mechanism != b"CURVE" or not creds:
             return reply(b"400", "CURVE required")
+        # Every handshake looks for changes (at most once a second), not only an unknown key's:
+        # a key added since is accepted, and a key removed since admits no new connection.
+        self.rescan(time.monotonic())
         peer = self.keys.get(creds[0])
-        if peer is None and self.rescan(time.monotonic()):
-            peer = self.keys.get(creds[0])  # a key added since: accepted without a restart
         if peer is None:
             return reply(b"400", "unknown public key")
         # ZAP does not see the peer's identity: the broker checks worker names per frame

@@ -10,7 +10,9 @@
 #   add NAME [PATTERN]   a new key pair in NAME/ with a copy of broker.key, for a worker or a client
 #                        on another host; the broker accepts it at once, no restart. PATTERN is the
 #                        worker name or `prefix-*` the key may register as; without it, a client key
-#                        (an API, `zfab run`), which can register no worker.
+#                        (an API, `zfab run`), which can register no worker. NAME/ belongs to the
+#                        image's user; `-e ZFAB_CURVE_OWNER=$(id -u):$(id -g)` gives it to you instead
+#                        (a key for zfab outside a container).
 #   revoke NAME          remove broker/clients/NAME.key: no new connection with that key is accepted
 #                        (a connection open already stays until it closes; restart the broker to cut
 #                        every one)
@@ -27,7 +29,8 @@
 # user (uid 10001), who must read them in the containers.
 set -eu
 umask 022
-OWNER=${ZFAB_CURVE_OWNER:-10001:10001}
+IMAGE_USER=10001:10001
+OWNER=${ZFAB_CURVE_OWNER:-$IMAGE_USER}
 cd /curve
 
 say() { echo "curve-keys: $*"; }
@@ -59,6 +62,7 @@ valid_name() {
 cmd=${1:-init}
 case "$cmd" in
     init)
+        OWNER=$IMAGE_USER # the stack's own keys are read in its containers
         if [ ! -e broker/broker.key_secret ]; then
             pair broker broker
         fi
@@ -76,14 +80,14 @@ case "$cmd" in
             # a broker key made again later reaches every container that needs it
             cmp -s broker/broker.key "$d/broker.key" || { cp broker/broker.key "$d/broker.key"; chown "$OWNER" "$d/broker.key"; }
         done
-        chown -R "$OWNER" broker/clients
+        chown -R "$IMAGE_USER" broker/clients
         ;;
     add)
         valid_name "${2:-}"
         [ -e broker/broker.key ] || { say "no broker/broker.key yet: run \`up\` (or \`run --rm keys init\`) first"; exit 1; }
         pair "$2" "$2" "${3:-}"
         allow "$2" "$2"
-        chown -R "$OWNER" broker/clients
+        chown -R "$IMAGE_USER" broker/clients
         say "copy $2/ to the other host: $2.key_secret (ZFAB_CURVE_SECRET), broker.key (ZFAB_CURVE_SERVER_KEY)"
         ;;
     revoke)

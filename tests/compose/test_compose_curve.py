@@ -28,6 +28,7 @@ import os
 import secrets
 import socket
 import struct
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -238,9 +239,10 @@ class Stack:
             run(["docker", "rm", "-f", *cids], timeout=60)
             self.extra = {tag: c for tag, c in self.extra.items() if c not in cids}
 
-    def keys(self, *args: str) -> str:
+    def keys(self, *args: str, owner: str | None = None) -> str:
         """`docker compose ... run --rm keys ARGS`, as the docs tell a user to add or revoke a key."""
-        r = self.project.compose("run", "--rm", "-T", "keys", *args, timeout=120)
+        env = ["-e", f"ZFAB_CURVE_OWNER={owner}"] if owner else []
+        r = self.project.compose("run", "--rm", "-T", *env, "keys", *args, timeout=120)
         return r.stdout
 
     def broker_state(self) -> tuple[str, str, int]:
@@ -443,6 +445,32 @@ def test_a_job_over_rest_is_computed_in_a_worker_container_and_no_job_data_cross
     expect.verify()
 
 
+@pytest.mark.timeout(180)
+def test_the_published_broker_port_answers_only_a_curve_client_with_an_accepted_key(stack: Stack) -> None:
+    p, expect = stack.project, Expect()
+    zfab = str(Path(sys.executable).with_name("zfab"))
+    broker = f"tcp://127.0.0.1:{p.ports['ZFAB_BROKER_PORT']}"
+    mmi = [zfab, "mmi", "show_workers", "--broker", broker, "--timeout", "3"]
+    # A client key for zfab on the host, owned by whoever runs it (the docs' `add ops`)
+    stack.keys("add", "ops", owner=f"{os.getuid()}:{os.getgid()}")
+    ops = stack.curve / "ops"
+    t = time.monotonic()
+    r = run([*mmi, "--curve-secret", str(ops / "ops.key_secret"), "--curve-server-key", str(ops / "broker.key")], 60)
+    stack.report.time("zfab mmi from the host over CURVE (key added just before)", time.monotonic() - t)
+    rows = json.loads(r.stdout) if r.returncode == 0 and r.stdout.strip().startswith("[") else []
+    names = {str(w.get("name")) for w in rows if isinstance(w, dict)}
+    expect.that(r.returncode == 0 and names == alive(p), f"zfab mmi with the ops key -> rc {r.returncode}: {tail(r)}")
+    r = run(mmi, 60)  # plain NFP: the mechanisms differ, the broker never answers
+    expect.that(r.returncode != 0, f"zfab mmi without CURVE answered: {tail(r)}")
+    foreign = stack.curve.parent / "foreign"
+    create_keys(foreign, "foreign")
+    r = run(
+        [*mmi, "--curve-secret", str(foreign / "foreign.key_secret"), "--curve-server-key", str(ops / "broker.key")], 60
+    )
+    expect.that(r.returncode != 0, f"zfab mmi with a key the broker never saw answered: {tail(r)}")
+    expect.verify()
+
+
 @pytest.mark.timeout(300)
 def test_workers_without_an_accepted_key_are_refused_never_register_and_the_broker_keeps_serving(
     stack: Stack, tmp_path: Path
@@ -497,7 +525,7 @@ def test_workers_without_an_accepted_key_are_refused_never_register_and_the_brok
         expect.that(state == "running", f"{name}: container {state} (it should keep trying)")
         expect.that(ready_inside(cid) != 0, f"{name} reports itself ready (registered)")
     stack.report.notes.append(
-        "refused: "
+        "refused, as set up: "
         + ", ".join(
             f"{n} ({why})"
             for n, why in (

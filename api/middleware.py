@@ -181,6 +181,10 @@ class HeadMiddleware:
             if ended.is_set():
                 return
             if message["type"] == "http.response.start":
+                # The server must see HEAD again before the answer starts: uvicorn's httptools
+                # protocol reads the method from the scope to leave the body (and a chunked
+                # terminator) out; h11 remembers the request's method itself.
+                scope["method"] = "HEAD"
                 await send(message)
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 ended.set()

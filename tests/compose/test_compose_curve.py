@@ -12,7 +12,8 @@ register, while the broker keeps serving; a new worker key added with `run --rm 
 broker runs admits a worker "on another host" (a `docker run` container on the compose network, as
 docs/deploy.md tells a second host to run it), which registers and runs a job, the broker container
 never restarted; the key revoked, a new connection with it is refused (a connection open already stays
-until it closes). `docker compose down -v` at the end whatever happened; timings are printed.
+until it closes: last, a broker restart cuts one off). `docker compose down -v` at the end whatever
+happened; timings are printed.
 
 Stand-ins: as in test_compose_real.py (tools/ci/images.sh builds the registry images locally). Test
 traffic goes only to 127.0.0.1 (published ports) and between containers on the compose network. Where
@@ -610,4 +611,33 @@ def test_a_revoked_key_admits_no_new_connection(stack: Stack) -> None:
     echo(p, "after the revocation", timeout=30)
     after = stack.broker_state()
     expect.that(after[1:] == stack.broker_started, f"the broker restarted: {stack.broker_started} -> {after[1:]}")
+    expect.verify()
+
+
+@pytest.mark.timeout(300)
+def test_revoke_then_restart_the_broker_cuts_off_a_connection_made_before_the_revocation(stack: Stack) -> None:
+    p, expect = stack.project, Expect()
+    stack.keys("add", "hostc", "demo-hostc-*")
+    env = {"ZFAB_CURVE_SECRET": "/curve/hostc.key_secret", "ZFAB_CURVE_SERVER_KEY": "/curve/broker.key"}
+    cid = stack.docker_run_worker("hostc-1", "demo-hostc-1", {stack.curve / "hostc": "/curve"}, env)
+    poll("demo-hostc-1 alive in GET /mmi/workers", 60, lambda: "demo-hostc-1" in alive(p), 0.5)
+    before = alive(p)
+    stack.keys("revoke", "hostc")
+    time.sleep(1.5)
+    expect.that("demo-hostc-1" in alive(p), "demo-hostc-1 dropped at the revocation (docs: it stays until it closes)")
+    since = time.time() - 1
+    t = time.monotonic()
+    p.compose("restart", "broker", timeout=120)
+    others = before - {"demo-hostc-1"}
+    poll(f"{sorted(others)} back in MMI after the broker restart", 90, lambda: others <= alive(p), 1.0)
+    stack.report.time("revoke + restart broker -> the other workers back", time.monotonic() - t)
+    ip = ip_of(cid, stack.network)
+    poll("the broker to refuse demo-hostc-1's reconnection", 60, lambda: refusal_logged(stack, ip, since), 0.5)
+    stack.report.time("revoke + restart broker -> demo-hostc-1 refused", time.monotonic() - t)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        expect.that("demo-hostc-1" not in alive(p), "demo-hostc-1 came back with a revoked key")
+        time.sleep(1)
+    echo(p, "after the broker restart", timeout=60)
+    expect.that(ready_inside(cid) != 0, "demo-hostc-1 reports itself registered")
     expect.verify()

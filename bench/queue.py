@@ -31,7 +31,7 @@ from typing import Any
 from bench.common import percentile, report, wait_for
 from bench.harness import Fabric, wait_mmi_workers
 
-PREFETCHES = (0, 1, 4, 16, 64)
+PREFETCHES = (0, 1, 4, 16, 64, -1)  # -1: adaptive (ADAPTIVE, below)
 
 
 def _client(fab: Fabric, name: str, **kw: Any) -> Any:
@@ -75,8 +75,19 @@ def _short_burst(c: Any, n: int) -> list[float]:
     return ends
 
 
+ADAPTIVE = -1  # ZFAB_WORKER_PREFETCH unset: the worker sizes it from its run times (the default)
+
+
+def _prefetch_env(prefetch: int) -> dict[str, str]:
+    return {} if prefetch == ADAPTIVE else {"ZFAB_WORKER_PREFETCH": str(prefetch)}
+
+
+def _label(prefetch: int) -> str:
+    return "adaptive" if prefetch == ADAPTIVE else f"{prefetch:>2}"
+
+
 def head_of_line(tmp: str, prefetch: int, trials: int) -> dict[str, float]:
-    env = {"ZFAB_POOL_SIZE": "1", "ZFAB_WORKER_PREFETCH": str(prefetch)}
+    env = {"ZFAB_POOL_SIZE": "1", **_prefetch_env(prefetch)}
     times, long_first = [], []
     with Fabric(tmp) as fab:
         fab.start_broker()
@@ -150,7 +161,7 @@ def sweep(tmp: str, n: int, seq_n: int) -> dict[int, dict[str, float]]:
         with _client(fab, "sweep") as c:
             for p in PREFETCHES:
                 name = f"pf-{p}"
-                fab.start_worker(name, ZFAB_WORKER_PREFETCH=str(p), ZFAB_POOL_SIZE="4")
+                fab.start_worker(name, ZFAB_POOL_SIZE="4", **_prefetch_env(p))
                 wait_mmi_workers(c, 1, service="demo")
                 for i in range(100):
                     c.run_job("demo", "echo", kwargs={"data": i}, timeout=10)
@@ -173,9 +184,10 @@ def run(quick: bool = False) -> dict[str, Any]:
         print("-- head-of-line: 6 short jobs (sleep 0.2) while a long one (sleep 3) holds one of two "
               "single-thread workers", flush=True)
         trials = 1 if quick else 3
-        hol = {p: head_of_line(f"{tmp}/hol{p}", p, trials) for p in ((0, 4) if quick else (0, 1, 4))}
+        kinds = (0, 4, ADAPTIVE) if quick else (0, 1, 4, ADAPTIVE)
+        hol = {p: head_of_line(f"{tmp}/hol{p}", p, trials) for p in kinds}
         for p, r in hol.items():
-            report(f"6 short jobs, prefetch {p}", r["s"], "s", 1.2, False, vs="ideal 1.2 s")
+            report(f"6 short jobs, prefetch {_label(p).strip()}", r["s"], "s", 1.2, False, vs="ideal 1.2 s")
             print(f"   short jobs that waited behind the long one: {r['behind']:.0f} of 6 "
                   "(ideal: 6 x 0.2 s back to back on the free worker)", flush=True)
         out["hol"] = hol
@@ -194,9 +206,10 @@ def run(quick: bool = False) -> dict[str, Any]:
         sw = sweep(f"{tmp}/sweep", 2000 if quick else 8000, 200 if quick else 500)
         base = sw[0]["jps"]
         for p, r in sw.items():
-            report(f"prefetch {p:>2}: pipelined", r["jps"], "/s", base, vs="prefetch 0")
-            report(f"prefetch {p:>2}: sequential p50", r["seq_p50_ms"], "ms")
-        print("   the worker's credits are pool 4 + prefetch", flush=True)
+            report(f"prefetch {_label(p)}: pipelined", r["jps"], "/s", base, vs="prefetch 0")
+            report(f"prefetch {_label(p)}: sequential p50", r["seq_p50_ms"], "ms")
+        print("   the worker's credits are pool 4 + prefetch; adaptive (the default) sizes the prefetch from "
+              "the worker's run times", flush=True)
         out["sweep"] = sw
     return out
 

@@ -38,9 +38,10 @@ from .task import TaskSpec, build_spec, is_task, task
 log = logging.getLogger(__name__)
 
 RECENT_JOBS = 10_000  # finished jobs kept in memory for fast GET; older ones are read from the store
-ADAPTIVE_START = 4  # prefetch before any job ran
+ADAPTIVE_START = 0  # prefetch before any job ran: none until run times say jobs are short
 ADAPTIVE_MAX = 64
 ADAPTIVE_BACKLOG = 0.05  # seconds of waiting work per pool thread the adaptive prefetch aims at
+CREDITS_RECHECK = 0.1  # seconds between checks of the adaptive credits while jobs arrive
 DROPPED = "not started: the broker gave this job up (it lost contact with this worker), so it did not run here"
 
 
@@ -82,6 +83,7 @@ class Worker:
         self.credits = 0
         self._credit_time = 0.0
         self.keepalive = KeepAlive(s.keepalive_interval, s.keepalive_multiplier, clock)
+        self._credits_checked = 0.0
         self.jobs = RecentJobs(max_count=RECENT_JOBS, max_bytes=s.worker_recent_bytes)  # owner adds and trims
         self._received = 0  # owner thread only
         # Set while the worker is in touch with its broker. A pool thread waits on it before it
@@ -217,6 +219,19 @@ class Worker:
         self.credits = self.compute_credits()  # the broker takes the new count from the stats
         self.loop.send_now(nfp.worker_control(nfp.KEEPALIVE, self._service_b, nfp.dumps(self.stats())))
         self.keepalive.mark_sent()
+
+    def _follow_run_times(self) -> None:
+        """Adaptive prefetch: tell the broker at once (a keepalive with the stats, at most every
+        CREDITS_RECHECK s) when the credits moved by half or more, instead of at the next
+        keepalive: a fresh worker given short jobs reaches its 64 in a fraction of a second, and
+        one whose jobs turned long stops hoarding them."""
+        now = self.keepalive.clock()
+        if now - self._credits_checked < CREDITS_RECHECK:
+            return
+        self._credits_checked = now
+        new = self.compute_credits()
+        if new * 2 >= self.credits * 3 or new * 3 <= self.credits * 2:
+            self._send_keepalive()
 
     def compute_credits(self) -> int:
         """Pool size + prefetch (+ async slots). An unset ZFAB_WORKER_PREFETCH adapts: short jobs get
@@ -414,6 +429,8 @@ class Worker:
             self.contact.set()
         if not self._unstored:
             return
+        if self.settings.worker_prefetch is None:
+            self._follow_run_times()
         batch, self._unstored = self._unstored, []
         rows = [(j.uuid, j.client, j.task, j.request, j.received_at) for j in batch]
         acks = [j for j in batch if j.ack]

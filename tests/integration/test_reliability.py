@@ -207,6 +207,7 @@ def test_delete_ends_a_queued_job_at_once_and_a_running_one_cooperatively(tmp_pa
     with fabric(tmp_path) as f:
         f.broker()
         f.env["ZFAB_POOL_SIZE"] = "1"
+        f.env["ZFAB_WORKER_PREFETCH"] = "1"  # the second job waits on the worker, not in the broker's queue
         f.worker("w1")
         with f.client() as c:
             wait_for(lambda: alive_workers(c) == {"w1"}, 20, what="w1")

@@ -78,7 +78,8 @@ def test_ready_is_the_first_frame_and_keepalives_follow_each_interval(worker: De
     first = stub(worker).take()
     assert first[0][1:4] == [nfp.WORKER, nfp.READY, b"demo"]
     announce = json.loads(first[0][4])
-    assert announce["name"] == "w1" and announce["v"] == 2 and announce["credits"] == 3  # pool 1 + queue 2
+    # credits: pool 1, and the adaptive prefetch starts at 0
+    assert announce["name"] == "w1" and announce["v"] == 2 and announce["credits"] == 1
     assert {"echo", "sleep", "list_tasks"} <= set(announce["tasks"])
     assert announce["tasks"]["add"]["properties"]["a"]["type"] == "number"
     clock.advance(1.0)

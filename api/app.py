@@ -88,7 +88,8 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
                 table.add(rec, persist=False)
             log.info("zfab api: %d jobs from %s", len(table), store.label)
         client_settings = s.model_copy(update={"submit_timeout": min(s.submit_timeout, API_SUBMIT_TIMEOUT)})
-        client = Client(broker=s.broker, name="api", settings=client_settings)
+        # queued_notice=0: a POST answers with the job's state, so the broker says "queued" at once.
+        client = Client(broker=s.broker, name="api", settings=client_settings, queued_notice=0)
         client.start()
         # Merged with the fabric's families: both export zfab_queue_depth, and a family may appear once.
         client_metrics = ClientMetrics(client, registry, register=False)

@@ -20,6 +20,7 @@ MAX_PRIORITY = 9
 DEFAULT_PRIORITY = 5
 MAX_DELAY = 7 * 86_400.0  # a week: further out is a schedule, not a delay
 MAX_TIMEOUT = 7 * 86_400.0
+MAX_NOTICE = 10.0  # seconds a client may ask the broker to wait before it says "queued"
 
 
 class Refusal(Exception):
@@ -76,6 +77,7 @@ def read_job(sender: bytes, req: nfp.ClientRequest, *, now: float, seq: int, def
         # An epoch time from the client: how far ahead it is, on our monotonic clock.
         delay = max(delay, min(MAX_DELAY, not_before - time.time()))
     task = flags.get("task")
+    notice = _number(flags, "notice", 0.0, MAX_NOTICE) or 0.0
     return QueuedJob(
         uuid=req.uuid,
         client=sender,
@@ -95,6 +97,7 @@ def read_job(sender: bytes, req: nfp.ClientRequest, *, now: float, seq: int, def
         # The job's own deadline counts from its delay: a job held 60 s still gets its timeout after.
         deadline=now + delay + timeout,
         timeout=timeout,
+        notice=notice,
     )
 
 

@@ -170,6 +170,7 @@ class Broker(WorkerSide):
         d = self.dispatch
         d.expire(now)
         d.due(now)
+        d.tell_waiting(now)
         if self.grace_until is not None and now >= self.grace_until:
             self.end_grace()
         if now >= self._next_housekeeping:

@@ -21,6 +21,8 @@ from .admission import Refusal, answer
 from .jobqueue import ANY, QueuedJob, Spot
 from .registry import Registry, Route, ServiceRecord, WorkerRecord
 
+MAX_NOTICES = 100_000  # "queued" notices held for later; beyond it a client is told at once
+
 if TYPE_CHECKING:
     from collections import Counter
 
@@ -59,6 +61,9 @@ class Dispatcher:
         self.directed: set[bytes] = set()  # identities of workers with parts waiting for their credits
         self.dirty: set[bytes] = set()  # services whose queue may move (a credit freed, a worker came)
         self.queued_seconds: dict[bytes, Histogram] = {}  # per service: time from admission to dispatch
+        # "queued" notices a client asked to have only if its job still waits by then: (due, seq,
+        # job). Entries of jobs dispatched meanwhile go when due; past MAX_NOTICES, told at once.
+        self.notices: list[tuple[float, int, QueuedJob]] = []
 
     # ---- admission ---------------------------------------------------------------
 
@@ -82,7 +87,12 @@ class Dispatcher:
         self._check_room(svc, job)
         self._enqueue(svc, job, now)
         if job.announce and announce_now:
-            self._tell_queued(job)
+            if job.notice > 0 and len(self.notices) < MAX_NOTICES:
+                # A job dispatched within its notice costs its client no 301 (and, with ack
+                # false, no 202 either): under a pipelined load nearly every job queues briefly.
+                heapq.heappush(self.notices, (now + job.notice, job.seq, job))
+            else:
+                self._tell_queued(job)
 
     def _check_room(self, svc: ServiceRecord, job: QueuedJob) -> None:
         if svc.queue.depth >= self.s.service_queue_size:
@@ -123,6 +133,13 @@ class Dispatcher:
         job.told_queued = True
         depth = self.reg.services[job.service].queue.depth if job.service in self.reg.services else 0
         self.reply(job.client, job.service, job.uuid, nfp.ST_QUEUED, answer(job, Word.QUEUED, depth=depth))
+
+    def tell_waiting(self, now: float) -> None:
+        """Notices that came due: jobs still waiting are told "queued"."""
+        while self.notices and self.notices[0][0] <= now:
+            job = heapq.heappop(self.notices)[2]
+            if not job.told_queued and job.spot is not Spot.GONE and self.queued.get(job.uuid) is job:
+                self._tell_queued(job)
 
     def requeued(self, job: QueuedJob) -> None:
         """A POST repeated for a job that waits: the same answer again (none yet for a job whose
@@ -407,7 +424,7 @@ class Dispatcher:
     def next_deadline(self) -> float | None:
         """The earliest expiry or end of a delay (heap tops only: this runs on every loop turn)."""
         out: float | None = None
-        for heap in (self.expiry, self.delays):
+        for heap in (self.expiry, self.delays, self.notices):
             while heap and heap[0][2].spot is Spot.GONE:
                 heapq.heappop(heap)
             if heap:

@@ -49,6 +49,7 @@ class QueuedJob:
     spot: Spot = Spot.READY
     parts_waiting: int = 0  # DIRECTED: parts still waiting for a credit
     told_queued: bool = False  # the client was told "queued": it learns of the dispatch too
+    notice: float = 0.0  # seconds it may wait before the client is told "queued" (flags "notice")
     client_key: bytes | None = None  # CURVE: the key of the client that submitted it
     workers: list[bytes] = field(default_factory=list)  # names it was fanned out to
 

@@ -49,6 +49,7 @@ class ClientSession:
     clock: Clock
     keepalive: KeepAlive
     poll_after: float
+    queued_notice: float
     counts: dict[str, int]
     _jobs: dict[str, ClientJob]
     _timers: list[tuple[float, str]]
@@ -141,10 +142,16 @@ class ClientSession:
             if job.recheck:
                 job.recheck = False
                 self._reestablish(job)
-            elif now - job.last_heard >= self.poll_after and not (job.told_queued and job.expected is None):
+            elif now - job.last_heard >= self._quiet_after(job) and not (job.told_queued and job.expected is None):
                 self._poll(job)  # a job waiting in the broker's queue is quiet by design: not polled
         with self._lock:
             heapq.heappush(self._timers, (min(job.deadline, now + self.poll_after), job.uuid))
+
+    def _quiet_after(self, job: ClientJob) -> float:
+        # A job the broker has said nothing of yet may be queued: it says so only after the notice.
+        if job.expected is None and "queued" not in job.future.timings:
+            return self.poll_after + float((job.fields or {}).get("notice", 0.0))
+        return self.poll_after
 
     def _poll(self, job: ClientJob) -> None:
         """The job went quiet: ask its workers (GET), or re-send the POST if none is known yet."""

@@ -118,6 +118,37 @@ def test_credits_bound_what_a_worker_holds_and_the_rest_waits_in_the_queue(broke
     assert (b"j2", nfp.ST_DISPATCHED) in [(u, st) for _, u, st, _ in replies(sent)]
 
 
+def test_a_queued_notice_is_sent_only_for_a_job_still_waiting_when_it_comes_due(
+    broker: Broker, clock: FakeClock
+) -> None:
+    # Given a worker with one credit, and three jobs whose client asked for "queued" after 1 s
+    ready(broker, b"w1", credits=1)
+    post(broker, b"j0", notice=1.0)
+    post(broker, b"j1", notice=1.0, ack=False)
+    post(broker, b"j2", notice=1.0)
+    sent = stub(broker).take()
+    assert [u for _, _, u in jobs_sent(sent)] == [b"j0"]
+    assert [st for _, _, st, _ in replies(sent)] == [nfp.ST_DISPATCHED]  # j1 and j2 wait, told nothing yet
+    # When j1 is dispatched within its notice
+    clock.advance(0.5)
+    finish(broker, b"w1", b"j0")
+    sent = stub(broker).take()
+    assert [u for _, _, u in jobs_sent(sent)] == [b"j1"]
+    # Then its client gets no 301 and, with ack false, no 202 either: only the result will come
+    assert [u for _, u, st, _ in replies(sent) if u == b"j1"] == []
+    # And j2, still waiting when its notice comes due, is told "queued" then, once
+    clock.advance(0.49)
+    stub(broker).tick()
+    assert [st for _, _, st, _ in replies(stub(broker).take())] == []
+    clock.advance(0.02)
+    stub(broker).tick()
+    stub(broker).tick()
+    assert [(u, st) for _, u, st, _ in replies(stub(broker).take())] == [(b"j2", nfp.ST_QUEUED)]
+    # and, told it was queued, it learns of its dispatch
+    finish(broker, b"w1", b"j1")
+    assert (b"j2", nfp.ST_DISPATCHED) in [(u, st) for _, u, st, _ in replies(stub(broker).take())]
+
+
 def test_higher_priority_goes_first_then_arrival(broker: Broker) -> None:
     ready(broker, b"w1", credits=1)
     post(broker, b"busy")

@@ -230,8 +230,8 @@ def test_reopening_a_clean_store_interrupts_nothing(path: Path) -> None:
 
 
 def test_retention_by_count_prunes_the_oldest_finished_jobs_and_their_events(path: Path) -> None:
-    # Given a store that keeps two finished jobs, holding four, the oldest with events
-    store = open_store(path, retention_count=2)
+    # Given a store that keeps 1,002 records, holding four finished jobs, the oldest with events
+    store = open_store(path, retention_count=1002)
     try:
         base = time.time() - 100
         for i in range(4):
@@ -242,7 +242,7 @@ def test_retention_by_count_prunes_the_oldest_finished_jobs_and_their_events(pat
         store.submit(store.insert_op([insert_row(f"new-{i}") for i in range(1000)]))
         flush(store)
 
-        # Then only the two newest finished jobs remain; received jobs are never pruned
+        # Then the two oldest finished jobs went (1,004 records), received jobs are never pruned
         remaining = {u: read_now(store, u)[0] is not None for u in ("done-0", "done-1", "done-2", "done-3")}
         assert remaining == {"done-0": False, "done-1": False, "done-2": True, "done-3": True}
         assert read_now(store, "new-0")[0] is not None

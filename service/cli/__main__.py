@@ -1,0 +1,7 @@
+"""`python -m service.cli`: the `zfab` command."""
+
+import sys
+
+from .main import main
+
+sys.exit(main())

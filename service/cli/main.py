@@ -1,0 +1,125 @@
+"""The `zfab` parser (commands of other packages join through the zfab.commands entry points) and
+main: a mistake the user can fix is one line on stderr and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata
+import logging
+import sys
+
+from .client import cmd_healthcheck, cmd_keys, cmd_mmi, cmd_run
+from .common import EXIT_USAGE, UsageError, common_flags, curve_flags, metrics_flags, setting_error, version
+from .local import cmd_up
+from .roles import cmd_broker, cmd_worker
+
+log = logging.getLogger("zfab")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="zfab", description="zfab: a job fabric on ZeroMQ")
+    p.add_argument("--version", action="version", version=f"zfab {version()}")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    b = sub.add_parser("broker", help="run the broker")
+    common_flags(b)
+    metrics_flags(b)
+    b.add_argument("--endpoint", help="endpoint to bind (ZFAB_ENDPOINT; default ZFAB_BROKER)")
+    curve_flags(b, broker=True)
+    b.set_defaults(fn=cmd_broker)
+
+    w = sub.add_parser("worker", help="run a worker")
+    common_flags(w)
+    metrics_flags(w)
+    w.add_argument("--service", default="demo", help="built-in service (demo, demo-async, files) or the service name")
+    w.add_argument("--worker", help="module:Class of your own Worker subclass")
+    w.add_argument("--name", help="worker name (default: SERVICE-HOSTNAME, stable across restarts)")
+    w.add_argument("--root", help="files service: directory to serve")
+    w.add_argument("--data-dir", dest="data_dir", help="where the job store lives (ZFAB_DATA_DIR)")
+    curve_flags(w)
+    w.set_defaults(fn=cmd_worker)
+
+    u = sub.add_parser("up", help="broker + N demo workers (+ API) in one command")
+    common_flags(u)
+    u.add_argument("--workers", type=int, default=2)
+    u.add_argument("--api-port", dest="api_port", type=int, default=8000, help="0 = no API")
+    u.add_argument("--api-host", dest="api_host", default="127.0.0.1")
+    u.add_argument("--endpoint", help="endpoint the broker binds")
+    u.set_defaults(fn=cmd_up)
+
+    r = sub.add_parser("run", help="run one job and print its result dictionary")
+    common_flags(r)
+    r.add_argument("service")
+    r.add_argument("task")
+    r.add_argument("--kwargs", help="JSON object")
+    r.add_argument("--args", help="JSON list")
+    r.add_argument("--workers", default="any", help="any, all, a worker name, or a JSON list of names")
+    r.add_argument("--timeout", type=float, default=60.0, help="seconds the job may take (default 60)")
+    r.add_argument("--retries", type=int, default=0, help="run again on another worker if its worker is lost")
+    curve_flags(r)
+    r.set_defaults(fn=cmd_run)
+
+    m = sub.add_parser("mmi", help="ask the broker's management interface (show_workers, show_broker, ...)")
+    common_flags(m)
+    m.add_argument("task")
+    m.add_argument("--kwargs", help="JSON object")
+    m.add_argument("--timeout", type=float, default=5.0)
+    curve_flags(m)
+    m.set_defaults(fn=cmd_mmi)
+
+    # Commands from other installed packages (the HTTP API registers `zfab api` this way), so
+    # the fabric never imports them: entry points of group "zfab.commands", each a
+    # register(subparsers, common_flags) function.
+    for ep in importlib.metadata.entry_points(group="zfab.commands"):
+        try:
+            ep.load()(sub, common_flags)
+        except ImportError as exc:
+            log.debug("zfab command %s unavailable: %s", ep.name, exc)
+
+    k = sub.add_parser("keys", help="create a CURVE key pair (NAME.key public, NAME.key_secret secret)")
+    k.add_argument("--dir", required=True, help="directory for the certificates")
+    k.add_argument("--name", required=True, help="certificate name (the ZAP user id)")
+    k.add_argument("--worker", help="bind this worker name to the key: only it may register as that worker")
+    k.add_argument("--force", action="store_true", help="replace an existing key pair of that name")
+    k.set_defaults(fn=cmd_keys)
+
+    h = sub.add_parser("healthcheck", help="exit 0 if the broker answers MMI (or --url answers 2xx)")
+    common_flags(h)
+    curve_flags(h)
+    h.add_argument("--url", help="check this HTTP URL instead, e.g. http://127.0.0.1:8000/readyz")
+    h.add_argument("--timeout", type=float, default=3.0)
+    h.set_defaults(fn=cmd_healthcheck)
+    return p
+
+
+def _command_parser(parser: argparse.ArgumentParser, cmd: str | None) -> argparse.ArgumentParser | None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found = action.choices.get(cmd or "")
+            return found if isinstance(found, argparse.ArgumentParser) else None
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pydantic import ValidationError
+
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    from ..core.memory import return_large_blocks
+    from ..errors import SecurityError
+
+    return_large_blocks()  # a long-running process moving payloads (core/memory.py)
+    try:
+        code: int = ns.fn(ns)
+    except KeyboardInterrupt:
+        code = 130
+    except (SecurityError, UsageError) as exc:
+        print(f"zfab {ns.cmd}: {exc}", file=sys.stderr)
+        code = EXIT_USAGE
+    except ValidationError as exc:
+        if not exc.title.endswith("Settings"):
+            raise
+        print(f"zfab {ns.cmd}: {setting_error(exc, ns, _command_parser(parser, ns.cmd))}", file=sys.stderr)
+        code = EXIT_USAGE
+    return code

@@ -27,6 +27,7 @@ from ..transport.base import Frames, LoopFactory, Transport
 from ..transport.loop import OwnerLoop
 from ..transport.wire import dealer_socket
 from .aio import AsyncRunner
+from .credits import RECHECK_SECONDS, credits_for, worth_telling
 from .job import Job, JobState
 from .jobstore import JobStore, StoredJob
 from .naming import claim_name
@@ -38,10 +39,6 @@ from .task import TaskSpec, build_spec, is_task, task
 log = logging.getLogger(__name__)
 
 RECENT_JOBS = 10_000  # finished jobs kept in memory for fast GET; older ones are read from the store
-ADAPTIVE_START = 0  # prefetch before any job ran: none until run times say jobs are short
-ADAPTIVE_MAX = 64
-ADAPTIVE_BACKLOG = 0.05  # seconds of waiting work per pool thread the adaptive prefetch aims at
-CREDITS_RECHECK = 0.1  # seconds between checks of the adaptive credits while jobs arrive
 DROPPED = "not started: the broker gave this job up (it lost contact with this worker), so it did not run here"
 
 
@@ -81,7 +78,6 @@ class Worker:
         # long thread tasks and async ones on one worker lets the broker send thread jobs up to the
         # whole count (the worker answers busy past its queue, and the broker takes them back).
         self.credits = 0
-        self._credit_time = 0.0
         self.keepalive = KeepAlive(s.keepalive_interval, s.keepalive_multiplier, clock)
         self._credits_checked = 0.0
         self.jobs = RecentJobs(max_count=RECENT_JOBS, max_bytes=s.worker_recent_bytes)  # owner adds and trims
@@ -222,28 +218,18 @@ class Worker:
 
     def _follow_run_times(self) -> None:
         """Adaptive prefetch: tell the broker at once (a keepalive with the stats, at most every
-        CREDITS_RECHECK s) when the credits moved by half or more, instead of at the next
+        RECHECK_SECONDS) when the credits moved by half or more, instead of at the next
         keepalive: a fresh worker given short jobs reaches its 64 in a fraction of a second, and
         one whose jobs turned long stops hoarding them."""
         now = self.keepalive.clock()
-        if now - self._credits_checked < CREDITS_RECHECK:
+        if now - self._credits_checked < RECHECK_SECONDS:
             return
         self._credits_checked = now
-        new = self.compute_credits()
-        if new * 2 >= self.credits * 3 or new * 3 <= self.credits * 2:
+        if worth_telling(self.credits, self.compute_credits()):
             self._send_keepalive()
 
     def compute_credits(self) -> int:
-        """Pool size + prefetch (+ async slots). An unset ZFAB_WORKER_PREFETCH adapts: short jobs get
-        up to 64 waiting (they would otherwise wait on the broker's round trip), long ones none, so a
-        long job never keeps short ones waiting behind it while another worker is idle."""
-        s = self.settings
-        prefetch = s.worker_prefetch
-        if prefetch is None:
-            run = self.runner.run_time
-            prefetch = ADAPTIVE_START if not run else min(ADAPTIVE_MAX, int(s.pool_size * ADAPTIVE_BACKLOG / run))
-        sync_credits = min(s.pool_size + prefetch, s.pool_size + s.job_queue_size)
-        return max(1, sync_credits + (s.async_concurrency if self.has_async else 0))
+        return credits_for(self.settings, self.runner.run_time, self.has_async)
 
     @property
     def draining(self) -> bool:

@@ -18,7 +18,7 @@ from ..core.errors import ProtocolError
 from ..core.keepalive import Clock
 from ..settings import Settings
 from ..transport.base import Transport
-from .dispatcher import Dispatcher
+from .dispatcher import MAX_NOTICES, Dispatcher
 from .registry import Registry
 
 
@@ -230,6 +230,8 @@ class MmiService:
             "gone_workers_capacity": b.GONE_MAX,
             "identities_bound": len(b.keys),
             "identities_capacity": b.KEYS_MAX,
+            "queued_notices": len(b.dispatch.notices),
+            "queued_notices_capacity": MAX_NOTICES,
             "services_capacity": reg.max_services,
             "jobs_queued": len(b.dispatch.queued),
             "queue_bytes": b.dispatch.queued_bytes,

@@ -129,6 +129,7 @@ def test_a_queued_notice_is_sent_only_for_a_job_still_waiting_when_it_comes_due(
     sent = stub(broker).take()
     assert [u for _, _, u in jobs_sent(sent)] == [b"j0"]
     assert [st for _, _, st, _ in replies(sent)] == [nfp.ST_DISPATCHED]  # j1 and j2 wait, told nothing yet
+    assert broker.mmi.run("show_broker", {})["queued_notices"] == 2  # a bounded table, shown
     # When j1 is dispatched within its notice
     clock.advance(0.5)
     finish(broker, b"w1", b"j0")

@@ -219,7 +219,7 @@ class Worker:
     def _follow_run_times(self) -> None:
         """Adaptive prefetch: tell the broker at once (a keepalive with the stats, at most every
         RECHECK_SECONDS) when the credits moved by half or more, instead of at the next
-        keepalive: a fresh worker given short jobs reaches its 64 in a fraction of a second, and
+        keepalive: a fresh worker given short jobs reaches its cap in a fraction of a second, and
         one whose jobs turned long stops hoarding them."""
         now = self.keepalive.clock()
         if now - self._credits_checked < RECHECK_SECONDS:

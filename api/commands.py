@@ -20,10 +20,12 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
+from service.cli import EXIT_USAGE, UsageError, json_flag
+from service.cli import workers_flag as cli_workers_flag
+
 from .httpclient import DEFAULT_URL, ApiClient, ApiError, ApiUnreachable
 
 EXIT_FAILED = 1
-EXIT_USAGE = 2
 EXIT_UNFINISHED = 3
 
 # States of the API's job (old and new names alike); anything else reads as "not finished" unless
@@ -31,10 +33,6 @@ EXIT_UNFINISHED = 3
 SUCCESS = {"completed"}
 FINAL = {"completed", "failed", "error", "cancelled", "expired", "lost"}
 WATCH_RECONNECT_SECONDS = 30.0
-
-
-class UsageError(Exception):
-    """A mistake in the command line: one line on stderr, exit 2."""
 
 
 # ---- shared -------------------------------------------------------------------------------
@@ -54,22 +52,8 @@ def client_of(ns: argparse.Namespace) -> ApiClient:
     return ApiClient(base=base, token=os.environ.get("ZFAB_API_TOKEN") or None)
 
 
-def json_flag(flag: str, text: str | None, kind: type[Any]) -> Any:
-    if text is None:
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{flag} is not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
-    if not isinstance(value, kind):
-        raise UsageError(f"{flag} must be a JSON {'object' if kind is dict else 'list'}, got {text!r}")
-    return value
-
-
-def workers_flag(text: str | None) -> Any:
-    if text is None:
-        return None
-    return json_flag("--workers", text, list) if text.startswith("[") else text
+def workers_flag(text: str | None) -> str | list[str] | None:
+    return None if text is None else cli_workers_flag(text)
 
 
 def guarded(name: str, fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:

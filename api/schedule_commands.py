@@ -7,7 +7,9 @@ import json
 import sys
 from typing import Any
 
-from .commands import UsageError, add_api_flags, client_of, guarded, json_flag, table, when, workers_flag
+from service.cli import UsageError, json_flag
+
+from .commands import add_api_flags, client_of, guarded, table, when, workers_flag
 
 
 def timing(s: dict[str, Any]) -> str:

@@ -8,8 +8,18 @@ common.py: what every command shares; roles.py: broker and worker; local.py: `up
 mmi, healthcheck, keys; main.py: the parser and main.
 """
 
-from .common import EXIT_USAGE, ProgressLine, UsageError, setting_error
+from .common import EXIT_USAGE, ProgressLine, UsageError, json_flag, setting_error, workers_flag
 from .main import build_parser, main
 from .roles import load_worker_class
 
-__all__ = ["EXIT_USAGE", "ProgressLine", "UsageError", "build_parser", "load_worker_class", "main", "setting_error"]
+__all__ = [
+    "EXIT_USAGE",
+    "ProgressLine",
+    "UsageError",
+    "build_parser",
+    "json_flag",
+    "load_worker_class",
+    "main",
+    "setting_error",
+    "workers_flag",
+]

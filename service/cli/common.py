@@ -35,7 +35,7 @@ def settings_of(ns: argparse.Namespace, **extra: Any) -> Settings:
     return settings_from(ns, Settings, **extra)
 
 
-def json_flag(flag: str, text: str | None, kind: type[Any], default: Any) -> Any:
+def json_flag(flag: str, text: str | None, kind: type[Any], default: Any = None) -> Any:
     """The value of a JSON-valued flag, or a UsageError saying where the JSON is wrong."""
     if text is None:
         return default
@@ -49,7 +49,7 @@ def json_flag(flag: str, text: str | None, kind: type[Any], default: Any) -> Any
 
 
 def workers_flag(text: str) -> str | list[str]:
-    return json_flag("--workers", text, list, None) if text.startswith("[") else text
+    return json_flag("--workers", text, list) if text.startswith("[") else text
 
 
 def setting_error(exc: Exception, ns: argparse.Namespace, parser: argparse.ArgumentParser | None) -> str:

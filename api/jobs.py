@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterable
 from contextlib import suppress
 from datetime import UTC, datetime
 from typing import Annotated, Literal
@@ -26,6 +27,7 @@ from service.errors import (
 from .admission import check_job
 from .auth import Principal
 from .fabric import wait_done
+from .jobfilter import JobFilter
 from .jobtable import REFUSALS, JobRecord, fingerprint, job_uuid_for_key, new_job_uuid
 from .models import Job, JobPage, JobRequest, JobState, JobSummary
 from .problems import ProblemError, from_fabric_error, responses, unavailable
@@ -449,79 +451,23 @@ async def list_jobs(
     `next` (cursor pagination: a page is not shifted by jobs submitted meanwhile)."""
     st = api_state(request)
     before = int(cursor) if cursor is not None else None
-    states = set(state) if state else None
+    flt = JobFilter(frozenset(state) if state else None, service, task, worker, since, until, schedule)
+    scheduler = getattr(request.app.state, "schedules", None)
+    rows: Iterable[tuple[int, JobRecord, str | None]]
     if st.replicas is not None:
-        return await shared_page(
-            st, request, limit, before, states, service, task, worker, since, until, include, schedule
-        )
+        rows, total = await shared_rows(st, before, limit + 1, flt)
+    else:
+        made = set(scheduler.jobs_of(schedule)) if schedule is not None and scheduler is not None else None
+        rows = ((rec.seq, rec, None) for rec in st.jobs.newest(before) if made is None or rec.uuid in made)
+        total = len(st.jobs)
     items: list[Job | JobSummary] = []
     last: int | None = None
     more = False
-    scheduler = getattr(request.app.state, "schedules", None)
-    made = set(scheduler.jobs_of(schedule)) if schedule is not None and scheduler is not None else None
-    for rec in st.jobs.newest(before):
-        if made is not None and rec.uuid not in made:
-            continue
-        view = rec.view(tracebacks=st.settings.api_expose_tracebacks)
-        if scheduler is not None:
-            view.schedule = scheduler.schedule_of(rec.uuid)
-        if not _matches(view, rec, states, service, task, worker, since, until):
-            continue
-        if len(items) == limit:
-            more = True
-            break
-        items.append(view if include == "results" else JobSummary.of(view))
-        last = rec.seq
-    nxt = None
-    if more and last is not None:
-        nxt = str(request.url.include_query_params(cursor=str(last)))
-    return JobPage(items=items, total=len(st.jobs), limit=limit, next=nxt)
-
-
-async def shared_page(
-    st: ApiState,
-    request: Request,
-    limit: int,
-    before: int | None,
-    states: set[JobState] | None,
-    service: str | None,
-    task: str | None,
-    worker: str | None,
-    since: datetime | None,
-    until: datetime | None,
-    include: str | None,
-    schedule: str | None,
-) -> JobPage:
-    """GET /jobs on a shared store: every replica's jobs, from the database (this replica's own from
-    memory, where they are fresher), newest first by arrival."""
-    from .pgstore import PgJobStore
-
-    store = st.store
-    assert isinstance(store, PgJobStore)
-    try:
-        rows, total = await store.page(
-            st.settings.broker,
-            before,
-            limit + 1,
-            [s.value for s in states] if states else None,
-            service,
-            task,
-            worker,
-            _aware(since).timestamp() if since is not None else None,
-            _aware(until).timestamp() if until is not None else None,
-            schedule,
-        )
-    except Exception as exc:
-        raise database_unavailable(str(exc)) from None
-    scheduler = getattr(request.app.state, "schedules", None)
-    items: list[Job | JobSummary] = []
-    last: int | None = None
-    more = False
-    for seq, stored, sid in rows:
-        rec = st.jobs.get(stored.uuid) or stored
+    for seq, found, sid in rows:
+        rec = st.jobs.get(found.uuid) or found  # this replica's own jobs from memory, where they are fresher
         view = rec.view(tracebacks=st.settings.api_expose_tracebacks)
         view.schedule = sid or (scheduler.schedule_of(rec.uuid) if scheduler is not None else None)
-        if not _matches(view, rec, states, service, task, worker, since, until):
+        if not flt.matches(view, rec):
             continue
         if len(items) == limit:
             more = True
@@ -532,31 +478,18 @@ async def shared_page(
     return JobPage(items=items, total=total, limit=limit, next=nxt)
 
 
-def _matches(
-    view: Job,
-    rec: JobRecord,
-    states: set[JobState] | None,
-    service: str | None,
-    task: str | None,
-    worker: str | None,
-    since: datetime | None,
-    until: datetime | None,
-) -> bool:
-    if states is not None and view.state not in states:
-        return False
-    if service is not None and view.service != service:
-        return False
-    if task is not None and view.task != task:
-        return False
-    if worker is not None and worker not in rec.dispatched():
-        return False
-    if since is not None and view.submitted_at < _aware(since):
-        return False
-    return until is None or view.submitted_at < _aware(until)
+async def shared_rows(
+    st: ApiState, before: int | None, limit: int, flt: JobFilter
+) -> tuple[list[tuple[int, JobRecord, str | None]], int]:
+    """GET /jobs on a shared store: every replica's jobs, from the database, newest first by arrival."""
+    from .pgstore import PgJobStore
 
-
-def _aware(when: datetime) -> datetime:
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+    store = st.store
+    assert isinstance(store, PgJobStore)
+    try:
+        return await store.page(st.settings.broker, before, limit, flt)
+    except Exception as exc:
+        raise database_unavailable(str(exc)) from None
 
 
 async def known_job(st: ApiState, uuid: str) -> JobRecord:

@@ -27,6 +27,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from .jobdb import record_of, row_of
+from .jobfilter import JobFilter
 from .jobtable import JobRecord
 from .pgschema import migrate
 from .schedule_store import LAST_JOBS, ScheduleRecord
@@ -340,17 +341,7 @@ class PgJobStore:
         return bool(rows)
 
     async def page(
-        self,
-        broker: str,
-        before: int | None,
-        limit: int,
-        states: Sequence[str] | None,
-        service: str | None,
-        task: str | None,
-        worker: str | None,
-        since: float | None,
-        until: float | None,
-        schedule: str | None,
+        self, broker: str, before: int | None, limit: int, flt: JobFilter
     ) -> tuple[list[tuple[int, JobRecord, str | None]], int]:
         """Newest first: (seq, record, schedule id) for up to `limit` jobs matching, and the table's size."""
         where: list[LiteralString] = ["j.broker = %(broker)s"]
@@ -358,27 +349,7 @@ class PgJobStore:
         if before is not None:
             where.append("j.seq < %(before)s")
             params["before"] = before
-        if states:
-            where.append("j.state = ANY(%(states)s)")
-            params["states"] = list(states)
-        if service is not None:
-            where.append("j.service = %(service)s")
-            params["service"] = service
-        if task is not None:
-            where.append("j.task = %(task)s")
-            params["task"] = task
-        if worker is not None:
-            where.append("j.workers::jsonb ? %(worker)s")
-            params["worker"] = worker
-        if since is not None:
-            where.append("j.submitted_at >= %(since)s")
-            params["since"] = since
-        if until is not None:
-            where.append("j.submitted_at < %(until)s")
-            params["until"] = until
-        if schedule is not None:
-            where.append("s.schedule_id = %(schedule)s")
-            params["schedule"] = schedule
+        where += flt.sql(params)
         cond: LiteralString = " AND ".join(where)
         sql: LiteralString = (
             "SELECT j.seq, j.uuid, j.service, j.task, j.target, j.workers, j.fingerprint, j.timeout, j.job, "

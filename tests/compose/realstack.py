@@ -92,6 +92,23 @@ def free_port(taken: set[int]) -> int:
             return port
 
 
+def show_report(request: pytest.FixtureRequest, path: Path, lines: list[str]) -> None:
+    """A real-engine test's timings: kept in `path` and printed past pytest's capture."""
+    try:
+        path.write_text("\n".join(lines) + "\n")
+    except OSError:
+        pass
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    tr = request.config.pluginmanager.get_plugin("terminalreporter")
+    if capture is not None and tr is not None:
+        with capture.global_and_fixture_disabled():
+            tr.write_line("")
+            for line in lines:
+                tr.write_line(line)
+    else:
+        print("\n".join(lines))
+
+
 @dataclass
 class Response:
     status: int

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from realstack import IN_CI, Engine, Project, poll, run, tail
+from realstack import IN_CI, Engine, Project, poll, run, show_report, tail
 
 from service.transport.security import create_keys
 
@@ -326,20 +326,7 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         project.down()
         report.time("down -v", time.monotonic() - t)
         engine.release()
-        lines = report.lines()
-        try:
-            (engine.state / "compose-curve-report.txt").write_text("\n".join(lines) + "\n")
-        except OSError:
-            pass
-        capture_mgr = request.config.pluginmanager.get_plugin("capturemanager")
-        tr = request.config.pluginmanager.get_plugin("terminalreporter")
-        if capture_mgr is not None and tr is not None:
-            with capture_mgr.global_and_fixture_disabled():
-                tr.write_line("")
-                for line in lines:
-                    tr.write_line(line)
-        else:
-            print("\n".join(lines))
+        show_report(request, engine.state / "compose-curve-report.txt", report.lines())
 
 
 def echo(p: Project, data: Any, workers: str = "any", timeout: float = 60) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from realstack import Engine, Project, http, poll
+from realstack import Engine, Project, http, poll, show_report
 
 pytestmark = pytest.mark.compose
 
@@ -109,20 +109,7 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         project.down()
         report.time("down -v", time.monotonic() - t)
         engine.release()
-        lines = report.lines()
-        try:
-            (engine.state / "compose-report.txt").write_text("\n".join(lines) + "\n")
-        except OSError:
-            pass
-        capture = request.config.pluginmanager.get_plugin("capturemanager")
-        tr = request.config.pluginmanager.get_plugin("terminalreporter")
-        if capture is not None and tr is not None:
-            with capture.global_and_fixture_disabled():
-                tr.write_line("")
-                for line in lines:
-                    tr.write_line(line)
-        else:
-            print("\n".join(lines))
+        show_report(request, engine.state / "compose-report.txt", report.lines())
 
 
 def submit(stack: Stack, body: dict[str, Any], wait: float | None = None) -> Any:

@@ -57,6 +57,7 @@ class ServiceRecord:
     queue: ServiceQueue = field(default_factory=ServiceQueue)
     tasks: dict[str, Any] | None = None  # task -> argument schema, from its workers (None: not announced)
     levels: list[dict[bytes, WorkerRecord]] = field(default_factory=list)  # free workers by jobs in flight
+    low: int = 0  # no free worker sits below this level: the search starts here, not at 0
     last_active: float = 0.0  # monotonic: a worker registered or a job came
     tentative: bool = False  # made for a POST while the broker starts; no worker has confirmed it yet
     roster_changed: bool = False  # a worker registered since the last pump: parked jobs may go
@@ -220,6 +221,8 @@ class Registry:
                 svc.levels.append({})
             svc.levels[level][w.ident] = w  # appended last: equals take turns
             w.level = level
+            if level < svc.low:
+                svc.low = level
 
     def _unlevel(self, svc: ServiceRecord, w: WorkerRecord) -> None:
         if w.level >= 0:
@@ -227,12 +230,24 @@ class Registry:
             w.level = -1
 
     def least_loaded(self, svc: ServiceRecord) -> WorkerRecord | None:
-        """The live worker with credit left and the fewest jobs in flight (turns among equals)."""
-        for bucket in svc.levels:
-            for w in list(bucket.values()):
-                if w.keepalive.is_alive():
-                    return w
-                self._unlevel(svc, w)  # expired, about to be purged
+        """The live worker with credit left and the fewest jobs in flight (turns among equals).
+
+        One busy worker with 200 jobs in flight sits at level 200: walking the empty levels below
+        it (a list copy each) was a fifth of the broker's CPU per pipelined job. `low` skips them,
+        and moves up only past levels found empty, so the walk costs O(1) amortised."""
+        levels = svc.levels
+        i, n = svc.low, len(levels)
+        while i < n:
+            bucket = levels[i]
+            if bucket:
+                for w in bucket.values():
+                    if w.keepalive.is_alive():
+                        svc.low = i
+                        return w
+                for w in list(bucket.values()):  # all expired, about to be purged
+                    self._unlevel(svc, w)
+            i += 1
+        svc.low = n
         return None
 
     def live(self, svc: ServiceRecord) -> list[WorkerRecord]:

@@ -114,6 +114,18 @@ def test_equally_loaded_workers_take_turns(reg: Registry) -> None:
     assert picked == [w.name for w in ws] * 2
 
 
+def test_a_deeply_loaded_worker_is_found_and_a_freed_one_below_it_comes_first(reg: Registry) -> None:
+    busy, idle = worker(reg, b"w1", credits=300), worker(reg, b"w2", credits=1)
+    send(reg, idle, b"i")  # idle is full: only busy has credit
+    for i in range(200):
+        assert reg.least_loaded(reg.services[SVC]) is busy
+        send(reg, busy, f"j{i}".encode())
+    assert reg.least_loaded(reg.services[SVC]) is busy
+    assert reg.services[SVC].low == 200  # the walk starts at busy's level, past the empty ones
+    reg.complete(idle, b"i")  # idle is back at level 0, below where the walk starts
+    assert reg.least_loaded(reg.services[SVC]) is idle
+
+
 def test_a_completion_gives_the_credit_back(reg: Registry) -> None:
     w = worker(reg, b"w1", credits=1)
     send(reg, w, b"j1")

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..core import payloads
+from ..core import ids, payloads
 from ..core import protocol as nfp
 from ..core.keepalive import Clock, KeepAlive
 from ..core.states import final_state
@@ -321,7 +321,7 @@ class Client(ClientSession):
             self.start()
         if uuid is not None:
             payloads.check_job_uuid(uuid)
-        juuid = uuid or os.urandom(16).hex()  # unique and unguessable, without a UUID object
+        juuid = uuid or ids.new_uuid()  # unique and unguessable, without a UUID object
         fut = JobFuture(juuid, stream_window, self.settings.max_events_per_job)
         fut.timings["submitted"] = time.time()
         now = self.clock()

@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,11 @@ log = logging.getLogger(__name__)
 TASK_BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.25, 1, 2.5, 10, 30, 60, 300, 1800)
 OUTCOMES = ("completed", "failed", "cancelled", "expired", "rejected")
 ENVELOPE_BYTES = 512  # frames and headers around a result payload, with room to spare
+# A job's 201 (started) waits this long and is not sent if its result went first: under a pipelined
+# load most jobs finish within it, and the 201 was two of the seven messages each job cost (worker
+# to broker, broker to client) for news the 200 brings anyway. A longer job's client learns it
+# started this much later.
+STARTED_NOTICE_DELAY = 0.01
 
 
 class TaskStats:
@@ -59,6 +65,7 @@ class JobRunner:
         max_message_bytes: int,
         contact: Callable[[Job], bool],
         in_contact_now: Callable[[], bool] = lambda: True,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
         self.service = service
@@ -75,6 +82,12 @@ class JobRunner:
         self.task_stats = {t: TaskStats() for t in tasks}
         self.run_time = 0.0  # a moving average of thread tasks' run times (seconds): the adaptive prefetch
         self._lock = threading.Lock()
+        self.clock = clock
+        # 201s waiting out STARTED_NOTICE_DELAY, in due order: any thread appends, the owner sends.
+        # Bounded by the jobs in flight (each job at most once).
+        self._notices: deque[tuple[float, Job]] = deque()
+        self._notice_lock = threading.Lock()
+        self._notice_armed = False  # the owner knows of the first one (its timer is set for it)
 
     # ---- shapes (core/payloads.py holds the rules) ---------------------------------------------
 
@@ -106,10 +119,41 @@ class JobRunner:
                 self._started(job)
 
     def _started(self, job: Job) -> None:
+        """Any thread: the job's 201, sent by the owner after STARTED_NOTICE_DELAY unless it is over."""
         if job.state.final:
             return  # its result went first: a 201 now would say less than the client knows
-        payload = nfp.dumps(self.status(job.uuid, Word.ACCEPTED))
-        self.send(nfp.worker_reply(nfp.RESPONSE, job.client, job.uuid.encode(), nfp.ST_WORKER_ACCEPTED, payload))
+        with self._notice_lock:
+            self._notices.append((self.clock() + STARTED_NOTICE_DELAY, job))
+            wake = not self._notice_armed
+            self._notice_armed = True
+        if wake:
+            # The owner may be asleep until its next keepalive: a call makes it look at its timers.
+            self.send_call(_nothing)
+
+    def send_due_notices(self, now: float) -> float | None:
+        """Owner: send the 201s that are due (of jobs still running); the time the next one is due."""
+        due: list[Job] = []
+        with self._notice_lock:
+            q = self._notices
+            while q and q[0][0] <= now:
+                due.append(q.popleft()[1])
+            nxt = q[0][0] if q else None
+            self._notice_armed = nxt is not None
+        for job in due:
+            if not job.state.final:
+                payload = nfp.dumps(self.status(job.uuid, Word.ACCEPTED))
+                frames = nfp.worker_reply(nfp.RESPONSE, job.client, job.uuid.encode(), nfp.ST_WORKER_ACCEPTED, payload)
+                self.send(frames)
+        return nxt
+
+    def notices_waiting(self) -> int:
+        return len(self._notices)
+
+    def send_call(self, fn: Callable[[], None]) -> None:
+        try:
+            self.loop.submit(fn, timeout=0)
+        except (BackpressureError, ClosedError):
+            pass  # the owner is busy (it looks at its timers between batches) or stopping
 
     def emit(self, job: Job, payload: dict[str, Any]) -> None:
         """An event, as it happens, to the client; kept in the job store (bounded per job)."""
@@ -318,6 +362,10 @@ class JobRunner:
             self.counts["dropped"] += 1
         job.started_at = None
         self.complete(job, nfp.ST_OK, None, Outcome.ERROR, [why])
+
+
+def _nothing() -> None:
+    pass
 
 
 def _outcome(code: bytes, entry: dict[str, Any]) -> str:

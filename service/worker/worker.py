@@ -115,6 +115,7 @@ class Worker:
             max_message_bytes=s.max_message_bytes,
             contact=self._in_contact,
             in_contact_now=self._in_contact_now,
+            clock=clock,
         )
         self._tasks_schema: dict[str, Any] | None = None
         self.store.failure_payload = lambda uuid, task, why: nfp.dumps(self.runner.failure(uuid, task, [why]))
@@ -209,7 +210,8 @@ class Worker:
             return now + ka.interval
         if ka.due():
             self._send_keepalive()
-        return ka.next_deadline()
+        notice = self.runner.send_due_notices(now)
+        return ka.next_deadline() if notice is None else min(ka.next_deadline(), notice)
 
     def _send_keepalive(self) -> None:
         self.credits = self.compute_credits()  # the broker takes the new count from the stats

@@ -18,6 +18,7 @@ import pytest
 from service import Settings
 from service.core import protocol as nfp
 from service.transport import FakeClock, StubLoop, StubTransport
+from service.worker.runner import STARTED_NOTICE_DELAY
 from service.workers.demo import AsyncDemoWorker, DemoWorker
 
 Frames = list[bytes]
@@ -88,13 +89,43 @@ def test_ready_is_the_first_frame_and_keepalives_follow_each_interval(worker: De
     assert ka[2] == nfp.KEEPALIVE and json.loads(ka[4])["pool_size"] == 1
 
 
-def test_a_running_job_is_acknowledged_once_stored_and_started_then_answered(worker: DemoWorker) -> None:
+def test_a_running_job_is_acknowledged_once_stored_and_started_then_answered(
+    worker: DemoWorker, clock: FakeClock
+) -> None:
     stub(worker).take()
     job(worker, nfp.POST, b"slow", {"task": "sleep", "kwargs": {"seconds": 0.3}})
+    wait(lambda: worker.runner.notices_waiting() == 1)  # stored and started: its 201 is held
+    assert tick_at(worker, clock, STARTED_NOTICE_DELAY / 2) is not None  # not due yet: the timer is set
+    assert not [a for a in answers(stub(worker).take()) if a[2] == nfp.ST_WORKER_ACCEPTED]
+    tick_at(worker, clock, STARTED_NOTICE_DELAY / 2)
     got = collect(worker, final(b"slow"))
     assert [st for c, u, st, _ in got if c == nfp.RESPONSE] == [nfp.ST_WORKER_ACCEPTED, nfp.ST_OK]
     (ack,) = [p for c, u, st, p in got if st == nfp.ST_WORKER_ACCEPTED]
     assert ack["status"] == "ACCEPTED" and ack["worker"] == "w1"
+
+
+def test_a_job_done_before_its_201_is_due_gets_no_201(worker: DemoWorker, clock: FakeClock) -> None:
+    stub(worker).take()
+    job(worker, nfp.POST, b"quick", {"task": "echo", "kwargs": {"data": 1}})
+    got = collect(worker, final(b"quick"))
+    wait(lambda: worker.runner.notices_waiting() == 1 or worker.store.commits > 0)
+    tick_at(worker, clock, STARTED_NOTICE_DELAY)
+    got += answers(stub(worker).take())
+    assert [st for c, u, st, _ in got if c == nfp.RESPONSE] == [nfp.ST_OK]
+    assert worker.runner.notices_waiting() == 0
+
+
+def tick_at(w: DemoWorker, clock: FakeClock, seconds: float) -> float | None:
+    clock.advance(seconds)
+    return stub(w).tick()
+
+
+def wait(cond: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met within the deadline")
+        PAUSE.wait(0.005)
 
 
 def test_a_post_runs_and_its_result_is_sent(worker: DemoWorker) -> None:

@@ -66,6 +66,39 @@ FINISHED = "state NOT IN ('received', 'running')"  # records retention may drop
 Op = Callable[[sqlite3.Connection], None]
 After = Callable[[], None]
 
+INSERT_SQL = "INSERT OR IGNORE INTO jobs(uuid, client, task, request, state, received_at) VALUES (?,?,?,?,'received',?)"
+RESULT_SQL = (
+    "INSERT INTO jobs(uuid, client, task, request, state, received_at, started_at, completed_at,"
+    " status_code, result) VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT(uuid) DO UPDATE SET"
+    " state=excluded.state, started_at=excluded.started_at, completed_at=excluded.completed_at,"
+    " status_code=excluded.status_code, result=excluded.result"
+)
+
+
+class Inserts:
+    """Received jobs to record: (uuid, client, task, request, received_at) rows. The writer merges
+    those of a whole batch into one executemany; called alone it writes its own rows."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, rows: list[tuple[str, bytes, str, bytes, float]]) -> None:
+        self.rows = rows
+
+    def __call__(self, conn: sqlite3.Connection) -> None:
+        conn.executemany(INSERT_SQL, self.rows)
+
+
+class Result:
+    """A finished job's row (an upsert: it may come before its receive is written)."""
+
+    __slots__ = ("row",)
+
+    def __init__(self, row: tuple[Any, ...]) -> None:
+        self.row = row
+
+    def __call__(self, conn: sqlite3.Connection) -> None:
+        conn.execute(RESULT_SQL, self.row)
+
 
 class JobStore:
     """Single-writer SQLite store. `submit` is thread-safe; `read` runs on the writer thread."""
@@ -142,7 +175,14 @@ class JobStore:
     # ---- writer thread ----------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
-        return open_sqlite(self.path, SCHEMA, SCHEMA_VERSION, table="jobs")
+        conn = open_sqlite(self.path, SCHEMA, SCHEMA_VERSION, table="jobs")
+        # 100,000 kept jobs are ~40 MB; with SQLite's default 2 MB page cache every insert and prune
+        # read the uuid index back from the OS. 16 MB of cache (bounded, per worker) and a WAL
+        # checkpointed every 4,000 pages (16 MB; a hot index page is copied back once, not per
+        # commit) took the store's CPU per job from about 45 to 30 us in bench runs.
+        conn.execute("PRAGMA cache_size=-16384")
+        conn.execute("PRAGMA wal_autocheckpoint=4000")
+        return conn
 
     def _run(self, ready: threading.Event) -> None:
         conn = self._connect()
@@ -176,14 +216,34 @@ class JobStore:
             conn.close()
 
     def _commit(self, conn: sqlite3.Connection, items: list[tuple[Op, After | None]]) -> None:
-        conn.execute("BEGIN")
+        """One transaction for the batch. Receives and results are merged into one executemany
+        each, and a job received and finished within the batch is written once, as its result:
+        a pipelined echo job cost an insert, an upsert and a commit of its own before."""
+        inserts: list[tuple[str, bytes, str, bytes, float]] = []
+        results: dict[str, tuple[Any, ...]] = {}
+        others: list[Op] = []
         for op, _ in items:
-            try:
-                op(conn)
-            except Exception:
-                self.errors += 1
-                if self.errors <= 3 or self.errors % 1000 == 0:
-                    log.exception("job store: an operation failed and was skipped (%d so far)", self.errors)
+            if isinstance(op, Inserts):
+                inserts.extend(op.rows)
+            elif isinstance(op, Result):
+                results[op.row[0]] = op.row  # a later row of the same job is the newer
+            else:
+                others.append(op)
+        self._inserts_since_prune += len(inserts)
+        if results:
+            inserts = [r for r in inserts if r[0] not in results]
+        conn.execute("BEGIN")
+        if inserts:
+            self._apply(conn, Inserts(inserts), [Inserts([r]) for r in inserts])
+        if results:
+            rows = list(results.values())
+
+            def upsert(c: sqlite3.Connection) -> None:
+                c.executemany(RESULT_SQL, rows)
+
+            self._apply(conn, upsert, [Result(r) for r in rows])
+        for op in others:
+            self._apply(conn, op, [])
         conn.execute("COMMIT")
         self.commits += 1
         for _, after in items:
@@ -195,6 +255,20 @@ class JobStore:
                     log.exception("job store: a follow-up failed")
         if self._inserts_since_prune >= 1000:
             self._prune(conn)
+
+    def _apply(self, conn: sqlite3.Connection, op: Op, one_by_one: list[Op]) -> None:
+        """Run op; if it fails, its parts one by one, so one bad row costs only itself."""
+        try:
+            op(conn)
+            return
+        except Exception:
+            if not one_by_one:
+                self.errors += 1
+                if self.errors <= 3 or self.errors % 1000 == 0:
+                    log.exception("job store: an operation failed and was skipped (%d so far)", self.errors)
+                return
+        for part in one_by_one:
+            self._apply(conn, part, [])
 
     def _recover(self, conn: sqlite3.Connection) -> None:
         """Jobs left unfinished by a previous run end as failed: interrupted."""
@@ -242,17 +316,7 @@ class JobStore:
         # Bodies and results go in as bytes (SQLite keeps them as BLOBs): no decoded copy of a
         # large payload is made on the way to disk.
         limit = self.max_payload_bytes
-        params = [r if len(r[3]) <= limit else (*r[:3], self._skip(), r[4]) for r in rows]
-
-        def op(conn: sqlite3.Connection) -> None:
-            self._inserts_since_prune += len(params)  # writer thread only
-            conn.executemany(
-                "INSERT OR IGNORE INTO jobs(uuid, client, task, request, state, received_at) "
-                "VALUES (?,?,?,?,'received',?)",
-                params,
-            )
-
-        return op
+        return Inserts([r if len(r[3]) <= limit else (*r[:3], self._skip(), r[4]) for r in rows])
 
     def _skip(self) -> bytes:
         self.payloads_not_stored += 1
@@ -276,16 +340,7 @@ class JobStore:
             job.result_payload if result is None else result,
         )
 
-        def op(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT INTO jobs(uuid, client, task, request, state, received_at, started_at, completed_at,"
-                " status_code, result) VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT(uuid) DO UPDATE SET"
-                " state=excluded.state, started_at=excluded.started_at, completed_at=excluded.completed_at,"
-                " status_code=excluded.status_code, result=excluded.result",
-                row,
-            )
-
-        return op
+        return Result(row)
 
     def event_op(self, uuid: str, seq: int, payload: bytes) -> Op:
         text = payload.decode()

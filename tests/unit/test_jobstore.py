@@ -329,3 +329,50 @@ def test_submit_on_a_full_queue_raises_queue_full(path: Path) -> None:
     finally:
         release.set()
         store.close()
+
+
+# ---- one batch: receives and results merged ------------------------------------------
+
+
+def hold_writer(store: JobStore) -> threading.Event:
+    """Block the writer on an operation until the returned event is set, so what is submitted
+    meanwhile is committed as one batch."""
+    release, holding = threading.Event(), threading.Event()
+
+    def block(conn: sqlite3.Connection) -> None:
+        holding.set()
+        release.wait(WAIT)
+
+    store.submit(block)
+    assert holding.wait(WAIT)
+    return release
+
+
+def test_a_job_received_and_finished_in_one_batch_is_stored_finished(store: JobStore) -> None:
+    release = hold_writer(store)
+    acked = threading.Event()
+    store.submit(store.insert_op([insert_row("both"), insert_row("only-received")]), acked.set)
+    store.submit(store.result_op(finished_job("both", result=7), "200"))
+    commits = store.commits
+    release.set()
+
+    both, _ = read_now(store, "both")
+    received, _ = read_now(store, "only-received")
+    assert acked.is_set()  # the receive's follow-up (the 201) still runs
+    assert both is not None and both.state == "completed" and both.result is not None
+    assert json.loads(both.result)["w1"]["result"] == 7
+    assert received is not None and received.state == "received"
+    assert store.commits <= commits + 3  # the held batch, then the merged one, then the reads
+
+
+def test_a_bad_row_in_a_merged_batch_costs_only_itself(store: JobStore) -> None:
+    release = hold_writer(store)
+    bad = ("bad", b"client-a", {"not": "bindable"}, b"{}", time.time())  # SQLite cannot bind a dict
+    store.submit(store.insert_op([insert_row("good-1")]))
+    store.submit(store.insert_op([bad, insert_row("good-2")]))  # type: ignore[list-item]
+    release.set()
+
+    assert read_now(store, "good-1")[0] is not None
+    assert read_now(store, "good-2")[0] is not None
+    assert read_now(store, "bad")[0] is None
+    assert store.errors == 1

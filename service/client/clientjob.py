@@ -293,6 +293,8 @@ class ClientJob:
             self.statuses[str(worker)] = status
             if self.expected is None:
                 self.expected = {str(worker)}
+        if fut.worker is None and len(self.results) == 1:
+            fut.worker = next(iter(self.results))  # no 202 came (held, then not needed): the 200 names it
         return self._done()
 
     def _done(self) -> bool:

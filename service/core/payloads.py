@@ -9,6 +9,7 @@ place. Pure: no sockets, no threads. `docs/protocol.md` documents each shape.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -155,8 +156,30 @@ NO_ACK: Final = b'{"ack":false}'
 # ---- worker → client: result entries and status replies -----------------------------------
 
 
+_second: tuple[int, str] = (-1, "")  # the last whole second formatted, and its text
+
+
 def iso(ts: float | None) -> str | None:
-    return datetime.fromtimestamp(ts, UTC).isoformat() if ts is not None else None
+    """What datetime.fromtimestamp(ts, UTC).isoformat() says, at a third of its cost: two per
+    result entry, and the date and time change once a second. Microseconds are rounded as
+    datetime rounds them (half to even, carried into the second) and left out when 0."""
+    global _second
+    if ts is None:
+        return None
+    frac, whole = math.modf(ts)
+    us = round(frac * 1e6)
+    if us >= 1_000_000:
+        whole, us = whole + 1, us - 1_000_000
+    elif us < 0:
+        whole, us = whole - 1, us + 1_000_000
+    sec = int(whole)
+    cached = _second
+    if cached[0] == sec:
+        text = cached[1]
+    else:
+        text = datetime.fromtimestamp(sec, UTC).replace(tzinfo=None).isoformat()
+        _second = (sec, text)
+    return f"{text}.{us:06d}+00:00" if us else f"{text}+00:00"
 
 
 def result_entry(

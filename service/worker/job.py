@@ -30,7 +30,10 @@ class JobState(StrEnum):
 
     @property
     def final(self) -> bool:
-        return self in (JobState.COMPLETED, JobState.FAILED)
+        return self in _FINAL  # a frozenset of members: no enum attribute lookups (asked several times per job)
+
+
+_FINAL = frozenset((JobState.COMPLETED, JobState.FAILED))
 
 
 @dataclass(slots=True, eq=False)

@@ -46,7 +46,8 @@ class TaskSpec:
                 f"{'.'.join(str(p) for p in e['loc']) or '(arguments)'}: {e['msg']}" for e in exc.errors()
             )
             raise TaskArgumentsError(f"bad arguments for task '{self.name}': {problems}") from None
-        return {name: getattr(model, name) for name in type(model).model_fields}
+        # A validated model's fields are its __dict__ (extras and private attributes live apart).
+        return dict(model.__dict__)
 
     def schema(self) -> dict[str, Any]:
         return {

@@ -171,8 +171,6 @@ class Broker(WorkerSide):
         d.expire(now)
         d.due(now)
         d.tell_waiting(now)
-        if d.ack_due:
-            d.send_held_acks(now)
         if self.grace_until is not None and now >= self.grace_until:
             self.end_grace()
         if now >= self._next_housekeeping:
@@ -216,8 +214,6 @@ class Broker(WorkerSide):
             log.warning("broker dropped a message (%s, %d so far): %s", reason, n, detail)
 
     def reply(self, client: bytes, service: bytes, uuid: bytes, status: bytes, payload: Any) -> None:
-        if self.dispatch.held_acks and uuid in self.dispatch.held_acks:
-            self.dispatch.release_ack(uuid)  # the client hears of the dispatch first
         self.send(nfp.broker_reply(client, nfp.RESPONSE, service, uuid, status, nfp.dumps(payload)))
 
     def _refuse(self, sender: bytes, req: nfp.ClientRequest, r: Refusal) -> None:

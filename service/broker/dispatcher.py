@@ -22,12 +22,6 @@ from .jobqueue import ANY, QueuedJob, Spot
 from .registry import Registry, Route, ServiceRecord, WorkerRecord
 
 MAX_NOTICES = 100_000  # "queued" notices held for later; beyond it a client is told at once
-# A zfab client's 202 for a job to any one worker waits as long as its "queued" notice would
-# (flags "notice": 1 s from zfab's Client), and is not sent if the job's result comes first (the
-# 200 names its worker): under a pipelined load nearly every job ends within it, and the 202 was
-# one of the five messages each cost. Anything else the broker says of the job (an event, a
-# loss, an expiry) sends the held 202 first, so a client always hears of the dispatch first.
-MAX_HELD_ACKS = 100_000  # past it, a 202 goes at once
 
 if TYPE_CHECKING:
     from collections import Counter
@@ -70,10 +64,6 @@ class Dispatcher:
         # "queued" notices a client asked to have only if its job still waits by then: (due, seq,
         # job). Entries of jobs dispatched meanwhile go when due; past MAX_NOTICES, told at once.
         self.notices: list[tuple[float, int, QueuedJob]] = []
-        # Held 202s by wire uuid: (due, job, worker label); ack_due orders them (entries of 202s
-        # dropped or sent meanwhile are skipped when they reach the top).
-        self.held_acks: dict[bytes, tuple[float, QueuedJob, str]] = {}
-        self.ack_due: list[tuple[float, bytes]] = []
 
     # ---- admission ---------------------------------------------------------------
 
@@ -171,55 +161,8 @@ class Dispatcher:
         self.send(frames)
 
     def _dispatched(self, job: QueuedJob, workers: list[WorkerRecord]) -> None:
-        if (
-            job.kind == ANY
-            and job.notice > 0  # a zfab Client's job (the API asks for every answer at once)
-            and not job.told_queued
-            and len(self.ack_due) < MAX_HELD_ACKS
-        ):
-            due = self.clock() + job.notice
-            self.held_acks[job.uuid] = (due, job, workers[0].label)
-            heapq.heappush(self.ack_due, (due, job.uuid))
-            return
         body = payloads.dispatched(job.uuid, job.target, job.service, [w.label for w in workers])
         self.reply(job.client, job.service, job.uuid, nfp.ST_DISPATCHED, body)
-
-    def release_ack(self, uuid: bytes) -> None:
-        """Something else is said of the job: its held 202 goes first."""
-        held = self.held_acks.pop(uuid, None)
-        if held is not None:
-            self._send_held(uuid, held[1], held[2])
-
-    def drop_ack(self, uuid: bytes) -> None:
-        """The job's result goes out: it says more than its held 202 would."""
-        self.held_acks.pop(uuid, None)
-
-    def send_held_acks(self, now: float) -> None:
-        """Held 202s that came due, of jobs still in flight."""
-        while self.ack_due and self.ack_due[0][0] <= now:
-            due, uuid = heapq.heappop(self.ack_due)
-            held = self.held_acks.get(uuid)
-            if held is not None and held[0] == due:
-                del self.held_acks[uuid]
-                if uuid in self.reg.routes:
-                    self._send_held(uuid, held[1], held[2])
-
-    def _next_held_ack(self) -> float | None:
-        heap, held = self.ack_due, self.held_acks
-        while heap:
-            due, uuid = heap[0]
-            entry = held.get(uuid)
-            if entry is not None and entry[0] == due:
-                return due
-            heapq.heappop(heap)  # dropped or sent already
-        return None
-
-    def _send_held(self, uuid: bytes, job: QueuedJob, label: str) -> None:
-        route = self.reg.routes.get(uuid)
-        client = route.client if route is not None else job.client  # it may have reconnected since
-        self.reply(
-            client, job.service, uuid, nfp.ST_DISPATCHED, payloads.dispatched(uuid, job.target, job.service, [label])
-        )
 
     def _observe_queued(self, svc: ServiceRecord, job: QueuedJob, now: float) -> None:
         h = self.queued_seconds.get(svc.name)
@@ -488,10 +431,6 @@ class Dispatcher:
                 out = heap[0][0] if out is None else min(out, heap[0][0])
         if self.route_expiry:
             out = self.route_expiry[0][0] if out is None else min(out, self.route_expiry[0][0])
-        if self.ack_due:
-            first = self._next_held_ack()
-            if first is not None:
-                out = first if out is None else min(out, first)
         return out
 
     def due(self, now: float) -> None:

@@ -18,7 +18,7 @@ from ..core.errors import ProtocolError
 from ..core.keepalive import Clock
 from ..settings import Settings
 from ..transport.base import Transport
-from .dispatcher import MAX_HELD_ACKS, MAX_NOTICES, Dispatcher
+from .dispatcher import MAX_NOTICES, Dispatcher
 from .registry import Registry
 
 
@@ -232,8 +232,6 @@ class MmiService:
             "identities_capacity": b.KEYS_MAX,
             "queued_notices": len(b.dispatch.notices),
             "queued_notices_capacity": MAX_NOTICES,
-            "held_acks": len(b.dispatch.ack_due),
-            "held_acks_capacity": MAX_HELD_ACKS,
             "services_capacity": reg.max_services,
             "jobs_queued": len(b.dispatch.queued),
             "queue_bytes": b.dispatch.queued_bytes,

@@ -156,16 +156,6 @@ class WorkerSide:
                 if svc is not None and self.dispatch.busy(svc, worker, msg.uuid):
                     return  # back in the queue: the client waits on, nothing to tell it
         if forward:
-            held = self.dispatch.held_acks
-            if held and msg.uuid in held:
-                if (
-                    msg.command == nfp.RESPONSE
-                    and msg.status in nfp.FINAL_STATUSES
-                    and msg.uuid not in self.registry.routes
-                ):
-                    self.dispatch.drop_ack(msg.uuid)  # the job is over: its 200 names the worker
-                else:
-                    self.dispatch.release_ack(msg.uuid)
             self.counts["forwarded"] += 1
             self.send(nfp.broker_reply(client, msg.command, worker.service, msg.uuid, msg.status, msg.payload))
 

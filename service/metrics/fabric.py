@@ -159,7 +159,6 @@ def _broker(broker: dict[str, Any], depth: GaugeMetricFamily, cap: GaugeMetricFa
         ("broker_gone_workers", "gone_workers_remembered", "gone_workers_capacity"),
         ("broker_identities", "identities_bound", "identities_capacity"),
         ("broker_queued_notices", "queued_notices", "queued_notices_capacity"),
-        ("broker_held_acks", "held_acks", "held_acks_capacity"),
     ):
         tables.add_metric([table], broker.get(size, 0))
         table_caps.add_metric([table], broker.get(capacity, 0))

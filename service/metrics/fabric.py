@@ -86,6 +86,7 @@ def _workers(
             ("worker_jobs", "job_queue_depth", "job_queue_capacity"),
             ("worker_outbound", "outbound_queue_depth", "outbound_queue_capacity"),
             ("worker_store", "store_queue_depth", "store_queue_capacity"),
+            ("worker_started_notices", "started_notices_waiting", "started_notices_capacity"),
         ):
             depth.add_metric([hop, labels[1]], float(rep.get(d, 0) or 0))
             cap.add_metric([hop, labels[1]], float(rep.get(c, 0) or 0))

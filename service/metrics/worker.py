@@ -29,6 +29,7 @@ class WorkerCollector(Collector):
             ("worker_jobs", "job_queue_depth", "job_queue_capacity"),
             ("worker_outbound", "outbound_queue_depth", "outbound_queue_capacity"),
             ("worker_store", "store_queue_depth", "store_queue_capacity"),
+            ("worker_started_notices", "started_notices_waiting", "started_notices_capacity"),
         ):
             depth.add_metric([hop, w.name], st[d])
             cap.add_metric([hop, w.name], st[c])

@@ -323,6 +323,11 @@ class Worker:
             "outbound_queue_capacity": self.loop.outbound_size,
             "store_queue_depth": self.store.depth(),
             "store_queue_capacity": self.store.queue_size,
+            # 201s held for runner.STARTED_NOTICE_DELAY: at most one per job the worker holds
+            "started_notices_waiting": self.runner.notices_waiting(),
+            "started_notices_capacity": self.pool.capacity
+            + self.pool.size
+            + (self.settings.job_queue_size + self.settings.async_concurrency if self.aio is not None else 0),
             "jobs_completed": self.runner.counts["completed"],
             "jobs_failed": self.runner.counts["failed"],
             "jobs_busy": self.counts["busy"],

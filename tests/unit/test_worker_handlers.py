@@ -95,6 +95,8 @@ def test_a_running_job_is_acknowledged_once_stored_and_started_then_answered(
     stub(worker).take()
     job(worker, nfp.POST, b"slow", {"task": "sleep", "kwargs": {"seconds": 0.3}})
     wait(lambda: worker.runner.notices_waiting() == 1)  # stored and started: its 201 is held
+    stats = worker.stats()  # a bounded table, shown (zfab_queue_depth{hop="worker_started_notices"})
+    assert stats["started_notices_waiting"] == 1 and stats["started_notices_capacity"] >= 3
     assert tick_at(worker, clock, STARTED_NOTICE_DELAY / 2) is not None  # not due yet: the timer is set
     assert not [a for a in answers(stub(worker).take()) if a[2] == nfp.ST_WORKER_ACCEPTED]
     tick_at(worker, clock, STARTED_NOTICE_DELAY / 2)

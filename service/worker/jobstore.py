@@ -75,29 +75,19 @@ RESULT_SQL = (
 )
 
 
-class Inserts:
-    """Received jobs to record: (uuid, client, task, request, received_at) rows. The writer merges
-    those of a whole batch into one executemany; called alone it writes its own rows."""
+class Rows:
+    """Rows for one statement, INSERT_SQL (received jobs) or RESULT_SQL (finished ones, an upsert:
+    a result may come before its receive is written). The writer merges a batch's rows of each
+    statement into one executemany; called alone, it writes its own."""
 
-    __slots__ = ("rows",)
+    __slots__ = ("rows", "sql")
 
-    def __init__(self, rows: list[tuple[str, bytes, str, bytes, float]]) -> None:
+    def __init__(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        self.sql = sql
         self.rows = rows
 
     def __call__(self, conn: sqlite3.Connection) -> None:
-        conn.executemany(INSERT_SQL, self.rows)
-
-
-class Result:
-    """A finished job's row (an upsert: it may come before its receive is written)."""
-
-    __slots__ = ("row",)
-
-    def __init__(self, row: tuple[Any, ...]) -> None:
-        self.row = row
-
-    def __call__(self, conn: sqlite3.Connection) -> None:
-        conn.execute(RESULT_SQL, self.row)
+        conn.executemany(self.sql, self.rows)
 
 
 class JobStore:
@@ -219,31 +209,24 @@ class JobStore:
         """One transaction for the batch. Receives and results are merged into one executemany
         each, and a job received and finished within the batch is written once, as its result:
         a pipelined echo job cost an insert, an upsert and a commit of its own before."""
-        inserts: list[tuple[str, bytes, str, bytes, float]] = []
+        inserts: list[tuple[Any, ...]] = []
         results: dict[str, tuple[Any, ...]] = {}
         others: list[Op] = []
         for op, _ in items:
-            if isinstance(op, Inserts):
+            if isinstance(op, Rows) and op.sql is INSERT_SQL:
                 inserts.extend(op.rows)
-            elif isinstance(op, Result):
-                results[op.row[0]] = op.row  # a later row of the same job is the newer
+            elif isinstance(op, Rows) and op.sql is RESULT_SQL:
+                results.update((r[0], r) for r in op.rows)  # a later row of the same job is the newer
             else:
                 others.append(op)
         self._inserts_since_prune += len(inserts)
         if results:
             inserts = [r for r in inserts if r[0] not in results]
         conn.execute("BEGIN")
-        if inserts:
-            self._apply(conn, Inserts(inserts), [Inserts([r]) for r in inserts])
-        if results:
-            rows = list(results.values())
-
-            def upsert(c: sqlite3.Connection) -> None:
-                c.executemany(RESULT_SQL, rows)
-
-            self._apply(conn, upsert, [Result(r) for r in rows])
-        for op in others:
-            self._apply(conn, op, [])
+        steps: list[Op] = [Rows(INSERT_SQL, inserts), Rows(RESULT_SQL, list(results.values())), *others]
+        for step in steps:
+            if not isinstance(step, Rows) or step.rows:
+                self._apply(conn, step)
         conn.execute("COMMIT")
         self.commits += 1
         for _, after in items:
@@ -256,19 +239,18 @@ class JobStore:
         if self._inserts_since_prune >= 1000:
             self._prune(conn)
 
-    def _apply(self, conn: sqlite3.Connection, op: Op, one_by_one: list[Op]) -> None:
-        """Run op; if it fails, its parts one by one, so one bad row costs only itself."""
+    def _apply(self, conn: sqlite3.Connection, op: Op) -> None:
+        """Run op; if merged rows fail, each row alone, so one bad row costs only itself."""
         try:
             op(conn)
-            return
         except Exception:
-            if not one_by_one:
-                self.errors += 1
-                if self.errors <= 3 or self.errors % 1000 == 0:
-                    log.exception("job store: an operation failed and was skipped (%d so far)", self.errors)
+            if isinstance(op, Rows) and len(op.rows) > 1:
+                for row in op.rows:  # both statements may run again over rows already written
+                    self._apply(conn, Rows(op.sql, [row]))
                 return
-        for part in one_by_one:
-            self._apply(conn, part, [])
+            self.errors += 1
+            if self.errors <= 3 or self.errors % 1000 == 0:
+                log.exception("job store: an operation failed and was skipped (%d so far)", self.errors)
 
     def _recover(self, conn: sqlite3.Connection) -> None:
         """Jobs left unfinished by a previous run end as failed: interrupted."""
@@ -316,7 +298,7 @@ class JobStore:
         # Bodies and results go in as bytes (SQLite keeps them as BLOBs): no decoded copy of a
         # large payload is made on the way to disk.
         limit = self.max_payload_bytes
-        return Inserts([r if len(r[3]) <= limit else (*r[:3], self._skip(), r[4]) for r in rows])
+        return Rows(INSERT_SQL, [r if len(r[3]) <= limit else (*r[:3], self._skip(), r[4]) for r in rows])
 
     def _skip(self) -> bytes:
         self.payloads_not_stored += 1
@@ -340,7 +322,7 @@ class JobStore:
             job.result_payload if result is None else result,
         )
 
-        return Result(row)
+        return Rows(RESULT_SQL, [row])
 
     def event_op(self, uuid: str, seq: int, payload: bytes) -> Op:
         text = payload.decode()

@@ -294,7 +294,7 @@ class ClientJob:
             if self.expected is None:
                 self.expected = {str(worker)}
         if fut.worker is None and len(self.results) == 1:
-            fut.worker = next(iter(self.results))  # no 202 came (held, then not needed): the 200 names it
+            fut.worker = next(iter(self.results))  # no 202 came (results-only mode): the 200 names it
         return self._done()
 
     def _done(self) -> bool:

@@ -127,8 +127,7 @@ class JobRunner:
             wake = not self._notice_armed
             self._notice_armed = True
         if wake:
-            # The owner may be asleep until its next keepalive: a call makes it look at its timers.
-            self.send_call(_nothing)
+            self._wake_owner()
 
     def send_due_notices(self, now: float) -> float | None:
         """Owner: send the 201s that are due (of jobs still running); the time the next one is due."""
@@ -149,9 +148,10 @@ class JobRunner:
     def notices_waiting(self) -> int:
         return len(self._notices)
 
-    def send_call(self, fn: Callable[[], None]) -> None:
+    def _wake_owner(self) -> None:
+        """The owner may be asleep until its next keepalive: a queued call makes it look at its timers."""
         try:
-            self.loop.submit(fn, timeout=0)
+            self.loop.submit(_nothing, timeout=0)
         except (BackpressureError, ClosedError):
             pass  # the owner is busy (it looks at its timers between batches) or stopping
 

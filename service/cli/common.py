@@ -151,9 +151,17 @@ def metrics_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-host", dest="metrics_host", help="address for the metrics port")
 
 
+class _NoMetrics:
+    """What metrics_server gives when no port is set: a server with nothing to shut down."""
+
+    def shutdown(self) -> None:
+        pass
+
+
 def metrics_server(s: Settings, **roles: Any) -> Any:
+    """The role's /metrics server (shutdown() when the role stops), or a stand-in without a port."""
     if not s.metrics_port:
-        return None
+        return _NoMetrics()
     from ..metrics import serve_metrics
 
     try:

@@ -66,8 +66,7 @@ def cmd_broker(ns: argparse.Namespace) -> int:
     try:
         broker.start()
     except Exception as exc:
-        if server is not None:
-            server.shutdown()
+        server.shutdown()
         if bind_error(exc):
             raise UsageError(f"cannot bind {endpoint}: {exc} (--endpoint, ZFAB_ENDPOINT)") from None
         raise
@@ -76,8 +75,7 @@ def cmd_broker(ns: argparse.Namespace) -> int:
     try:
         wait_for_signal()
     finally:
-        if server is not None:
-            server.shutdown()
+        server.shutdown()
         try:
             facts = broker.snapshot("show_broker")
             left = f" ({facts['jobs_in_flight']} jobs in flight, {facts['workers']} workers registered)"
@@ -86,14 +84,6 @@ def cmd_broker(ns: argparse.Namespace) -> int:
         broker.stop()
         print(f"zfab broker stopped{left}", flush=True)
     return 0
-
-
-def _jobs_held(worker: Any) -> int:
-    """Jobs a worker has admitted and not finished (queued for its pool or running)."""
-    try:
-        return int(worker.pool.depth() + worker.pool.running)
-    except Exception:  # a summary only
-        return 0
 
 
 def cmd_worker(ns: argparse.Namespace) -> int:
@@ -113,17 +103,15 @@ def cmd_worker(ns: argparse.Namespace) -> int:
     try:
         worker.start()
     except BaseException:
-        if server is not None:
-            server.shutdown()
+        server.shutdown()
         raise
     print(f"zfab worker {worker.name} ready: serving '{worker.service_name}' via {s.broker}", flush=True)
     try:
         wait_for_signal()
     finally:
-        if server is not None:
-            server.shutdown()
-        held = _jobs_held(worker)
+        server.shutdown()
+        held = worker.held()
         worker.stop()
-        left = _jobs_held(worker)
+        left = worker.held()
         print(f"zfab worker {worker.name} stopped (drained {held - left} jobs, {left} unfinished)", flush=True)
     return 0

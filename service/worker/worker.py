@@ -247,9 +247,12 @@ class Worker:
             return self.aio.waiting >= self.settings.job_queue_size
         return self.pool.depth() >= self.pool.capacity
 
-    def busy(self) -> bool:
+    def held(self) -> int:
         """Jobs admitted and not finished: queued or running, on the pool or the event loop."""
-        return self._received - self.runner.finished > 0
+        return self._received - self.runner.finished
+
+    def busy(self) -> bool:
+        return self.held() > 0
 
     def _in_contact_now(self) -> bool:
         if self.keepalive.expired():

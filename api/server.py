@@ -15,6 +15,7 @@ from typing import Any
 
 import uvicorn
 
+from service import tune_gc
 from service.settings import settings_from as service_settings_from
 
 from .app import create_app
@@ -134,6 +135,8 @@ class ApiServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
+        if self.started:
+            tune_gc()  # after the app's startup, so what it made is frozen too (core/gctune.py)
         if self.started and self.on_ready is not None:
             self.on_ready()
 

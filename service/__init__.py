@@ -10,6 +10,7 @@ from .broker.broker import Broker
 from .client.client import Client
 from .client.clientjob import JobFuture
 from .client.filestream import FileStream
+from .core.gctune import tune as tune_gc
 from .core.payloads import MAX_JOB_UUID
 from .core.protocol import MAX_NAME_BYTES
 from .core.schemacheck import check_arguments
@@ -34,5 +35,6 @@ __all__ = [
     "check_arguments",
     "final_state",
     "task",
+    "tune_gc",
     *errors.__all__,
 ]

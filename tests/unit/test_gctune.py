@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 CHILD = """
 import gc, json, sys
@@ -28,11 +29,11 @@ print(json.dumps({"before": before, "frozen": frozen, "thresholds": gc.get_thres
 """
 
 
-def child(code: str) -> dict[str, object]:
+def child(code: str) -> dict[str, Any]:
     import json
 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    result: dict[str, object] = json.loads(out.stdout)
+    result: dict[str, Any] = json.loads(out.stdout)
     return result
 
 
@@ -40,8 +41,8 @@ def test_tune_freezes_what_is_alive_and_raises_the_thresholds() -> None:
     r = child(CHILD)
     assert r["before"] == 0
     assert isinstance(r["frozen"], int) and r["frozen"] > 10_000  # the imported modules and classes
-    assert r["thresholds"] == list(r["expected"])  # type: ignore[arg-type]
-    assert r["thresholds"][0] > 700  # type: ignore[index]
+    assert r["thresholds"] == list(r["expected"])
+    assert r["thresholds"][0] > 700
     assert r["enabled"] is True
     assert r["cycle_freed"] is True
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import Future
+from contextlib import suppress
 from typing import Any
 
 from service import Client, JobFuture
@@ -17,29 +19,51 @@ MMI_TIMEOUT = 2.0
 METRICS_MMI_TIMEOUT = 1.0
 
 
-async def wait_done(future: JobFuture, timeout: float) -> bool:
-    """Wait up to `timeout` seconds for the job to finish; True when it did. Never cancels the job."""
+async def ended(future: Future[Any], timeout: float) -> bool:
+    """Wait up to `timeout` seconds for a future of the client's (it completes on the client's owner
+    thread); True when it is done. Never cancels it: a wait that times out, or a caller that hangs
+    up, leaves the future to everyone else.
+
+    One `call_soon_threadsafe` when it completes and an `asyncio.timeout`, instead of
+    `wait_for(shield(wrap_future(...)))`: that made a chained asyncio future, a shield future and a
+    task per wait, and woke the event loop through its self-pipe even for a future already done.
+    """
     if future.done():
         return True
     if timeout <= 0:
         return False
-    # wrap_future propagates cancellation to the concurrent future: without the shield, a wait
-    # that times out (or a caller that hangs up) would cancel the job's future for everyone.
-    try:
-        await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout)
-    except TimeoutError:
-        return False
-    except Exception:
-        pass  # the job ended with an error; the caller reads it from the future
-    return True
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+
+    def wake(_: Future[Any]) -> None:
+        with suppress(RuntimeError):  # the loop has closed: nobody waits any more
+            loop.call_soon_threadsafe(_release, waiter)
+
+    future.add_done_callback(wake)
+    with suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            await waiter
+    return future.done()
+
+
+def _release(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():  # (cancelled when the wait timed out or its caller went away)
+        waiter.set_result(None)
+
+
+async def wait_done(future: JobFuture, timeout: float) -> bool:
+    """Wait up to `timeout` seconds for the job to finish; True when it did. Never cancels the job."""
+    return await ended(future, timeout)
 
 
 async def await_result(future: JobFuture, timeout: float) -> Any:
     """The job's result (or its error, raised), waiting at most `timeout` seconds (then TimeoutError).
 
-    Shielded like wait_done: a caller that hangs up does not cancel the job's future.
+    Like wait_done, a caller that hangs up does not cancel the job's future.
     """
-    return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout)
+    if not await ended(future, timeout):
+        raise TimeoutError
+    return future.result()
 
 
 async def mmi(client: Client, task: str, timeout: float = MMI_TIMEOUT, **kwargs: Any) -> Any:

@@ -15,7 +15,7 @@ from typing import Any
 
 import uvicorn
 
-from service import tune_gc
+from service import tune_process
 from service.settings import settings_from as service_settings_from
 
 from .app import create_app
@@ -136,7 +136,7 @@ class ApiServer(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
         if self.started:
-            tune_gc()  # after the app's startup, so what it made is frozen too (core/gctune.py)
+            tune_process()  # after the app's startup, so what it made is frozen too (core/tuning.py)
         if self.started and self.on_ready is not None:
             self.on_ready()
 

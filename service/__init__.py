@@ -10,11 +10,11 @@ from .broker.broker import Broker
 from .client.client import Client
 from .client.clientjob import JobFuture
 from .client.filestream import FileStream
-from .core.gctune import tune as tune_gc
 from .core.payloads import MAX_JOB_UUID
 from .core.protocol import MAX_NAME_BYTES
 from .core.schemacheck import check_arguments
 from .core.states import State, final_state
+from .core.tuning import tune as tune_process
 from .errors import *  # noqa: F403 - every error class is part of the face
 from .settings import Settings
 from .worker.job import Job
@@ -35,6 +35,6 @@ __all__ = [
     "check_arguments",
     "final_state",
     "task",
-    "tune_gc",
+    "tune_process",
     *errors.__all__,
 ]

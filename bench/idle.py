@@ -90,8 +90,8 @@ def run(quick: bool = False, seconds: float | None = None) -> dict[str, float]:
         out[f"{n}_cpu_pct"], out[f"{n}_wakeups"] = cpu[n], wake[n]
     report("idle cpu, bare FastAPI", bare_cpu, "%core")
     report("wake-ups/s, bare FastAPI", bare_wake, "/s")
-    print("   the same server setup (api/server.py: uvicorn, its main loop ticking once a second) serving "
-          "bench/bare_app.py, no fabric: the API's floor", flush=True)
+    print("   the same server setup (api/server.py: uvicorn without a main-loop tick; each request refreshes "
+          "the Date header) serving bench/bare_app.py, no fabric: the API's floor", flush=True)
     out["bare_cpu_pct"], out["bare_wakeups"] = bare_cpu, bare_wake
     return out
 

@@ -5,7 +5,8 @@ that is not JSON, the line and column of a JSON syntax error, HEAD wherever GET 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 import httpx
@@ -87,6 +88,25 @@ def test_head_answers_like_get_without_a_body(api: httpx.Client) -> None:
         assert head.headers["content-type"] == got.headers["content-type"], path
         if path not in ("/metrics", "/mmi/workers"):  # counters and hold times move between the two requests
             assert head.headers["content-length"] == got.headers["content-length"], path
+
+
+def past(second: int) -> Callable[[], bool]:
+    return lambda: int(time.time()) > second
+
+
+def test_the_date_header_is_the_current_second_after_the_api_sat_idle(api: httpx.Client) -> None:
+    # The API's loop does not tick (an idle API must not wake for the header): each request
+    # refreshes it. The idle stretch is the point here: two whole seconds with no request.
+    api.get("/healthz")
+    start = int(time.time())
+    time.sleep(2.3)
+    for _ in range(3):
+        before = time.time()
+        r = api.get("/healthz")
+        after = time.time()
+        sent = parsedate_to_datetime(r.headers["date"]).timestamp()
+        assert start + 2 <= sent and int(before) <= sent <= after, (r.headers["date"], before, after)
+        wait_for(past(int(after)), 2.0)  # the next second, then ask again
 
 
 def test_head_of_an_event_stream_ends_at_once(api: httpx.Client) -> None:

@@ -335,6 +335,8 @@ def loads(raw: bytes | str) -> Any:
         raise ValueError(f"invalid JSON: {exc}") from None
     except RecursionError:
         raise ValueError("invalid JSON: nested too deep") from None
+    except TypeError as exc:  # not bytes or str: orjson said so with a ValueError too
+        raise ValueError(f"invalid JSON: {exc}") from None
 
 
 def parse_target(target: bytes) -> str | list[str]:

@@ -449,6 +449,12 @@ def test_loads_refuses_what_is_not_json_with_a_value_error(raw: bytes) -> None:
         nfp.loads(raw)
 
 
+@pytest.mark.parametrize("raw", [None, 12, ["[]"]])
+def test_loads_refuses_what_is_not_bytes_or_str_with_a_value_error(raw: object) -> None:
+    with pytest.raises(ValueError, match="invalid JSON"):
+        nfp.loads(raw)  # type: ignore[arg-type]
+
+
 # ---- property tests: any frames decode or raise ProtocolError --------------------------
 
 # Frames a fuzzer should try at each position: the protocol's own tokens reach the deep branches.

@@ -298,9 +298,10 @@ class JobStore:
         # Bodies and results go in as bytes (SQLite keeps them as BLOBs): no decoded copy of a
         # large payload is made on the way to disk.
         limit = self.max_payload_bytes
-        return Rows(INSERT_SQL, [r if len(r[3]) <= limit else (*r[:3], self._skip(), r[4]) for r in rows])
+        return Rows(INSERT_SQL, [r if len(r[3]) <= limit else (*r[:3], self.skip(), r[4]) for r in rows])
 
-    def _skip(self) -> bytes:
+    def skip(self) -> bytes:
+        """A payload over the bound: counted; b"" is what is stored in its place."""
         self.payloads_not_stored += 1
         return b""
 
@@ -308,7 +309,7 @@ class JobStore:
         """Store a finished job: its result payload, or `result` in its place (over the payload
         bound, the runner's stand-in that says it was not kept)."""
         # An upsert: the job's result may be written before its receive batch is.
-        request = job.request if len(job.request) <= self.max_payload_bytes else self._skip()
+        request = job.request if len(job.request) <= self.max_payload_bytes else self.skip()
         row = (
             job.uuid,
             job.client,

@@ -343,6 +343,7 @@ class JobRunner:
             )
             kept = nfp.dumps(self.status(job.uuid, Word.NOT_KEPT, bytes=len(payload), errors=[reason]))
             kept_code = nfp.ST_NOT_FOUND
+            self.store.skip()  # counted: zfab_worker_payloads_not_stored_total
         op = self.store.result_op(job, kept_code.decode(), kept)
 
         def stored() -> None:

@@ -391,6 +391,10 @@ class Worker:
                 timeout = max(1e-3, float(left))
             if isinstance(held, int | float) and not isinstance(held, bool) and held >= 0:
                 queued = float(held)
+        # A body over the store's bound is never written, so the job keeps no copy of it: a 10 MB
+        # job then holds its decoded arguments, not the raw body as well, for as long as it is
+        # remembered.
+        request = msg.body if len(msg.body) <= self.store.max_payload_bytes else self.store.skip()
         job = Job(
             uuid=uuid,
             client=msg.client,
@@ -400,7 +404,7 @@ class Worker:
             timeout=timeout,
             push=body.push,
             ack=body.ack,
-            request=msg.body,
+            request=request,
             queued_s=queued,
             emit=self.runner.emit,
             stream_out=self.runner.stream_out,

@@ -278,6 +278,9 @@ def test_a_payload_over_the_store_bound_is_delivered_but_not_stored_and_a_later_
         got = collect(w, final(b"big"))
         ((entry,),) = [list(p.values()) for c, u, st, p in got if c == nfp.RESPONSE and st == nfp.ST_OK]
         assert entry["result"] == "x" * 3000 and entry["failed"] is False  # delivered whole
+        big = w.jobs.get("big")
+        assert big is not None and big.request == b""  # a body it will never write is not kept either
+        assert w.stats()["payloads_not_stored"] == 2  # its body and its result, once each
         job(w, nfp.POST, b"small", {"task": "echo", "kwargs": {"data": "y"}})  # pushes `big` out of memory
         collect(w, final(b"small"))
         job(w, nfp.POST, b"small2", {"task": "echo", "kwargs": {"data": "z"}})  # and `small` too

@@ -43,7 +43,13 @@ class Wire:
         send = self._send
         last = len(frames) - 1
         for i in range(last):
-            send(frames[i], _SNDMORE | _NOBLOCK)
+            f = frames[i]
+            # A large frame goes zero-copy wherever it stands: a POST's body comes before its
+            # flags frame, and the broker's dispatch puts a meta frame after the body.
+            if len(f) < _COPY_LIMIT:
+                send(f, _SNDMORE | _NOBLOCK)
+            else:
+                send(f, _SNDMORE | _NOBLOCK, copy=False)
         send(frames[last], _NOBLOCK, copy=len(frames[last]) < _COPY_LIMIT)
 
     def recv(self) -> Frames:

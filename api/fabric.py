@@ -19,10 +19,10 @@ MMI_TIMEOUT = 2.0
 METRICS_MMI_TIMEOUT = 1.0
 
 
-async def ended(future: Future[Any], timeout: float) -> bool:
-    """Wait up to `timeout` seconds for a future of the client's (it completes on the client's owner
-    thread); True when it is done. Never cancels it: a wait that times out, or a caller that hangs
-    up, leaves the future to everyone else.
+async def wait_done(future: Future[Any], timeout: float) -> bool:
+    """Wait up to `timeout` seconds for a future of the client's (a job's, its admission: they
+    complete on the client's owner thread); True when it is done. Never cancels it: a wait that
+    times out, or a caller that hangs up, leaves the future to everyone else.
 
     One `call_soon_threadsafe` when it completes and an `asyncio.timeout`, instead of
     `wait_for(shield(wrap_future(...)))`: that made a chained asyncio future, a shield future and a
@@ -51,17 +51,12 @@ def _release(waiter: asyncio.Future[None]) -> None:
         waiter.set_result(None)
 
 
-async def wait_done(future: JobFuture, timeout: float) -> bool:
-    """Wait up to `timeout` seconds for the job to finish; True when it did. Never cancels the job."""
-    return await ended(future, timeout)
-
-
 async def await_result(future: JobFuture, timeout: float) -> Any:
     """The job's result (or its error, raised), waiting at most `timeout` seconds (then TimeoutError).
 
     Like wait_done, a caller that hangs up does not cancel the job's future.
     """
-    if not await ended(future, timeout):
+    if not await wait_done(future, timeout):
         raise TimeoutError
     return future.result()
 

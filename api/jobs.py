@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Iterable
-from contextlib import suppress
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
@@ -26,13 +24,14 @@ from service.errors import (
 
 from .admission import check_job
 from .auth import Principal
-from .fabric import ended, wait_done
+from .claims import claim_key, release, settled, take_refused
+from .fabric import wait_done
 from .jobfilter import JobFilter
 from .jobtable import REFUSALS, JobRecord, fingerprint, job_uuid_for_key, new_job_uuid
 from .models import Job, JobPage, JobRequest, JobState, JobSummary
 from .problems import ProblemError, from_fabric_error, responses, unavailable
 from .recovery import ensure_live
-from .remote import forward, place, read, wait_remote
+from .remote import forward, place, wait_remote
 from .state import ApiState, api_state, database_unavailable
 
 log = logging.getLogger(__name__)
@@ -41,8 +40,6 @@ MAX_PAGE = 1000
 # How long POST /jobs waits for the broker to admit a job. A broker that just started holds a POST
 # for a service none of its workers confirmed yet for its startup grace (a few seconds).
 ADMISSION_TIMEOUT = 10.0
-# Shared store: how long POST /jobs waits for its job's row to commit (so that any replica finds it).
-DURABLE_TIMEOUT = 5.0
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -137,7 +134,7 @@ async def admitted(rec: JobRecord, timeout: float = ADMISSION_TIMEOUT) -> None:
     if fut is None:
         return
     admission = fut.admission
-    if not await ended(admission, timeout):
+    if not await wait_done(admission, timeout):
         raise unavailable(
             f"the broker did not say within {ADMISSION_TIMEOUT:g} s whether it took job {rec.uuid}"
         ) from None
@@ -250,94 +247,6 @@ async def submit_job(
     finished = view.state.finished
     response.status_code = 200 if finished and (bound is not None or not fresh) else 202
     return view
-
-
-async def claim_key(st: ApiState, uuid: str, fp: str, req: JobRequest) -> tuple[JobRecord | None, bool]:
-    """Shared store: the job an Idempotency-Key already stands for on some replica, or (None, True) once
-    this replica has claimed the key's row (an insert that only one replica's succeeds)."""
-    from .pgstore import PgJobStore
-
-    store = st.store
-    assert isinstance(store, PgJobStore)
-    now = time.time()
-    placeholder = JobRecord(
-        uuid,
-        req.service,
-        req.task,
-        req.workers,
-        None,
-        fp,
-        req.timeout,
-        request=req,
-        stored=Job(
-            uuid=uuid,
-            service=req.service,
-            task=req.task,
-            workers=req.workers,
-            state=JobState.queued,
-            results=None,
-            submitted_at=datetime.fromtimestamp(now, UTC),
-            timings={"submitted": now},
-            priority=req.priority,
-            retries=req.retries,
-        ),
-    )
-    for _ in range(2):  # a row released between our insert and our read: claim again
-        try:
-            if await store.claim(placeholder, st.settings.broker):
-                return None, True
-        except Exception as exc:
-            raise database_unavailable(str(exc)) from None
-        existing = await read(st, uuid)
-        if existing is not None:
-            return await place(st, existing), False
-    raise database_unavailable(f"the row of job {uuid} came and went; retry")
-
-
-async def take_refused(st: ApiState, rec: JobRecord) -> tuple[JobRecord, bool]:
-    """Another replica's job the fabric refused: this retry of its key submits it again, unless another
-    replica's retry got there first (then that one is the job)."""
-    from .pgstore import PgJobStore
-
-    store = st.store
-    assert isinstance(store, PgJobStore)
-    try:
-        if await store.take(rec.uuid, rec.owner):
-            return rec, True
-    except Exception as exc:
-        raise database_unavailable(str(exc)) from None
-    again = await read(st, rec.uuid)
-    if again is None:
-        return rec, True
-    again = await place(st, again)
-    return again, again.refused() and not again.remote
-
-
-async def release(st: ApiState, uuid: str) -> None:
-    from .pgstore import PgJobStore
-
-    if isinstance(st.store, PgJobStore):
-        try:
-            await st.store.release(uuid)
-        except Exception as exc:  # the row stays as a queued job nobody runs: a retry reads it, waits, and times out
-            log.warning("api: could not release the row of job %s: %s", uuid, exc)
-
-
-async def settled(st: ApiState, rec: JobRecord, *, started: bool = False) -> None:
-    """Shared store: before answering about one of our jobs, let its row commit so that any replica asked
-    next answers the same (a few milliseconds: the persister's next batch). A finished job waits for its
-    final row; one this request `started`, for its first (POST /jobs answers once any replica finds it)."""
-    if st.replicas is None or st.persister is None or rec.remote or rec.live is None or rec.final_written:
-        return  # (a job known from the database only is what the database says)
-    if not st.replicas.ok:  # the write waits for the database to come back: answer now
-        return
-    if not rec.done and not started:
-        return
-    if not rec.done:
-        st.jobs.touch(rec.uuid)  # (deferred while the POST waited for it: see submit_job)
-    with suppress(TimeoutError):
-        async with asyncio.timeout(DURABLE_TIMEOUT):  # (not wait_for: no task per request)
-            await st.persister.durable(rec.uuid, final=rec.done)
 
 
 async def await_job(st: ApiState, rec: JobRecord, bound: float) -> JobRecord:

@@ -153,9 +153,10 @@ class ApiServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
-        if self.started:
-            tune_process()  # after the app's startup, so what it made is frozen too (core/tuning.py)
-        if self.started and self.on_ready is not None:
+        if not self.started:
+            return
+        tune_process()  # after the app's startup, so what it made is frozen too (core/tuning.py)
+        if self.on_ready is not None:
             self.on_ready()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:

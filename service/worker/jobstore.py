@@ -294,27 +294,29 @@ class JobStore:
     # ---- operations (built by callers, run on the writer thread) ----------------
 
     def insert_op(self, rows: list[tuple[str, bytes, str, bytes, float]]) -> Op:
-        """Record received jobs: (uuid, client, task, raw request body, received_at) each."""
+        """Record received jobs: (uuid, client, task, raw request body, received_at) each; a body
+        is one `storable` passed (the worker keeps none that is not)."""
         # Bodies and results go in as bytes (SQLite keeps them as BLOBs): no decoded copy of a
         # large payload is made on the way to disk.
-        limit = self.max_payload_bytes
-        return Rows(INSERT_SQL, [r if len(r[3]) <= limit else (*r[:3], self.skip(), r[4]) for r in rows])
+        return Rows(INSERT_SQL, rows)
 
-    def skip(self) -> bytes:
-        """A payload over the bound: counted; b"" is what is stored in its place."""
+    def storable(self, payload: bytes) -> bool:
+        """True when a payload (a request body, a result) is within the bound the store writes;
+        one over it is counted (zfab_worker_payloads_not_stored_total)."""
+        if len(payload) <= self.max_payload_bytes:
+            return True
         self.payloads_not_stored += 1
-        return b""
+        return False
 
     def result_op(self, job: Job, status_code: str, result: bytes | None = None) -> Op:
         """Store a finished job: its result payload, or `result` in its place (over the payload
         bound, the runner's stand-in that says it was not kept)."""
         # An upsert: the job's result may be written before its receive batch is.
-        request = job.request if len(job.request) <= self.max_payload_bytes else self.skip()
         row = (
             job.uuid,
             job.client,
             job.task,
-            request,
+            job.request,
             job.state.value,
             job.received_at,
             job.started_at,

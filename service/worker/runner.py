@@ -336,14 +336,13 @@ class JobRunner:
         # send): a worker killed in between leaves no "completed" record whose result nobody got,
         # so a retried attempt is not refused as done.
         kept, kept_code = payload, code
-        if len(payload) > self.store.max_payload_bytes:
+        if not self.store.storable(payload):
             reason = (
                 f"the result ({len(payload)} bytes) was delivered but is over ZFAB_WORKER_STORE_PAYLOAD_BYTES "
                 f"({self.store.max_payload_bytes}), so the worker kept it in memory only, and it has left"
             )
             kept = nfp.dumps(self.status(job.uuid, Word.NOT_KEPT, bytes=len(payload), errors=[reason]))
             kept_code = nfp.ST_NOT_FOUND
-            self.store.skip()  # counted: zfab_worker_payloads_not_stored_total
         op = self.store.result_op(job, kept_code.decode(), kept)
 
         def stored() -> None:

@@ -394,7 +394,7 @@ class Worker:
         # A body over the store's bound is never written, so the job keeps no copy of it: a 10 MB
         # job then holds its decoded arguments, not the raw body as well, for as long as it is
         # remembered.
-        request = msg.body if len(msg.body) <= self.store.max_payload_bytes else self.store.skip()
+        request = msg.body if self.store.storable(msg.body) else b""
         job = Job(
             uuid=uuid,
             client=msg.client,

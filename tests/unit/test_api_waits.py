@@ -1,4 +1,4 @@
-"""api/fabric.py's `ended`: how the event loop waits for a future the client's owner thread completes."""
+"""api/fabric.py's `wait_done`: how the event loop waits for a future the client's owner thread completes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
-from api.fabric import await_result, ended
+from api.fabric import await_result, wait_done
 
 
 def test_a_future_completed_on_another_thread_ends_the_wait() -> None:
@@ -17,7 +17,7 @@ def test_a_future_completed_on_another_thread_ends_the_wait() -> None:
     async def main() -> tuple[bool, float]:
         threading.Timer(0.05, fut.set_result, ("x",)).start()
         t0 = time.monotonic()
-        done = await ended(fut, 5.0)
+        done = await wait_done(fut, 5.0)
         return done, time.monotonic() - t0
 
     done, took = asyncio.run(main())
@@ -28,7 +28,7 @@ def test_a_wait_that_times_out_leaves_the_future_to_others() -> None:
     fut: Future[Any] = Future()
 
     async def main() -> bool:
-        return await ended(fut, 0.05)
+        return await wait_done(fut, 0.05)
 
     assert asyncio.run(main()) is False
     assert not fut.cancelled() and not fut.done()
@@ -40,8 +40,8 @@ def test_a_caller_that_goes_away_does_not_cancel_the_future() -> None:
     fut: Future[Any] = Future()
 
     async def main() -> None:
-        task = asyncio.ensure_future(ended(fut, 5.0))
-        await asyncio.sleep(0.01)
+        task = asyncio.ensure_future(wait_done(fut, 5.0))
+        await asyncio.sleep(0)  # the task runs until it waits
         task.cancel()
         try:
             await task
@@ -59,7 +59,7 @@ def test_done_futures_answer_at_once_and_results_and_errors_come_through() -> No
     bad.set_exception(ValueError("boom"))
 
     async def main() -> tuple[Any, str]:
-        assert await ended(ok, 0) is True
+        assert await wait_done(ok, 0) is True
         got = await await_result(ok, 1.0)  # type: ignore[arg-type]
         try:
             await await_result(bad, 1.0)  # type: ignore[arg-type]

@@ -14,10 +14,13 @@ one-worker broker, started the same way in the same run):
   from /proc/PID/stat), and its RSS;
 - dispatch p50/p99 through the broker: a zfab Client running sequential echo jobs (target any);
 - pipelined echo jobs/s from one client (window 200), for scale;
-- MMI show_workers answer time (and size) with the whole fleet listed.
+- MMI show_workers answer time (and size) with the whole fleet listed;
+- the keepalive floor: the CPU a bare pyzmq ROUTER (run_router) spends on the same fleet's
+  keepalives, receiving each and sending one back per interval, and nothing else.
 
     python -m bench.scale [--quick] [--workers 1000] [--procs 4]
     python -m bench.scale peers ...   (a child: the peer harness)
+    python -m bench.scale router ...  (a child: the bare ROUTER of the keepalive floor)
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import heapq
 import json
 import os
 import random
+import select
 import signal
 import sys
 import tempfile
@@ -62,7 +66,7 @@ class _Peer:
 
 def run_peers(
     endpoint: str, count: int, prefix: str, interval: float, credits: int, answer_keepalives: bool,
-    max_seconds: float, parent: int | None,
+    max_seconds: float, parent: int | None, use_poller: bool = False,
 ) -> None:
     """``count`` DEALER peers in one thread until SIGTERM, the parent's exit or ``max_seconds``."""
     stopping = False
@@ -96,9 +100,23 @@ def run_peers(
         for p in peers:
             p.sock.send_multipart([b"", HEADER_W, READY, service, p.announce])
         print(f"peers {prefix}: {count} connected to {endpoint}", flush=True)
+        # zmq_poll asks every socket for its events on each call: 277 us with 250 sockets and
+        # 1.1 ms with 1,000 on this machine, twice per job (before the sleep and after the wake),
+        # which the harness would add to every dispatch it answers. epoll on each socket's
+        # ZMQ_FD costs per ready socket instead. That fd only says "look at ZMQ_EVENTS", and a
+        # send may take the signal of a message that arrived meanwhile, so a socket is drained
+        # after every send too (the pattern zmq_getsockopt(3) documents for ZMQ_FD).
+        ep = select.epoll() if not use_poller else None
+        by_fd: dict[int, _Peer] = {}
+        if ep is not None:
+            for p in peers:
+                fd = p.sock.getsockopt(zmq.FD)
+                by_fd[fd] = p
+                ep.register(fd, select.EPOLLIN)
         # Keepalives due are kept in a heap: a wake-up costs O(log n), not a scan of every peer.
         due = [(p.next_ka, i) for i, p in enumerate(peers)]
         heapq.heapify(due)
+        ready: list[_Peer] = list(peers)
         while not stopping:
             now = time.monotonic()
             if now - started > max_seconds:
@@ -115,16 +133,15 @@ def run_peers(
                 counts["keepalives_tx"] += 1
                 p.next_ka = now + interval
                 heapq.heappush(due, (p.next_ka, i))
+                ready.append(p)
+            # A socket left with messages after its batch is taken again next turn, at once.
+            ready = [p for p in ready if _drain(p, service, counts, answer_keepalives)]
             next_due = min(due[0][0] if due else now + 1.0, now + 1.0)
-            timeout_ms = max(0, int((next_due - time.monotonic()) * 1000) + 1)
-            for sock, _ in poller.poll(timeout_ms):
-                p = by_sock[sock]
-                for _ in range(64):
-                    try:
-                        frames = sock.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    _handle(p, frames, service, counts, answer_keepalives)
+            timeout_ms = 0 if ready else max(0, int((next_due - time.monotonic()) * 1000) + 1)
+            if ep is not None:
+                ready += [by_fd[fd] for fd, _ in ep.poll(timeout_ms / 1000)]
+            else:
+                ready += [by_sock[sock] for sock, _ in poller.poll(timeout_ms)]
     finally:
         for p in peers:
             try:
@@ -135,6 +152,17 @@ def run_peers(
         for p in peers:
             p.sock.close(linger=200)
         ctx.term()
+
+
+def _drain(p: _Peer, service: bytes, counts: dict[str, int], answer_ka: bool) -> bool:
+    """A bounded batch of what the socket holds; True when more is left. ZMQ_EVENTS is asked
+    before each message, so what arrived during _handle's own sends is not missed."""
+    sock = p.sock
+    for _ in range(64):
+        if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            return False
+        _handle(p, sock.recv_multipart(zmq.NOBLOCK), service, counts, answer_ka)
+    return bool(sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
 
 
 def _handle(p: _Peer, frames: list[bytes], service: bytes, counts: dict[str, int], answer_ka: bool) -> None:
@@ -178,6 +206,100 @@ def _handle(p: _Peer, frames: list[bytes], service: bytes, counts: dict[str, int
     counts["other"] += 1
 
 
+# ---------------------------------------------------------------- the keepalive floor
+
+
+def run_router(endpoint: str, interval: float, status: str, max_seconds: float, parent: int | None) -> None:
+    """A bare pyzmq ROUTER carrying the same keepalive traffic as the broker: a peer is known from
+    its READY, each KEEPALIVE is received and timestamped, and one KEEPALIVE goes back to every
+    peer per interval (in waves, like the broker's tend_workers). No parsing, no state beyond
+    that: what any Python broker on this machine must spend on 1,000 peers before it does a thing.
+    The number of peers it knows is written to ``status`` as it changes."""
+    stopping = False
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 10_000)
+    sock.setsockopt(zmq.RCVHWM, 10_000)
+    sock.bind(endpoint)
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    heard: dict[bytes, float] = {}
+    due: list[tuple[float, bytes]] = []
+    started = time.monotonic()
+    known = -1
+    try:
+        while not stopping and time.monotonic() - started < max_seconds:
+            if parent is not None and os.getppid() != parent:
+                break
+            now = time.monotonic()
+            while due and due[0][0] <= now + interval / 10:
+                _, ident = heapq.heappop(due)
+                sock.send_multipart([ident, b"", b"NFPB01", KEEPALIVE, SERVICE.encode()], zmq.NOBLOCK)
+                heapq.heappush(due, (now + interval, ident))
+            if known != len(heard):
+                known = len(heard)
+                with open(status, "w") as f:
+                    f.write(str(known))
+            timeout = max(0.0, (due[0][0] - interval / 10 - time.monotonic())) if due else 1.0
+            if not poller.poll(int(min(timeout, 1.0) * 1000) + 1):
+                continue
+            # ZMQ_EVENTS before each message, not an Again at the end of each batch: pyzmq builds
+            # that exception and its errno enum, the broker's trick too (transport/loop.py).
+            for _ in range(256):
+                if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    break
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+                ident = frames[0]
+                if ident not in heard and len(frames) > 3 and frames[3] == READY:
+                    heapq.heappush(due, (time.monotonic() + interval, ident))
+                heard[ident] = time.monotonic()
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+def _router_floor(tmp: str, n_workers: int, n_procs: int, idle_s: float) -> dict[str, float]:
+    """CPU of run_router with the same fleet of peers, over the same idle window as the broker's."""
+    from bench.common import free_port, wait_for
+
+    out: dict[str, float] = {}
+    with Fabric(tmp) as fab:
+        endpoint = f"tcp://127.0.0.1:{free_port()}"
+        status = os.path.join(tmp, "router.status")
+        router = fab.spawn([sys.executable, "-m", "bench.scale", "router", "--endpoint", endpoint, "--status", status,
+                            "--parent", str(os.getpid()), "--max-seconds", "600"])
+        per = [n_workers // n_procs + (1 if i < n_workers % n_procs else 0) for i in range(n_procs)]
+        peers = []
+        try:
+            if not wait_for(lambda: os.path.exists(status), 30):
+                raise RuntimeError("the bare router did not start" + log_tail([router]))
+            for i, k in enumerate(p for p in per if p > 0):
+                peers.append(fab.spawn([sys.executable, "-m", "bench.scale", "peers", "--endpoint", endpoint,
+                                        "--count", str(k), "--prefix", f"f{i}", "--parent", str(os.getpid()),
+                                        "--max-seconds", "600"]))
+
+            def registered() -> bool:
+                with open(status) as f:
+                    return f.read().strip() == str(n_workers)
+
+            if not wait_for(registered, 60 + n_workers / 20, 0.2):
+                raise RuntimeError("peers did not all reach the bare router" + log_tail([router, *peers]))
+            time.sleep(min(3.0, idle_s))  # every peer's first keepalive round, as for the broker
+            r0, t0 = cpu_seconds(router.pid), time.monotonic()
+            time.sleep(idle_s)
+            out["router_cpu_pct"] = 100 * (cpu_seconds(router.pid) - r0) / (time.monotonic() - t0)
+        finally:
+            stop(peers)
+    return out
+
+
 # ------------------------------------------------------------------------ measuring
 
 
@@ -202,7 +324,8 @@ def _pipelined(c: Any, n: int, window: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def _fleet(tmp: str, n_workers: int, n_procs: int, quick: bool, answer_ka: bool) -> dict[str, float]:
+def _fleet(tmp: str, n_workers: int, n_procs: int, quick: bool, answer_ka: bool, zmq_poll: bool = False,
+           ) -> dict[str, float]:
     from service import Client, Settings
 
     seq_n, pipe_n, idle_s, mmi_n = (300, 2000, 5.0, 10) if quick else (1000, 5000, 10.0, 20)
@@ -217,6 +340,8 @@ def _fleet(tmp: str, n_workers: int, n_procs: int, quick: bool, answer_ka: bool)
                     "--prefix", f"p{i}", "--parent", str(os.getpid()), "--max-seconds", "900"]
             if answer_ka:
                 args.append("--answer-keepalives")
+            if zmq_poll:
+                args.append("--zmq-poll")
             peers.append(fab.spawn(args))
         try:
             with Client(settings=Settings(broker=fab.endpoint), name="scale") as c:
@@ -254,13 +379,14 @@ def _fleet(tmp: str, n_workers: int, n_procs: int, quick: bool, answer_ka: bool)
     return out
 
 
-def run(quick: bool = False, workers: int = 1000, procs: int = 4) -> dict[str, Any]:
+def run(quick: bool = False, workers: int = 1000, procs: int = 4, zmq_poll: bool = False) -> dict[str, Any]:
     """Measure with 1 peer and with ``workers`` peers, print both with ratios."""
     print(f"-- {workers:,} workers on one broker (harness: {procs} processes, one poll loop each); "
           f"baseline: the same broker with 1 worker", flush=True)
     with tempfile.TemporaryDirectory(prefix="zfab-bench-scale-") as tmp:
-        one = _fleet(tmp + "/one", 1, 1, quick, False)
-        many = _fleet(tmp + "/many", workers, procs, quick, False)
+        one = _fleet(tmp + "/one", 1, 1, quick, False, zmq_poll)
+        many = _fleet(tmp + "/many", workers, procs, quick, False, zmq_poll)
+        floor = _router_floor(tmp + "/floor", workers, procs, 5.0 if quick else 10.0)
         chatty = None
         if not quick:
             chatty = _fleet(tmp + "/chatty", workers, procs, True, True)
@@ -268,6 +394,10 @@ def run(quick: bool = False, workers: int = 1000, procs: int = 4) -> dict[str, A
     report("broker cpu, 1 worker", one["broker_cpu_pct"], "%core")
     report(f"broker cpu, {label}", many["broker_cpu_pct"], "%core")
     print(f"   target < 2 % of a core with {label}; {many['broker_cpu_pct']:.2f} %", flush=True)
+    report(f"bare ROUTER cpu, {label}", floor["router_cpu_pct"], "%core")
+    if floor["router_cpu_pct"] > 0:
+        print(f"   the keepalive floor: a pyzmq ROUTER that only receives their keepalives and sends one back per "
+              f"interval; broker / floor = {many['broker_cpu_pct'] / floor['router_cpu_pct']:.1f}x", flush=True)
     if chatty is not None:
         report(f"broker cpu, {label} +ka echo", chatty["broker_cpu_pct"], "%core")
         print("   (+ka echo: each peer also answers every broker keepalive, 1.5x the keepalive traffic)")
@@ -287,7 +417,7 @@ def run(quick: bool = False, workers: int = 1000, procs: int = 4) -> dict[str, A
     print(f"   target < 100 ms; answer {many['mmi_kb']:.0f} kB; 1 worker: {one['mmi_p50_ms']:.1f} ms", flush=True)
     report(f"registration of {label}", many["register_s"], "s")
     print(f"   alive at the end: {many['alive_at_end']:.0f} of {workers}", flush=True)
-    return {"one": one, "many": many, "chatty": chatty}
+    return {"one": one, "many": many, "chatty": chatty, "floor": floor}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--workers", type=int, default=1000)
     p.add_argument("--procs", type=int, default=4)
+    p.add_argument("--zmq-poll", action="store_true",
+                   help="peers wait in zmq_poll over all their sockets (the harness before epoll), for comparison")
     sub = p.add_subparsers(dest="role")
     pe = sub.add_parser("peers")
     pe.add_argument("--endpoint", required=True)
@@ -306,12 +438,22 @@ def main(argv: list[str] | None = None) -> int:
     pe.add_argument("--answer-keepalives", action="store_true")
     pe.add_argument("--max-seconds", type=float, default=900)
     pe.add_argument("--parent", type=int)
+    pe.add_argument("--zmq-poll", action="store_true", help="zmq_poll over all sockets (the old harness)")
+    ro = sub.add_parser("router")
+    ro.add_argument("--endpoint", required=True)
+    ro.add_argument("--status", required=True)
+    ro.add_argument("--interval", type=float, default=float(os.environ.get("ZFAB_KEEPALIVE_INTERVAL", "2.5")))
+    ro.add_argument("--max-seconds", type=float, default=600)
+    ro.add_argument("--parent", type=int)
     ns = p.parse_args(argv)
+    if ns.role == "router":
+        run_router(ns.endpoint, ns.interval, ns.status, ns.max_seconds, ns.parent)
+        return 0
     if ns.role == "peers":
         run_peers(ns.endpoint, ns.count, ns.prefix, ns.interval, ns.credits, ns.answer_keepalives,
-                  ns.max_seconds, ns.parent)
+                  ns.max_seconds, ns.parent, ns.zmq_poll)
         return 0
-    run(ns.quick, ns.workers, ns.procs)
+    run(ns.quick, ns.workers, ns.procs, ns.zmq_poll)
     return 0
 
 

@@ -6,6 +6,9 @@ process its CPU and its wake-ups per second: voluntary context switches of all i
 thread, which in zfab mostly sleeps in a join or in uvicorn's loop; its figure is printed too.
 The busiest threads of each process are listed, so a thread that ticks can be found.
 
+Beside it, two floors: the same API server serving a bare FastAPI app, and a bare pyzmq ROUTER
+keeping 3 peers alive (the broker's 2 workers and the API's client) at the same interval.
+
 The fabric is fresh; before the window it runs a few jobs (so every lazy path has been taken)
 and settles.
 
@@ -54,13 +57,25 @@ def run(quick: bool = False, seconds: float | None = None) -> dict[str, float]:
         fab.start_api()
         bare_port = free_port()
         bare = fab.spawn([sys.executable, "-m", "bench.bare_app", "--port", str(bare_port)])
+        # The broker's floor: a bare pyzmq ROUTER with 3 peers (as many as the broker has: 2
+        # workers and the API's client) keeping alive at the same interval (bench/scale.py).
+        router_ep = f"tcp://127.0.0.1:{free_port()}"
+        status = str(Path(tmp) / "router.status")
+        router = fab.spawn([sys.executable, "-m", "bench.scale", "router", "--endpoint", router_ep,
+                            "--status", status, "--max-seconds", "600"])
+        if not wait_for(lambda: Path(status).exists(), 30):
+            raise RuntimeError("the bare router did not start")
+        fab.spawn([sys.executable, "-m", "bench.scale", "peers", "--endpoint", router_ep, "--count", "3",
+                   "--prefix", "idle", "--max-seconds", "600"])
         fab.wait_api_workers(2)
         if not wait_for(lambda: http_json(f"http://127.0.0.1:{bare_port}/healthz")[0] == 200, 30):
             raise RuntimeError("bench.bare_app did not come up")
+        if not wait_for(lambda: Path(status).read_text().strip() == "3", 30):
+            raise RuntimeError("the 3 peers did not reach the bare router")
         for _ in range(10):
             http_json(fab.api_url + "/jobs?wait=10", JOB)
         time.sleep(5.0)  # job stores flushed, timers of the jobs passed
-        pids = {**fab.pids(), "bare FastAPI (baseline)": bare.pid}
+        pids = {**fab.pids(), "bare FastAPI (baseline)": bare.pid, "bare ROUTER (baseline)": router.pid}
         cpu0 = {n: cpu_seconds(p) for n, p in pids.items()}
         vol0 = {n: ctx_switches(p)[0] for n, p in pids.items()}
         main0 = {n: _main_thread_switches(p) for n, p in pids.items()}
@@ -74,6 +89,7 @@ def run(quick: bool = False, seconds: float | None = None) -> dict[str, float]:
         thr1 = {n: _thread_switches(p) for n, p in pids.items()}
         threads = {n: len(threads_of(p)) for n, p in pids.items()}
     bare_cpu, bare_wake = cpu.pop("bare FastAPI (baseline)"), wake.pop("bare FastAPI (baseline)")
+    router_cpu, router_wake = cpu.pop("bare ROUTER (baseline)"), wake.pop("bare ROUTER (baseline)")
     total = sum(cpu.values())
     print(f"-- idle fabric (broker, 2 demo workers, API), {window:.0f} s window, after 10 jobs and 5 s settling",
           flush=True)
@@ -93,6 +109,11 @@ def run(quick: bool = False, seconds: float | None = None) -> dict[str, float]:
     print("   the same server setup (api/server.py: uvicorn without a main-loop tick; each request refreshes "
           "the Date header) serving bench/bare_app.py, no fabric: the API's floor", flush=True)
     out["bare_cpu_pct"], out["bare_wakeups"] = bare_cpu, bare_wake
+    report("idle cpu, bare ROUTER", router_cpu, "%core")
+    report("wake-ups/s, bare ROUTER", router_wake, "/s")
+    print("   a pyzmq ROUTER that only keeps 3 peers alive (bench/scale.py router), as many as the broker has: "
+          "the broker's floor", flush=True)
+    out["router_cpu_pct"], out["router_wakeups"] = router_cpu, router_wake
     return out
 
 

@@ -248,7 +248,7 @@ def run_router(endpoint: str, interval: float, status: str, max_seconds: float, 
                 with open(status, "w") as f:
                     f.write(str(known))
             timeout = max(0.0, (due[0][0] - interval / 10 - time.monotonic())) if due else 1.0
-            if not poller.poll(int(min(timeout, 1.0) * 1000) + 1):
+            if not poller.poll(int(min(timeout, 10.0) * 1000) + 1):  # no tick: its wake-ups are the traffic
                 continue
             # ZMQ_EVENTS before each message, not an Again at the end of each batch: pyzmq builds
             # that exception and its errno enum, the broker's trick too (transport/loop.py).

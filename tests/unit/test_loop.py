@@ -188,3 +188,60 @@ def test_handler_error_does_not_kill_the_loop(router: Any) -> None:
     assert role.received == [[b"fine"]]
     assert loop.stats.handler_errors == 1
     loop.stop()
+
+
+class BatchRole(EchoRole):
+    """Records how many messages each receive batch handed over."""
+
+    def __init__(self, endpoint: str) -> None:
+        super().__init__(endpoint)
+        self.batches: list[int] = []
+        self._in_batch = 0
+
+    def on_frames(self, frames: Frames) -> None:
+        self._in_batch += 1
+        super().on_frames(frames)
+
+    def on_batch_end(self) -> None:
+        self.batches.append(self._in_batch)
+        self._in_batch = 0
+
+
+def test_bursts_are_read_whole_in_bounded_batches_and_a_lone_message_alone(router: Any) -> None:
+    # Given a loop with small receive batches, known to its peer
+    r, ep = router
+    role = BatchRole(ep)
+    loop = OwnerLoop(role, name="burst", batch=16)
+    loop.start()
+    loop.submit([b"hello"])
+    ident = r.recv_multipart()[0]
+    # When the peer sends one message, and once it is taken a burst of 100
+    r.send_multipart([ident, b"lone"])
+    assert role.got.wait(3)
+    assert _wait(lambda: role.batches == [1])
+    # (sent while the owner is held in a queued call, so they pile up in its socket)
+    release = threading.Event()
+    def hold() -> None:
+        release.wait(5)
+
+    loop.submit(hold)
+    for i in range(100):
+        r.send_multipart([ident, str(i).encode()])
+    release.set()
+    # Then every message arrives, in order, in batches of at most 16, each closed by on_batch_end,
+    # and the pile is read several to a batch (on to the end of the socket's queue)
+    assert _wait(lambda: len(role.received) == 101 and sum(role.batches) == 101)
+    loop.stop()
+    assert role.received == [[b"lone"]] + [[str(i).encode()] for i in range(100)]
+    assert role.batches[0] == 1
+    assert max(role.batches) <= 16
+    assert len(role.batches) < 50
+
+
+def _wait(cond: Any, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True

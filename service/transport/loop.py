@@ -349,8 +349,9 @@ class OwnerLoop:
             # costs more than a message (pyzmq builds the exception and its errno enum). A
             # longer batch reads on to its Again instead: asking ZMQ_EVENTS before every
             # message (it processes the socket's pending commands each time) was the top line of
-            # the broker's and the client's pipelined profiles, 13 %, and dropping it gave 14 %
-            # more pipelined jobs/s in five interleaved pairs.
+            # the broker's and the client's pipelined profiles (13 %). Receiving bursts of
+            # 8-frame messages, the batch that reads on costs 14.2-15.0 us of CPU a message
+            # against 16.1-20.1 us with a check before each.
             if i == 1 and not readable():
                 break
             try:

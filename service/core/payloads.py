@@ -119,6 +119,9 @@ class PostBody:
     ack: bool
 
 
+_NUMBER = (int, float)  # a tuple, not int | float: that expression builds a UnionType on every call
+
+
 def read_post_body(raw: bytes) -> PostBody:
     """Read and check a POST body; raises ProtocolError("json", why) for anything malformed."""
     try:
@@ -132,7 +135,7 @@ def read_post_body(raw: bytes) -> PostBody:
     timeout = body.get("timeout")
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         raise ProtocolError("json", "bad request body: args must be a JSON list and kwargs a JSON object")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0):
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, _NUMBER) or timeout <= 0):
         raise ProtocolError("json", "bad request body: timeout must be a positive number of seconds")
     return PostBody(
         task=str(body.get("task", "")),

@@ -161,10 +161,13 @@ class BrokerReply:
     payload: bytes
 
 
+_FRAME_TYPES = (bytes, bytearray, memoryview)  # a tuple: `bytes | ...` would build a UnionType per frame
+
+
 def _check_sizes(frames: list[bytes], max_bytes: int) -> None:
     total = 0
     for f in frames:
-        if not isinstance(f, bytes | bytearray | memoryview):
+        if not isinstance(f, _FRAME_TYPES):
             raise ProtocolError("type", f"frame of type {type(f).__name__}")
         total += len(f)
     if total > max_bytes:

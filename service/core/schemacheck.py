@@ -38,7 +38,7 @@ def check(value: Any, schema: dict[str, Any], path: str = "$") -> str | None:
         return f"{path}: must be one of {schema['enum']}"
     if "const" in schema and value != schema["const"]:
         return f"{path}: must be {schema['const']!r}"
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    if isinstance(value, _NUMBER) and not isinstance(value, bool):
         if "minimum" in schema and value < schema["minimum"]:
             return f"{path}: must be >= {schema['minimum']}"
         if "maximum" in schema and value > schema["maximum"]:
@@ -75,6 +75,8 @@ def check(value: Any, schema: dict[str, Any], path: str = "$") -> str | None:
 # ---- job arguments against a task's schema (pydantic's JSON schema), as pydantic would judge them ----
 
 _TRUE_FALSE = {"true", "false", "yes", "no", "on", "off", "1", "0", "t", "f", "y", "n"}
+_NUMBER = (int, float)  # a tuple, not int | float: that expression builds a UnionType on every call
+_INTEGER = (bool, int)
 
 
 def check_arguments(args: list[Any], kwargs: dict[str, Any], schema: dict[str, Any]) -> str | None:
@@ -151,7 +153,7 @@ def _fits(value: Any, name: str) -> bool:
     if name == "boolean":
         return isinstance(value, bool) or value in (0, 1) or (isinstance(value, str) and value.lower() in _TRUE_FALSE)
     if name in ("integer", "number"):
-        if isinstance(value, bool | int):
+        if isinstance(value, _INTEGER):
             return True
         if isinstance(value, float):
             return name == "number" or value.is_integer()

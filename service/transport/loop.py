@@ -30,6 +30,7 @@ from .wire import Wire
 # a few percent of a broker whose 1,000 workers wake it 800 times a second.
 _POLLIN = int(zmq.POLLIN)
 _POLLINOUT = int(zmq.POLLIN | zmq.POLLOUT)
+_FRAMES_ITEM = (list, tuple)  # a tuple, not list | tuple: that expression builds a UnionType per call
 
 log = logging.getLogger(__name__)
 
@@ -302,7 +303,7 @@ class OwnerLoop:
                 if not q:
                     return False
                 item = q.popleft()
-                if isinstance(item, list | tuple):
+                if isinstance(item, _FRAMES_ITEM):
                     if not self._send_item(item):
                         self._stalled = item
                         return True

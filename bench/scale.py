@@ -64,18 +64,23 @@ class _Peer:
         self.announce = json.dumps({"v": 2, "name": name, "credits": credits, "tasks": {"echo": {}}}).encode()
 
 
+def _sigterm_flag() -> list[bool]:
+    """A flag that SIGTERM sets; a child's loop looks at it every turn and ends cleanly."""
+    flag = [False]
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        flag[0] = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    return flag
+
+
 def run_peers(
     endpoint: str, count: int, prefix: str, interval: float, credits: int, answer_keepalives: bool,
     max_seconds: float, parent: int | None, use_poller: bool = False,
 ) -> None:
     """``count`` DEALER peers in one thread until SIGTERM, the parent's exit or ``max_seconds``."""
-    stopping = False
-
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, on_term)
+    stopping = _sigterm_flag()
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     ctx.setsockopt(zmq.MAX_SOCKETS, count + 64)
     peers: list[_Peer] = []
@@ -117,7 +122,7 @@ def run_peers(
         due = [(p.next_ka, i) for i, p in enumerate(peers)]
         heapq.heapify(due)
         ready: list[_Peer] = list(peers)
-        while not stopping:
+        while not stopping[0]:
             now = time.monotonic()
             if now - started > max_seconds:
                 print(f"peers {prefix}: max {max_seconds:.0f} s reached", flush=True)
@@ -215,13 +220,7 @@ def run_router(endpoint: str, interval: float, status: str, max_seconds: float, 
     peer per interval (in waves, like the broker's tend_workers). No parsing, no state beyond
     that: what any Python broker on this machine must spend on 1,000 peers before it does a thing.
     The number of peers it knows is written to ``status`` as it changes."""
-    stopping = False
-
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, on_term)
+    stopping = _sigterm_flag()
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -235,7 +234,7 @@ def run_router(endpoint: str, interval: float, status: str, max_seconds: float, 
     started = time.monotonic()
     known = -1
     try:
-        while not stopping and time.monotonic() - started < max_seconds:
+        while not stopping[0] and time.monotonic() - started < max_seconds:
             if parent is not None and os.getppid() != parent:
                 break
             now = time.monotonic()

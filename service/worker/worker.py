@@ -1,7 +1,7 @@
 """Worker: a service class whose `@task` methods run jobs sent by the broker.
 
 The DEALER socket belongs to the owner loop, which admits jobs (cheap checks, dedupe by
-uuid, bounds) and answers GET/DELETE/PUT. Pool threads run the jobs (runner.py); the
+uuid, bounds) and answers GET/DELETE/PUT (requests.py). Pool threads run the jobs (runner.py); the
 job store's writer thread records them in batches, and 201 follows each commit.
 """
 
@@ -21,18 +21,19 @@ from ..core import payloads
 from ..core import protocol as nfp
 from ..core.errors import ProtocolError
 from ..core.keepalive import Clock, KeepAlive
-from ..core.payloads import Outcome, Word
+from ..core.payloads import Word
 from ..settings import Settings
 from ..transport.base import Frames, LoopFactory, Transport
 from ..transport.loop import OwnerLoop
 from ..transport.wire import dealer_socket
 from .aio import AsyncRunner
 from .credits import RECHECK_SECONDS, credits_for, worth_telling
-from .job import Job, JobState
-from .jobstore import JobStore, StoredJob
+from .job import Job
+from .jobstore import JobStore
 from .naming import claim_name
 from .pool import JobPool
 from .recent import RecentJobs
+from .requests import JobRequests
 from .runner import JobRunner
 from .task import TaskSpec, build_spec, is_task, task
 
@@ -117,6 +118,15 @@ class Worker:
             contact=self._in_contact,
             in_contact_now=self._in_contact_now,
             clock=clock,
+        )
+        self.requests = JobRequests(
+            name=self.name,
+            service=self.service_name,
+            jobs=self.jobs,
+            store=self.store,
+            runner=self.runner,
+            loop=self.loop,
+            counts=self.counts,
         )
         self._tasks_schema: dict[str, Any] | None = None
         self.store.failure_payload = lambda uuid, task, why: nfp.dumps(self.runner.failure(uuid, task, [why]))
@@ -299,11 +309,11 @@ class Worker:
             if msg.command == nfp.POST:
                 self.handle_post(msg)
             elif msg.command == nfp.GET:
-                self.handle_get(msg)
+                self.requests.get(msg)
             elif msg.command == nfp.DELETE:
-                self.handle_delete(msg)
+                self.requests.delete(msg)
             elif msg.command == nfp.PUT:
-                self.handle_put(msg)
+                self.requests.put(msg)
             else:
                 self._reply(msg, nfp.ST_BAD_REQUEST, self.runner.status(msg.uuid.decode(), Word.UNSUPPORTED))
         except Exception as exc:  # RecursionError, MemoryError...: answered, counted; the loop goes on
@@ -350,7 +360,7 @@ class Worker:
         }
 
     def _reply(self, msg: nfp.BrokerJob, status: bytes, payload: Any, command: bytes = nfp.RESPONSE) -> None:
-        self.loop.send(nfp.worker_reply(command, msg.client, msg.uuid, status, nfp.dumps(payload)))
+        self.requests.reply(msg, status, payload, command)
 
     def handle_post(self, msg: nfp.BrokerJob) -> None:
         """Admit a job: cheap checks here, validation and the run on a pool thread."""
@@ -358,10 +368,10 @@ class Worker:
         known = self.jobs.get(uuid)
         if known is not None:
             # A retried POST never runs a job twice: answer with what the job is now.
-            self._answer(known, msg.client)
+            self.requests.answer(known, msg.client)
             return
         if uuid in self.store.stored_before:
-            self.handle_get(msg)  # ran before this worker restarted: its stored outcome answers
+            self.requests.get(msg)  # ran before this worker restarted: its stored outcome answers
             return
         try:
             body = payloads.read_post_body(msg.body)
@@ -452,85 +462,3 @@ class Worker:
                 n += 1
         if n:
             log.warning("worker %s: dropped %d jobs it had not started", self.name, n)
-
-    def _answer(self, job: Job, client: bytes) -> None:
-        if job.state.final:
-            frames = nfp.worker_reply(nfp.RESPONSE, client, job.uuid.encode(), job.status_code, job.result_payload)
-        else:
-            status = nfp.ST_WAITING_INPUT if job.state == JobState.WAITING_INPUT else nfp.ST_PENDING
-            state = Word.STARTED if job.state != JobState.RECEIVED else Word.PENDING
-            frames = nfp.worker_reply(
-                nfp.RESPONSE, client, job.uuid.encode(), status, nfp.dumps(self.runner.status(job.uuid, state))
-            )
-        self.loop.send(frames)
-
-    def handle_get(self, msg: nfp.BrokerJob) -> None:
-        uuid = msg.uuid.decode(errors="replace")
-        job = self.jobs.get(uuid)
-        if job is not None:
-            self._answer(job, msg.client)
-            return
-
-        def reply(found: StoredJob | None) -> None:
-            if found is None:
-                status, payload = nfp.ST_NOT_FOUND, nfp.dumps(self.runner.status(uuid, Word.NOT_FOUND))
-            elif found.result is not None:
-                r = found.result
-                status, payload = (found.status_code or "200").encode(), r.encode() if isinstance(r, str) else r
-            else:
-                status, payload = nfp.ST_PENDING, nfp.dumps(self.runner.status(uuid, Word.PENDING))
-            self.runner.send(nfp.worker_reply(nfp.RESPONSE, msg.client, msg.uuid, status, payload))
-
-        try:
-            self.store.read(uuid, reply)
-        except queue.Full:
-            self._reply(msg, nfp.ST_BUSY, self.runner.status(uuid, Word.BUSY, errors=["worker job store is busy"]))
-
-    def handle_delete(self, msg: nfp.BrokerJob) -> None:
-        uuid = msg.uuid.decode(errors="replace")
-        job = self.jobs.get(uuid)
-        if job is None:
-            self._reply(msg, nfp.ST_NOT_FOUND, self.runner.status(uuid, Word.NOT_FOUND))
-            return
-        if not job.state.final:
-            job.cancel()
-            if job.claim():
-                # Still queued: it ends now, without waiting for a pool thread.
-                job.started_at = time.time()
-                self.runner.complete(job, nfp.ST_OK, None, Outcome.CANCELLED, ["cancelled before it started"])
-        state = job.state.value if job.state.final else Word.CANCELLING
-        self._reply(msg, nfp.ST_DISPATCHED, self.runner.status(uuid, state))
-
-    def handle_put(self, msg: nfp.BrokerJob) -> None:
-        """Client data for a running job: stream credits, or the answer to an input request."""
-        uuid = msg.uuid.decode(errors="replace")
-        job = self.jobs.get(uuid)
-        try:
-            body = nfp.loads(msg.body)
-            if not isinstance(body, dict):
-                raise ValueError("PUT body must be a JSON object")
-        except ValueError as exc:
-            self.counts["rejected_frames"] += 1
-            log.warning("worker %s: bad PUT for job %s: %s", self.name, uuid, exc)
-            return
-        if "credit" in body:
-            if job is not None and isinstance(body["credit"], int):
-                job.grant(body["credit"])
-            return
-        input_id = str(body.get("input_id", ""))
-        problem = "job not found" if job is None or job.state.final else job.deliver_input(input_id, body.get("value"))
-        response = {"input_id": input_id, "accepted": problem is None, "errors": [problem] if problem else []}
-        payload = {
-            "event_type": "input_response",
-            "message": "input accepted" if problem is None else problem,
-            "severity": "INFO" if problem is None else "WARNING",
-            "status": "running",
-            "task": job.task if job else "",
-            "juuid": uuid,
-            "extras": {"input_response": response},
-        }
-        if job is not None:
-            self.runner.emit(job, payload)
-        else:
-            payload.update(worker=self.name, service=self.service_name, uuid=uuid)
-            self.loop.send(nfp.worker_reply(nfp.EVENT, msg.client, msg.uuid, nfp.ST_OK, nfp.dumps(payload)))

@@ -36,12 +36,13 @@ import sys
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
 import zmq
 
-from bench.common import cpu_seconds, percentile, report, stop
+from bench.common import cpu_seconds, free_port, percentile, report, stop, wait_for
 from bench.harness import Fabric, log_tail, rss_bytes, wait_mmi_workers
 
 SERVICE = "scale"
@@ -84,8 +85,6 @@ def run_peers(
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     ctx.setsockopt(zmq.MAX_SOCKETS, count + 64)
     peers: list[_Peer] = []
-    by_sock: dict[zmq.Socket[bytes], _Peer] = {}
-    poller = zmq.Poller()
     service = SERVICE.encode()
     started = time.monotonic()
     counts = {"posts": 0, "keepalives_rx": 0, "keepalives_tx": 0, "disconnects": 0, "other": 0}
@@ -100,8 +99,6 @@ def run_peers(
             sock.connect(endpoint)
             peer = _Peer(name, sock, started + random.uniform(0, interval), credits)
             peers.append(peer)
-            by_sock[sock] = peer
-            poller.register(sock, zmq.POLLIN)
         for p in peers:
             p.sock.send_multipart([b"", HEADER_W, READY, service, p.announce])
         print(f"peers {prefix}: {count} connected to {endpoint}", flush=True)
@@ -111,13 +108,7 @@ def run_peers(
         # ZMQ_FD costs per ready socket instead. That fd only says "look at ZMQ_EVENTS", and a
         # send may take the signal of a message that arrived meanwhile, so a socket is drained
         # after every send too (the pattern zmq_getsockopt(3) documents for ZMQ_FD).
-        ep = select.epoll() if not use_poller else None
-        by_fd: dict[int, _Peer] = {}
-        if ep is not None:
-            for p in peers:
-                fd = p.sock.getsockopt(zmq.FD)
-                by_fd[fd] = p
-                ep.register(fd, select.EPOLLIN)
+        wait = _zmq_poll_waiter(peers) if use_poller else _epoll_waiter(peers)
         # Keepalives due are kept in a heap: a wake-up costs O(log n), not a scan of every peer.
         due = [(p.next_ka, i) for i, p in enumerate(peers)]
         heapq.heapify(due)
@@ -143,10 +134,7 @@ def run_peers(
             ready = [p for p in ready if _drain(p, service, counts, answer_keepalives)]
             next_due = min(due[0][0] if due else now + 1.0, now + 1.0)
             timeout_ms = 0 if ready else max(0, int((next_due - time.monotonic()) * 1000) + 1)
-            if ep is not None:
-                ready += [by_fd[fd] for fd, _ in ep.poll(timeout_ms / 1000)]
-            else:
-                ready += [by_sock[sock] for sock, _ in poller.poll(timeout_ms)]
+            ready += wait(timeout_ms)
     finally:
         for p in peers:
             try:
@@ -157,6 +145,25 @@ def run_peers(
         for p in peers:
             p.sock.close(linger=200)
         ctx.term()
+
+
+def _epoll_waiter(peers: list[_Peer]) -> Callable[[int], list[_Peer]]:
+    ep = select.epoll()
+    by_fd: dict[int, _Peer] = {}
+    for p in peers:
+        fd = p.sock.getsockopt(zmq.FD)
+        by_fd[fd] = p
+        ep.register(fd, select.EPOLLIN)
+    return lambda timeout_ms: [by_fd[fd] for fd, _ in ep.poll(timeout_ms / 1000)]
+
+
+def _zmq_poll_waiter(peers: list[_Peer]) -> Callable[[int], list[_Peer]]:
+    poller = zmq.Poller()
+    by_sock: dict[zmq.Socket[bytes], _Peer] = {}
+    for p in peers:
+        poller.register(p.sock, zmq.POLLIN)
+        by_sock[p.sock] = p
+    return lambda timeout_ms: [by_sock[sock] for sock, _ in poller.poll(timeout_ms)]
 
 
 def _drain(p: _Peer, service: bytes, counts: dict[str, int], answer_ka: bool) -> bool:
@@ -264,22 +271,25 @@ def run_router(endpoint: str, interval: float, status: str, max_seconds: float, 
         ctx.term()
 
 
+def _split(n_workers: int, n_procs: int) -> list[int]:
+    """Peers per harness process: as even as they go, no empty process."""
+    per = [n_workers // n_procs + (1 if i < n_workers % n_procs else 0) for i in range(n_procs)]
+    return [k for k in per if k > 0]
+
+
 def _router_floor(tmp: str, n_workers: int, n_procs: int, idle_s: float) -> dict[str, float]:
     """CPU of run_router with the same fleet of peers, over the same idle window as the broker's."""
-    from bench.common import free_port, wait_for
-
     out: dict[str, float] = {}
     with Fabric(tmp) as fab:
         endpoint = f"tcp://127.0.0.1:{free_port()}"
         status = os.path.join(tmp, "router.status")
         router = fab.spawn([sys.executable, "-m", "bench.scale", "router", "--endpoint", endpoint, "--status", status,
                             "--parent", str(os.getpid()), "--max-seconds", "600"])
-        per = [n_workers // n_procs + (1 if i < n_workers % n_procs else 0) for i in range(n_procs)]
         peers = []
         try:
             if not wait_for(lambda: os.path.exists(status), 30):
                 raise RuntimeError("the bare router did not start" + log_tail([router]))
-            for i, k in enumerate(p for p in per if p > 0):
+            for i, k in enumerate(_split(n_workers, n_procs)):
                 peers.append(fab.spawn([sys.executable, "-m", "bench.scale", "peers", "--endpoint", endpoint,
                                         "--count", str(k), "--prefix", f"f{i}", "--parent", str(os.getpid()),
                                         "--max-seconds", "600"]))
@@ -331,8 +341,7 @@ def _fleet(tmp: str, n_workers: int, n_procs: int, quick: bool, answer_ka: bool,
     out: dict[str, float] = {}
     with Fabric(tmp) as fab:
         broker = fab.start_broker()
-        per = [n_workers // n_procs + (1 if i < n_workers % n_procs else 0) for i in range(n_procs)]
-        per = [k for k in per if k > 0]
+        per = _split(n_workers, n_procs)
         peers = []
         for i, k in enumerate(per):
             args = [sys.executable, "-m", "bench.scale", "peers", "--endpoint", fab.endpoint, "--count", str(k),

@@ -1,11 +1,27 @@
-"""Shared fixtures. Integration helpers live in tests/integration/fabric.py."""
+"""Shared fixtures and waits. Integration helpers live in tests/integration/fabric.py."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import time
+from collections.abc import Callable
 
 import pytest
+
+
+def wait_for(cond: Callable[[], bool], timeout: float, interval: float = 0.05, what: str = "condition") -> None:
+    """Poll cond until it holds; fail the test with `what` after the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if cond():
+                return
+        except Exception:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
 
 
 def require_binary(name: str) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 from ..core import payloads
 from ..core import protocol as nfp
 from ..core.payloads import Word
+from ..core.schemacheck import is_number
 from .jobqueue import ALL, ANY, NAMED, QueuedJob
 
 MAX_PRIORITY = 9
@@ -21,7 +22,6 @@ DEFAULT_PRIORITY = 5
 MAX_DELAY = 7 * 86_400.0  # a week: further out is a schedule, not a delay
 MAX_TIMEOUT = 7 * 86_400.0
 MAX_NOTICE = 10.0  # seconds a client may ask the broker to wait before it says "queued"
-_NUMBER = (int, float)  # a tuple, not int | float: that expression builds a UnionType on every call
 
 
 class Refusal(Exception):
@@ -46,7 +46,7 @@ def _number(flags: dict[str, Any], key: str, lo: float, hi: float) -> float | No
     value = flags.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, _NUMBER) or not math.isfinite(value):
+    if not is_number(value) or not math.isfinite(value):
         raise bad(f"{key} must be a number of seconds")
     if not lo <= value <= hi:
         raise bad(f"{key} {value} is out of range ({lo:g}..{hi:g})")

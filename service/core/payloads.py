@@ -17,6 +17,7 @@ from typing import Any, Final
 
 from .errors import ProtocolError
 from .protocol import dumps, loads
+from .schemacheck import is_number
 
 # ---- job uuids ----------------------------------------------------------------------
 
@@ -119,9 +120,6 @@ class PostBody:
     ack: bool
 
 
-_NUMBER = (int, float)  # a tuple, not int | float: that expression builds a UnionType on every call
-
-
 def read_post_body(raw: bytes) -> PostBody:
     """Read and check a POST body; raises ProtocolError("json", why) for anything malformed."""
     try:
@@ -135,7 +133,7 @@ def read_post_body(raw: bytes) -> PostBody:
     timeout = body.get("timeout")
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         raise ProtocolError("json", "bad request body: args must be a JSON list and kwargs a JSON object")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, _NUMBER) or timeout <= 0):
+    if timeout is not None and (not is_number(timeout) or timeout <= 0):
         raise ProtocolError("json", "bad request body: timeout must be a positive number of seconds")
     return PostBody(
         task=str(body.get("task", "")),

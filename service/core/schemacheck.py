@@ -6,7 +6,7 @@ Supports type (one or a list), enum, const, required, properties, additionalProp
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),
@@ -17,6 +17,16 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "array": (list,),
     "null": (type(None),),
 }
+
+
+# A tuple, not `int | float`: that expression builds a UnionType each time it runs, and the
+# broker's and the worker's per-job checks call this.
+_NUMBER = (int, float)
+
+
+def is_number(value: Any) -> TypeGuard[int | float]:
+    """A JSON number: an int or a float, not a bool."""
+    return isinstance(value, _NUMBER) and not isinstance(value, bool)
 
 
 def _is(value: Any, name: str) -> bool:
@@ -38,7 +48,7 @@ def check(value: Any, schema: dict[str, Any], path: str = "$") -> str | None:
         return f"{path}: must be one of {schema['enum']}"
     if "const" in schema and value != schema["const"]:
         return f"{path}: must be {schema['const']!r}"
-    if isinstance(value, _NUMBER) and not isinstance(value, bool):
+    if is_number(value):
         if "minimum" in schema and value < schema["minimum"]:
             return f"{path}: must be >= {schema['minimum']}"
         if "maximum" in schema and value > schema["maximum"]:
@@ -75,7 +85,6 @@ def check(value: Any, schema: dict[str, Any], path: str = "$") -> str | None:
 # ---- job arguments against a task's schema (pydantic's JSON schema), as pydantic would judge them ----
 
 _TRUE_FALSE = {"true", "false", "yes", "no", "on", "off", "1", "0", "t", "f", "y", "n"}
-_NUMBER = (int, float)  # a tuple, not int | float: that expression builds a UnionType on every call
 _INTEGER = (bool, int)
 
 

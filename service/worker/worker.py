@@ -22,6 +22,7 @@ from ..core import protocol as nfp
 from ..core.errors import ProtocolError
 from ..core.keepalive import Clock, KeepAlive
 from ..core.payloads import Word
+from ..core.schemacheck import is_number
 from ..settings import Settings
 from ..transport.base import Frames, LoopFactory, Transport
 from ..transport.loop import OwnerLoop
@@ -38,7 +39,6 @@ from .runner import JobRunner
 from .task import TaskSpec, build_spec, is_task, task
 
 log = logging.getLogger(__name__)
-_NUMBER = (int, float)  # a tuple, not int | float: that expression builds a UnionType on every call
 
 RECENT_JOBS = 10_000  # finished jobs kept in memory for fast GET; older ones are read from the store
 DROPPED = "not started: the broker gave this job up (it lost contact with this worker), so it did not run here"
@@ -398,9 +398,9 @@ class Worker:
         if msg.meta is not None:
             # The broker held the job a while: what is left of its deadline is the worker's deadline.
             left, held = msg.meta.get("deadline"), msg.meta.get("queued")
-            if isinstance(left, _NUMBER) and not isinstance(left, bool) and left >= 0:
+            if is_number(left) and left >= 0:
                 timeout = max(1e-3, float(left))
-            if isinstance(held, _NUMBER) and not isinstance(held, bool) and held >= 0:
+            if is_number(held) and held >= 0:
                 queued = float(held)
         # A body over the store's bound is never written, so the job keeps no copy of it: a 10 MB
         # job then holds its decoded arguments, not the raw body as well, for as long as it is

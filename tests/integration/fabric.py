@@ -8,10 +8,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from conftest import wait_for as wait_for  # re-exported: the integration tests take it from here
 
 from service import Client, Settings
 
@@ -22,20 +24,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def wait_for(cond: Callable[[], bool], timeout: float, interval: float = 0.05, what: str = "condition") -> None:
-    """Poll cond until it holds; fail the test with `what` after the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if cond():
-                return
-        except Exception:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def alive_workers(c: Client) -> set[str]:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import zmq
+from conftest import wait_for
 
 from service.errors import BackpressureError, ClosedError
 from service.transport.loop import OwnerLoop
@@ -218,7 +219,7 @@ def test_bursts_are_read_whole_in_bounded_batches_and_a_lone_message_alone(route
     # When the peer sends one message, and once it is taken a burst of 100
     r.send_multipart([ident, b"lone"])
     assert role.got.wait(3)
-    assert _wait(lambda: role.batches == [1])
+    wait_for(lambda: role.batches == [1], 5.0, what="the lone message's batch")
     # (sent while the owner is held in a queued call, so they pile up in its socket)
     release = threading.Event()
     def hold() -> None:
@@ -230,18 +231,9 @@ def test_bursts_are_read_whole_in_bounded_batches_and_a_lone_message_alone(route
     release.set()
     # Then every message arrives, in order, in batches of at most 16, each closed by on_batch_end,
     # and the pile is read several to a batch (on to the end of the socket's queue)
-    assert _wait(lambda: len(role.received) == 101 and sum(role.batches) == 101)
+    wait_for(lambda: len(role.received) == 101 and sum(role.batches) == 101, 5.0, what="all 101 messages")
     loop.stop()
     assert role.received == [[b"lone"]] + [[str(i).encode()] for i in range(100)]
     assert role.batches[0] == 1
     assert max(role.batches) <= 16
     assert len(role.batches) < 50
-
-
-def _wait(cond: Any, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True

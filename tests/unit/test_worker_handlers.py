@@ -170,11 +170,15 @@ def test_a_repeated_post_is_answered_with_the_job_not_run_again(worker: DemoWork
 
 def test_a_full_job_queue_answers_busy(worker: DemoWorker) -> None:
     stub(worker).take()
-    for i in range(3):  # capacity 2: one runs, one waits, the third is refused
-        job(worker, nfp.POST, f"s{i}".encode(), {"task": "sleep", "kwargs": {"seconds": 5}})
+    sleep = {"task": "sleep", "kwargs": {"seconds": 5}}
+    job(worker, nfp.POST, b"s0", sleep)
+    collect(worker, lambda g: worker.pool.running == 1)
+    for i in range(1, 4):  # one thread, a queue of 2: s0 runs, two wait, the fourth is refused
+        job(worker, nfp.POST, f"s{i}".encode(), sleep)
     busy = [(u, p) for _, u, st, p in answers(stub(worker).take()) if st == nfp.ST_BUSY]
-    assert [u for u, _ in busy] == [b"s2"] and busy[0][1]["errors"] == ["worker job queue is full"]
-    for i in range(2):
+    assert [u for u, _ in busy] == [b"s3"] and busy[0][1]["errors"] == ["worker job queue is full"]
+    assert worker.pool.depth() == 2
+    for i in range(3):
         job(worker, nfp.DELETE, f"s{i}".encode())
 
 

@@ -63,6 +63,14 @@ class StoredJob:
 
 FINISHED = "state NOT IN ('received', 'running')"  # records retention may drop
 
+# A write that finds the writer idle waits this long for company before it commits. One job at a
+# time, a job's receive and its result came 0.3-0.6 ms apart and cost two commits and two wake-ups
+# of this thread (2.9-3.1 context switches and about 200 us of its CPU per job on a sequential
+# echo); waiting 2 ms merges them into one row and one commit (1.3-1.7 switches, 140-170 us).
+# Nothing waits on it that matters sooner: the 201 that follows a receive's commit is held 10 ms
+# anyway, and reads (GET of a stored job) and events do not linger.
+LINGER = 0.002
+
 Op = Callable[[sqlite3.Connection], None]
 After = Callable[[], None]
 
@@ -103,9 +111,11 @@ class JobStore:
         retention_count: int = 100_000,
         max_events_per_job: int = 1000,
         max_payload_bytes: int = 1024 * 1024,
+        linger: float = LINGER,
     ) -> None:
         self.path = path
         self.batch = batch
+        self.linger = linger
         self.retention_seconds = retention_seconds
         self.retention_count = retention_count
         self.max_events_per_job = max_events_per_job
@@ -185,6 +195,8 @@ class JobStore:
                 first = self._q.get()
                 if first is None:
                     return
+                if self.linger > 0 and isinstance(first[0], Rows) and self._q.empty():
+                    time.sleep(self.linger)  # see LINGER
                 items = [first]
                 stop = False
                 while len(items) < self.batch:

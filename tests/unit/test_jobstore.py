@@ -365,6 +365,31 @@ def test_a_job_received_and_finished_in_one_batch_is_stored_finished(store: JobS
     assert store.commits <= commits + 3  # the held batch, then the merged one, then the reads
 
 
+def test_an_idle_writer_waits_for_the_result_that_follows_a_receive(path: Path) -> None:
+    # One job at a time: its receive finds the writer idle, and its result comes a moment later.
+    # The writer lingers (0.5 s here, so a slow machine cannot split them) and commits both, and
+    # the read queued meanwhile, in one transaction: one row written, not an insert and an upsert.
+    store = open_store(path, linger=0.5)
+    try:
+        commits = store.commits
+        acked = threading.Event()
+        store.submit(store.insert_op([insert_row("solo")]), acked.set)
+        deadline = time.monotonic() + WAIT
+        while store.depth() and time.monotonic() < deadline:  # until the writer has taken it
+            time.sleep(0.001)
+        time.sleep(0.01)  # the result comes later than the writer's take (a lingering writer waits)
+        store.submit(store.result_op(finished_job("solo", result=3), "200"))
+        job, _ = read_now(store, "solo")
+        assert job is not None and job.state == "completed" and acked.is_set()
+        assert store.commits == commits + 1
+        # A read that finds the writer idle does not linger: GET answers at once.
+        started = time.monotonic()
+        read_now(store, "solo")
+        assert time.monotonic() - started < 0.4
+    finally:
+        store.close()
+
+
 def test_a_bad_row_in_a_merged_batch_costs_only_itself(store: JobStore) -> None:
     release = hold_writer(store)
     bad = ("bad", b"client-a", {"not": "bindable"}, b"{}", time.time())  # SQLite cannot bind a dict

@@ -32,9 +32,11 @@ class JobPool(Generic[T]):
     shared queue whose waiters woke in turn, one job at a time went round all four threads:
     4.8 context switches and about 160 us of CPU per job against 2.3 and 120 us for a single
     thread (`/proc` counters, sequential echo). Now a trickle of jobs keeps one thread warm
-    and the rest asleep. Under a pipelined load any thread that finishes takes the next job
-    from the backlog without sleeping, as before; handing each job to a woken thread of its
-    own instead cost a wake-up per job there.
+    and the rest asleep. One thread is woken at a time: puts made before it runs wake no other,
+    and it wakes the next only if jobs are left once it took one, so a burst still spreads over
+    every thread while a pipelined load, where a thread that finishes takes the next job from
+    the backlog without sleeping, costs few wake-ups (waking a thread for every put cost one
+    per job there).
 
     No Python lock on the way: `list.pop`, `list.append` and the deque's ends are atomic under
     the GIL, and a thread that finds the backlog empty checks it once more after it went on the

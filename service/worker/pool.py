@@ -79,11 +79,12 @@ class JobPool(Generic[T]):
     def stop(self, timeout: float = 5.0) -> None:
         """Let the threads finish the backlog, then end them."""
         self._stopping = True
-        while self._idle:
+        while True:  # wake every idle thread: it finds the backlog empty and `_stopping` set
             try:
-                self._idle.pop().ready.release()
+                slot = self._idle.pop()
             except IndexError:
                 break
+            slot.ready.release()
         for t in self._threads:
             t.join(timeout / max(1, len(self._threads)))
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import wait_for
 
 from service.worker.job import Job, JobState
 from service.worker.jobstore import SCHEMA_VERSION, JobStore, StoredJob
@@ -374,10 +375,8 @@ def test_an_idle_writer_waits_for_the_result_that_follows_a_receive(path: Path) 
         commits = store.commits
         acked = threading.Event()
         store.submit(store.insert_op([insert_row("solo")]), acked.set)
-        deadline = time.monotonic() + WAIT
-        while store.depth() and time.monotonic() < deadline:  # until the writer has taken it
-            time.sleep(0.001)
-        time.sleep(0.01)  # the result comes later than the writer's take (a lingering writer waits)
+        wait_for(lambda: store.depth() == 0, WAIT, interval=0.001, what="the writer taking the receive")
+        time.sleep(0.01)  # not a wait: the scenario's gap, the result comes after the writer's take
         store.submit(store.result_op(finished_job("solo", result=3), "200"))
         job, _ = read_now(store, "solo")
         assert job is not None and job.state == "completed" and acked.is_set()

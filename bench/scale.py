@@ -4,7 +4,10 @@ A harness of DEALER peers speaking the zfab worker protocol (docs/protocol.md), 
 processes of a few hundred sockets each, every process one single-threaded poll loop:
 
     READY      [b"", NFPW01, 0x01, service, {"v": 2, "name", "credits", "tasks": {"echo": {}}}]
-    KEEPALIVE  [b"", NFPW01, 0x02, service, stats]   every interval, staggered, as a zfab worker does
+    KEEPALIVE  [b"", NFPW01, 0x02, service, stats]   as a zfab worker sends it: in answer to the
+               broker's keepalive when its own is due within half an interval, else on its own
+               clock of 1.2 intervals (staggered at start); --own-clock: on a clock of one
+               interval only, as NorFab's workers do
     POST  ->   [b"", NFPW01, 0x05, client, b"", uuid, b"200", {name: result entry}]   (an echo)
 
 against a real `zfab broker` process. Measured with 1 peer and with 1,000 (the baseline is the
@@ -16,7 +19,9 @@ one-worker broker, started the same way in the same run):
 - pipelined echo jobs/s from one client (window 200), for scale;
 - MMI show_workers answer time (and size) with the whole fleet listed;
 - the keepalive floor: the CPU a bare pyzmq ROUTER (run_router) spends on the same fleet's
-  keepalives, receiving each and sending one back per interval, and nothing else.
+  keepalives, receiving each and sending one back per interval, and nothing else;
+- (full run) the broker's CPU with the fleet keeping alive on clocks of its own (--own-clock),
+  as workers that do not answer the broker's wave do.
 
     python -m bench.scale [--quick] [--workers 1000] [--procs 4]
     python -m bench.scale peers ...   (a child: the peer harness)
@@ -77,7 +82,7 @@ def _sigterm_flag() -> list[bool]:
 
 
 def run_peers(
-    endpoint: str, count: int, prefix: str, interval: float, credits: int, answer_keepalives: bool,
+    endpoint: str, count: int, prefix: str, interval: float, credits: int, own_clock: bool,
     max_seconds: float, parent: int | None, use_poller: bool = False,
 ) -> None:
     """``count`` DEALER peers in one thread until SIGTERM, the parent's exit or ``max_seconds``."""
@@ -110,8 +115,22 @@ def run_peers(
         # after every send too (the pattern zmq_getsockopt(3) documents for ZMQ_FD).
         wait = _zmq_poll_waiter(peers) if use_poller else _epoll_waiter(peers)
         # Keepalives due are kept in a heap: a wake-up costs O(log n), not a scan of every peer.
+        # An answer moves a peer's next one later; its old entry is skipped when it comes up.
         due = [(p.next_ka, i) for i, p in enumerate(peers)]
         heapq.heapify(due)
+        index = {id(p): i for i, p in enumerate(peers)}
+
+        def answer(p: _Peer) -> None:
+            """service/core/keepalive.py's rule: answer when ours is due within half an interval;
+            our own clock runs 1.2 intervals, so a peer out of phase drifts into the wave."""
+            now = time.monotonic()
+            if own_clock or now + interval * 0.5 < p.next_ka:
+                return
+            p.sock.send_multipart([b"", HEADER_W, KEEPALIVE, service, _stats(p)])
+            counts["keepalives_tx"] += 1
+            p.next_ka = now + interval * 1.2
+            heapq.heappush(due, (p.next_ka, index[id(p)]))
+
         ready: list[_Peer] = list(peers)
         while not stopping[0]:
             now = time.monotonic()
@@ -122,16 +141,17 @@ def run_peers(
                 print(f"peers {prefix}: parent gone", flush=True)
                 break
             while due and due[0][0] <= now:
-                _, i = heapq.heappop(due)
+                at, i = heapq.heappop(due)
                 p = peers[i]
-                stats = b'{"job_queue_depth":0,"jobs_running":0,"jobs_completed":%d}' % p.jobs
-                p.sock.send_multipart([b"", HEADER_W, KEEPALIVE, service, stats])
+                if at != p.next_ka:
+                    continue  # moved by an answer
+                p.sock.send_multipart([b"", HEADER_W, KEEPALIVE, service, _stats(p)])
                 counts["keepalives_tx"] += 1
-                p.next_ka = now + interval
+                p.next_ka = now + interval * (1.0 if own_clock else 1.2)
                 heapq.heappush(due, (p.next_ka, i))
                 ready.append(p)
             # A socket left with messages after its batch is taken again next turn, at once.
-            ready = [p for p in ready if _drain(p, service, counts, answer_keepalives)]
+            ready = [p for p in ready if _drain(p, service, counts, answer)]
             next_due = min(due[0][0] if due else now + 1.0, now + 1.0)
             timeout_ms = 0 if ready else max(0, int((next_due - time.monotonic()) * 1000) + 1)
             ready += wait(timeout_ms)
@@ -166,7 +186,11 @@ def _zmq_poll_waiter(peers: list[_Peer]) -> Callable[[int], list[_Peer]]:
     return lambda timeout_ms: [by_sock[sock] for sock, _ in poller.poll(timeout_ms)]
 
 
-def _drain(p: _Peer, service: bytes, counts: dict[str, int], answer_ka: bool) -> bool:
+def _stats(p: _Peer) -> bytes:
+    return b'{"job_queue_depth":0,"jobs_running":0,"jobs_completed":%d}' % p.jobs
+
+
+def _drain(p: _Peer, service: bytes, counts: dict[str, int], answer_ka: Callable[[_Peer], None]) -> bool:
     """A bounded batch of what the socket holds; True when more is left. ZMQ_EVENTS is asked
     before each message, so what arrived during _handle's own sends is not missed."""
     sock = p.sock
@@ -177,7 +201,9 @@ def _drain(p: _Peer, service: bytes, counts: dict[str, int], answer_ka: bool) ->
     return bool(sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
 
 
-def _handle(p: _Peer, frames: list[bytes], service: bytes, counts: dict[str, int], answer_ka: bool) -> None:
+def _handle(
+    p: _Peer, frames: list[bytes], service: bytes, counts: dict[str, int], answer_ka: Callable[[_Peer], None]
+) -> None:
     # broker -> worker, as a DEALER sees it: [b"", NFPB01, CMD, ...]
     if len(frames) < 3:
         counts["other"] += 1
@@ -185,9 +211,7 @@ def _handle(p: _Peer, frames: list[bytes], service: bytes, counts: dict[str, int
     cmd = frames[2]
     if cmd == KEEPALIVE:
         counts["keepalives_rx"] += 1
-        if answer_ka:
-            p.sock.send_multipart([b"", HEADER_W, KEEPALIVE, service])
-            counts["keepalives_tx"] += 1
+        answer_ka(p)
         return
     if cmd == DISCONNECT:
         counts["disconnects"] += 1
@@ -245,7 +269,7 @@ def run_router(endpoint: str, interval: float, status: str, max_seconds: float, 
             if parent is not None and os.getppid() != parent:
                 break
             now = time.monotonic()
-            while due and due[0][0] <= now + interval / 10:
+            while due and due[0][0] <= now + interval / 2:
                 _, ident = heapq.heappop(due)
                 sock.send_multipart([ident, b"", b"NFPB01", KEEPALIVE, SERVICE.encode()], zmq.NOBLOCK)
                 heapq.heappush(due, (now + interval, ident))
@@ -253,7 +277,7 @@ def run_router(endpoint: str, interval: float, status: str, max_seconds: float, 
                 known = len(heard)
                 with open(status, "w") as f:
                     f.write(str(known))
-            timeout = max(0.0, (due[0][0] - interval / 10 - time.monotonic())) if due else 1.0
+            timeout = max(0.0, (due[0][0] - interval / 2 - time.monotonic())) if due else 1.0
             if not poller.poll(int(min(timeout, 10.0) * 1000) + 1):  # no tick: its wake-ups are the traffic
                 continue
             # ZMQ_EVENTS before each message, not an Again at the end of each batch: pyzmq builds
@@ -333,7 +357,7 @@ def _pipelined(c: Any, n: int, window: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def _fleet(tmp: str, n_workers: int, n_procs: int, quick: bool, answer_ka: bool, zmq_poll: bool = False,
+def _fleet(tmp: str, n_workers: int, n_procs: int, quick: bool, own_clock: bool, zmq_poll: bool = False,
            ) -> dict[str, float]:
     from service import Client, Settings
 
@@ -346,8 +370,8 @@ def _fleet(tmp: str, n_workers: int, n_procs: int, quick: bool, answer_ka: bool,
         for i, k in enumerate(per):
             args = [sys.executable, "-m", "bench.scale", "peers", "--endpoint", fab.endpoint, "--count", str(k),
                     "--prefix", f"p{i}", "--parent", str(os.getpid()), "--max-seconds", "900"]
-            if answer_ka:
-                args.append("--answer-keepalives")
+            if own_clock:
+                args.append("--own-clock")
             if zmq_poll:
                 args.append("--zmq-poll")
             peers.append(fab.spawn(args))
@@ -395,9 +419,9 @@ def run(quick: bool = False, workers: int = 1000, procs: int = 4, zmq_poll: bool
         one = _fleet(tmp + "/one", 1, 1, quick, False, zmq_poll)
         many = _fleet(tmp + "/many", workers, procs, quick, False, zmq_poll)
         floor = _router_floor(tmp + "/floor", workers, procs, 5.0 if quick else 10.0)
-        chatty = None
+        own = None
         if not quick:
-            chatty = _fleet(tmp + "/chatty", workers, procs, True, True)
+            own = _fleet(tmp + "/own", workers, procs, True, True)
     label = f"{workers:,} workers"
     report("broker cpu, 1 worker", one["broker_cpu_pct"], "%core")
     report(f"broker cpu, {label}", many["broker_cpu_pct"], "%core")
@@ -406,9 +430,10 @@ def run(quick: bool = False, workers: int = 1000, procs: int = 4, zmq_poll: bool
     if floor["router_cpu_pct"] > 0:
         print(f"   the keepalive floor: a pyzmq ROUTER that only receives their keepalives and sends one back per "
               f"interval; broker / floor = {many['broker_cpu_pct'] / floor['router_cpu_pct']:.1f}x", flush=True)
-    if chatty is not None:
-        report(f"broker cpu, {label} +ka echo", chatty["broker_cpu_pct"], "%core")
-        print("   (+ka echo: each peer also answers every broker keepalive, 1.5x the keepalive traffic)")
+    if own is not None:
+        report(f"broker cpu, {label} on own clocks", own["broker_cpu_pct"], "%core")
+        print("   (on own clocks: each peer sends its keepalives on a clock of its own, staggered, and does not "
+              "answer the broker's wave: as NorFab's workers, and zfab's before they answered)", flush=True)
     report("harness cpu (all peers)", many["harness_cpu_pct"], "%core")
     report("broker rss, 1 worker", one["broker_rss_mb"], "MB")
     report(f"broker rss, {label}", many["broker_rss_mb"], "MB")
@@ -425,7 +450,7 @@ def run(quick: bool = False, workers: int = 1000, procs: int = 4, zmq_poll: bool
     print(f"   target < 100 ms; answer {many['mmi_kb']:.0f} kB; 1 worker: {one['mmi_p50_ms']:.1f} ms", flush=True)
     report(f"registration of {label}", many["register_s"], "s")
     print(f"   alive at the end: {many['alive_at_end']:.0f} of {workers}", flush=True)
-    return {"one": one, "many": many, "chatty": chatty, "floor": floor}
+    return {"one": one, "many": many, "own_clock": own, "floor": floor}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -443,7 +468,8 @@ def main(argv: list[str] | None = None) -> int:
     pe.add_argument("--prefix", required=True)
     pe.add_argument("--interval", type=float, default=float(os.environ.get("ZFAB_KEEPALIVE_INTERVAL", "2.5")))
     pe.add_argument("--credits", type=int, default=8)
-    pe.add_argument("--answer-keepalives", action="store_true")
+    pe.add_argument("--own-clock", action="store_true",
+                    help="keep alive on the peer's own clock only; do not answer the broker's keepalives")
     pe.add_argument("--max-seconds", type=float, default=900)
     pe.add_argument("--parent", type=int)
     pe.add_argument("--zmq-poll", action="store_true", help="zmq_poll over all sockets (the old harness)")
@@ -458,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         run_router(ns.endpoint, ns.interval, ns.status, ns.max_seconds, ns.parent)
         return 0
     if ns.role == "peers":
-        run_peers(ns.endpoint, ns.count, ns.prefix, ns.interval, ns.credits, ns.answer_keepalives,
+        run_peers(ns.endpoint, ns.count, ns.prefix, ns.interval, ns.credits, ns.own_clock,
                   ns.max_seconds, ns.parent, ns.zmq_poll)
         return 0
     run(ns.quick, ns.workers, ns.procs, ns.zmq_poll)

@@ -202,11 +202,12 @@ class WorkerSide:
         """One pass over the workers: purge those whose hold time ran out and send the keepalives
         that are due, or nearly due; return when the next pass is needed.
 
-        Keepalives due within a tenth of the interval go out with this pass, so the workers fall
-        into a few waves: a thousand workers cost a few timer wakeups a second and one scan each,
-        not a wakeup per worker and three scans. Sending a keepalive that much early, or noticing
-        an expiry that much late (0.25 s of a 15 s hold time by default), changes nothing a peer
-        can see."""
+        Keepalives due within half an interval go out with this pass, so within two passes the
+        workers fall into one wave, whatever moments they joined at. A zfab worker answers the
+        wave at once (KeepAlive.answers), so its keepalives come back as a burst too: with a
+        thousand workers an idle broker wakes a few times per interval for a batch each, not
+        twice per worker. A keepalive sent up to half an interval early changes nothing a worker
+        can see: its hold time is `multiplier` intervals."""
         expired: list[WorkerRecord] = []
         send = self.send
         soonest = math.inf
@@ -215,7 +216,7 @@ class WorkerSide:
             if now >= ka.expires_at:
                 expired.append(w)
                 continue
-            slack = ka.interval / 10
+            slack = ka.interval / 2
             if now + slack >= ka.next_due:
                 send(nfp.broker_control(w.ident, nfp.KEEPALIVE, w.service))
                 ka.sent += 1

@@ -14,6 +14,15 @@ Clock = Callable[[], float]
 DEFAULT_INTERVAL = 2.5
 DEFAULT_MULTIPLIER = 6
 
+# An answering peer (a worker) sends its keepalive at once when the other side's comes and its
+# own is due within ANSWER_WINDOW of an interval. Its own clock runs ANSWER_DELAY intervals, a
+# little slower than the other side's: the other side's next keepalive, one interval on, then
+# arrives before ours falls due and is answered, and a peer that started out of phase (its own
+# keepalive half an interval or less before the other side's) drifts into the answer window
+# within three intervals instead of staying out of it for good.
+ANSWER_WINDOW = 0.5
+ANSWER_DELAY = 1.2
+
 
 @dataclass(slots=True)
 class KeepAlive:
@@ -25,6 +34,7 @@ class KeepAlive:
     interval: float = DEFAULT_INTERVAL
     multiplier: int = DEFAULT_MULTIPLIER
     clock: Clock = time.monotonic
+    answering: bool = False  # answers the peer's keepalives (see answers()), its clock ANSWER_DELAY
     started_at: float = field(init=False)
     next_due: float = field(init=False)
     expires_at: float = field(init=False)
@@ -56,7 +66,18 @@ class KeepAlive:
 
     def mark_sent(self) -> None:
         self.sent += 1
-        self.next_due = self.clock() + self.interval
+        self.next_due = self.clock() + self.interval * (ANSWER_DELAY if self.answering else 1.0)
+
+    def answers(self) -> bool:
+        """The peer's keepalive just came: send ours with it, not on our own clock?
+
+        Answering aligns the two sides: the broker sends its keepalives in waves, its workers
+        answer each wave at once, and an idle broker wakes once for the wave's sends and once or
+        twice for the answers, not once per worker per interval for sends and again for receipts.
+        A keepalive sent up to half an interval early changes nothing the peer can see (its hold
+        time is `multiplier` intervals), and a peer sending faster is answered at most once per
+        ANSWER_DELAY - ANSWER_WINDOW (0.7) intervals, so two answering peers cannot ping-pong."""
+        return self.answering and self.clock() + self.interval * ANSWER_WINDOW >= self.next_due
 
     def heard(self, keepalive: bool = True) -> None:
         """Any frame from the peer proves it alive; only keepalive frames are counted."""

@@ -80,7 +80,7 @@ class Worker:
         # long thread tasks and async ones on one worker lets the broker send thread jobs up to the
         # whole count (the worker answers busy past its queue, and the broker takes them back).
         self.credits = 0
-        self.keepalive = KeepAlive(s.keepalive_interval, s.keepalive_multiplier, clock)
+        self.keepalive = KeepAlive(s.keepalive_interval, s.keepalive_multiplier, clock, answering=True)
         self._credits_checked = 0.0
         self.jobs = RecentJobs(max_count=RECENT_JOBS, max_bytes=s.worker_recent_bytes)  # owner adds and trims
         self._received = 0  # owner thread only
@@ -294,6 +294,8 @@ class Worker:
         if isinstance(msg, nfp.BrokerControl):
             if msg.command == nfp.KEEPALIVE:
                 self.keepalive.heard()
+                if self.keepalive.answers():  # with the broker's wave, not on a clock of our own
+                    self._send_keepalive()
             else:  # DISCONNECT: the broker does not know us (restarted), or dropped us
                 if msg.reason in ("purged", "replaced"):
                     log.warning(

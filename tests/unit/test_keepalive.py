@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from fakeclock import FakeClock
 
@@ -151,3 +153,72 @@ def test_non_positive_interval_is_rejected(interval: float) -> None:
 def test_multiplier_below_one_is_rejected(multiplier: int) -> None:
     with pytest.raises(ValueError, match="multiplier"):
         KeepAlive(multiplier=multiplier)
+
+
+
+def test_a_keepalive_due_within_half_an_interval_answers_the_peers(clock: FakeClock) -> None:
+    # Given an answering peer's own keepalive due at +2.0
+    ka = KeepAlive(interval=2.0, multiplier=3, clock=clock, answering=True)
+    clock.advance(0.9)
+    assert not ka.answers()  # 1.1 s early: more than half an interval; our clock sends it
+
+    # When the peer's keepalive comes within half an interval of ours
+    clock.advance(0.1)
+    assert ka.answers()
+    ka.mark_sent()
+
+    # Then the next of our own is 1.2 intervals on, so the peer's next, one interval on, comes first
+    assert ka.sent == 1
+    assert ka.next_due == clock() + 2.4
+    clock.advance(2.0)
+    assert not ka.due() and ka.answers()
+
+
+def test_a_peer_that_does_not_answer_keeps_its_own_clock(ka: KeepAlive, clock: FakeClock) -> None:
+    clock.advance(1.9)
+    assert not ka.answers()  # the broker and the client send on their own clocks only
+    clock.advance(0.1)
+    ka.mark_sent()
+    assert ka.next_due == clock() + 2.0
+
+
+@pytest.mark.parametrize("phase", [0.01, 0.25, 0.45, 0.49])
+def test_an_answering_peer_out_of_phase_drifts_into_the_other_sides_wave(clock: FakeClock, phase: float) -> None:
+    # Given a peer whose own keepalive went out `phase` intervals before the other side's wave,
+    # too soon to answer it; the other side sends one every interval
+    ka = KeepAlive(interval=1.0, multiplier=6, clock=clock, answering=True)
+    ka.mark_sent()
+    t0 = clock()
+    sent_at = [t0]
+    wave = t0 + phase
+    answered_at = None
+    while clock() < t0 + 5.0 and answered_at is None:
+        step = min(wave, ka.next_due) - clock()
+        clock.advance(max(step, 0.0))
+        if clock() >= ka.next_due:  # our own clock
+            ka.mark_sent()
+            sent_at.append(clock())
+        if clock() >= wave:
+            if ka.answers():
+                answered_at = clock()
+            wave += 1.0
+
+    # Then within three intervals a wave is answered (and every later one, by the test above),
+    # and the peer never went longer than 1.2 intervals without sending
+    assert answered_at is not None and answered_at - t0 <= 3.0 + phase + 1e-9
+    times = [*sent_at, answered_at]
+    assert max(b - a for a, b in itertools.pairwise(times)) <= 1.2 + 1e-9
+
+
+def test_a_peer_sending_fast_is_answered_at_most_once_per_0_7_intervals(clock: FakeClock) -> None:
+    # Given a peer whose keepalives come every 0.1 s, answered whenever answers() says so
+    ka = KeepAlive(interval=2.0, multiplier=3, clock=clock, answering=True)
+    answered = 0
+    for _ in range(100):  # 10 s
+        clock.advance(0.1)
+        if ka.answers():
+            ka.mark_sent()
+            answered += 1
+
+    # Then an answer goes out every 1.4 s (1.2 intervals less the half-interval window), not 100 times
+    assert answered == 7  # at 1.0 s, then every 1.4 s up to 9.4 s

@@ -89,6 +89,36 @@ def test_ready_is_the_first_frame_and_keepalives_follow_each_interval(worker: De
     assert ka[2] == nfp.KEEPALIVE and json.loads(ka[4])["pool_size"] == 1
 
 
+def test_the_brokers_keepalive_is_answered_at_once_and_the_workers_own_clock_yields(
+    worker: DemoWorker, clock: FakeClock
+) -> None:
+    broker_ka = [b"", nfp.BROKER, nfp.KEEPALIVE, b"demo"]
+    stub(worker).take()  # READY; our own keepalive is due at +1.0
+
+    # A broker keepalive more than half an interval before ours is not answered
+    clock.advance(0.4)
+    stub(worker).feed(broker_ka)
+    assert stub(worker).take() == []
+
+    # One within half an interval is answered at once, with the worker's stats
+    clock.advance(0.2)
+    stub(worker).feed(broker_ka)
+    (answer,) = stub(worker).take()
+    assert answer[2] == nfp.KEEPALIVE and json.loads(answer[4])["pool_size"] == 1
+
+    # and the worker's own clock waits 1.2 intervals, so the broker's next wave, one interval on,
+    # is answered instead of crossing a keepalive of the worker's own
+    assert tick_at(worker, clock, 1.0) == pytest.approx(clock() + 0.2)
+    assert stub(worker).take() == []
+    stub(worker).feed(broker_ka)
+    assert [f[2] for f in stub(worker).take()] == [nfp.KEEPALIVE]
+
+    # A broker gone quiet still hears from the worker, on the worker's own clock
+    clock.advance(1.2)
+    stub(worker).tick()
+    assert [f[2] for f in stub(worker).take()] == [nfp.KEEPALIVE]
+
+
 def test_a_running_job_is_acknowledged_once_stored_and_started_then_answered(
     worker: DemoWorker, clock: FakeClock
 ) -> None:

@@ -3,6 +3,14 @@
     broker + 2 demo workers (processes)
     baseline: 1 zfab Client, window 200, for D seconds                     (one load process)
     load:     100 zfab Clients (threads; 10 processes x 10), window 4 each, for D seconds
+    and again with lean peers: 1 DEALER (window 200), then 100 DEALERs (window 4 each) in
+          2 single-threaded processes speaking the client protocol (POST with the same body
+          and flags a zfab Client sends, acks on; a job is done at its 200)
+
+The zfab Clients measure the library as a program with 100 of them would use it; their load
+generators need several times the fabric's CPU per job on the same 2 cores, so that figure
+says more about the load than the broker. The lean peers cost a tenth of that, like
+bench/scale.py's worker harness: their ratio is the fabric's with 100 connections against one.
 
 The load is spread over 10 processes: 25 Clients to a process (an owner thread and a
 submitting thread each, 50 threads on one GIL) cost 0.45-0.58 ms of the load generators' CPU
@@ -35,6 +43,7 @@ from bench.common import cpu_seconds, percentile, report, stop, wait_for
 from bench.harness import Fabric, log_tail, wait_mmi_workers
 
 JOB_TIMEOUT = 30.0
+LEAN_PROCS = 2  # lean peer processes for the 100 (one loop each)
 
 
 def _lane(c: Any, start_at: float, duration: float, window: int, out: dict[str, Any]) -> None:
@@ -86,13 +95,104 @@ def run_load(endpoint: str, clients: int, window: int, start_at: float, duration
             c.close()
 
 
-def _drive(fab: Fabric, tmp: Path, procs: int, per_proc: int, window: int, duration: float, tag: str) -> list[Any]:
+def run_peers(endpoint: str, clients: int, window: int, start_at: float, duration: float, out_path: str) -> None:
+    """``clients`` DEALER sockets in one thread, each keeping ``window`` echo jobs in flight from
+    start_at for ``duration`` seconds; the same results file as run_load."""
+    import select
+    import uuid as uuidlib
+
+    import zmq
+
+    from service.core import payloads
+    from service.core import protocol as nfp
+
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    socks: list[zmq.Socket[bytes]] = []
+    for i in range(clients):
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IDENTITY, f"lean{i}-{os.urandom(4).hex()}".encode())
+        sock.setsockopt(zmq.RCVTIMEO, 10_000)
+        sock.connect(endpoint)
+        socks.append(sock)
+    fields = {"push": True, "ack": True, "task": "echo", "timeout": JOB_TIMEOUT, "notice": 1.0}
+    flags = nfp.dumps(fields)
+    try:
+        for sock in socks:  # each hears the broker before the clock starts (a keepalive answered)
+            sock.send_multipart(nfp.client_request(nfp.KEEPALIVE, nfp.MMI_SERVICE, b"", b"", b""))
+            sock.recv_multipart()
+        ep = select.epoll()
+        by_fd = {}
+        for sock in socks:
+            fd = sock.getsockopt(zmq.FD)
+            by_fd[fd] = sock
+            ep.register(fd, select.EPOLLIN)
+        state = [{"t": {}, "lat": [], "errors": 0, "done": 0, "i": 0} for _ in socks]
+        index = {id(sock): k for k, sock in enumerate(socks)}
+        time.sleep(max(0.0, start_at - time.time()))
+        end = time.monotonic() + duration
+        stop_at = end + JOB_TIMEOUT + 5
+
+        def submit(k: int) -> None:
+            st = state[k]
+            wire = uuidlib.uuid4().hex.encode()
+            body = payloads.post_body("echo", None, {"data": st["i"]}, timeout=JOB_TIMEOUT, push=True, ack=True)
+            st["i"] += 1
+            st["t"][wire] = time.perf_counter()
+            socks[k].send_multipart(nfp.client_request(nfp.POST, b"demo", b"any", wire, body, flags))
+
+        for k in range(len(socks)):
+            for _ in range(window):
+                submit(k)
+        ready = list(socks)
+        while time.monotonic() < stop_at and any(st["t"] for st in state):
+            more = []
+            for sock in ready:
+                k = index[id(sock)]
+                st = state[k]
+                for _ in range(64):
+                    if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                        break
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                    # [b"", NFPB01, RESPONSE, service, uuid, status, payload]
+                    if len(frames) < 6 or frames[2] != nfp.RESPONSE:
+                        continue
+                    status = frames[5]
+                    if status in (b"202", b"201", b"301", b"300"):
+                        continue
+                    t = st["t"].pop(frames[4], None)
+                    if t is None:
+                        continue
+                    if status == b"200":
+                        st["lat"].append(time.perf_counter() - t)
+                        if time.monotonic() < end:
+                            st["done"] += 1
+                    else:
+                        st["errors"] += 1
+                    if time.monotonic() < end:
+                        submit(k)
+                else:
+                    more.append(sock)
+                    continue
+                if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    more.append(sock)
+            ready = more + [by_fd[fd] for fd, _ in ep.poll(0 if more else 0.05)]
+        out = [{"done": st["done"], "errors": st["errors"] + len(st["t"]), "lat": st["lat"]} for st in state]
+        Path(out_path).write_text(json.dumps(out))
+    finally:
+        for sock in socks:
+            sock.close(0)
+        ctx.term()
+
+
+def _drive(fab: Fabric, tmp: Path, procs: int, per_proc: int, window: int, duration: float, tag: str,
+           role: str = "load") -> list[Any]:
     start_at = time.time() + 4.0 + 0.05 * procs * per_proc
     outs, loaders = [], []
     for i in range(procs):
         path = tmp / f"{tag}-{i}.json"
         outs.append(path)
-        loaders.append(fab.spawn([sys.executable, "-m", "bench.clients", "load", "--endpoint", fab.endpoint,
+        loaders.append(fab.spawn([sys.executable, "-m", "bench.clients", role, "--endpoint", fab.endpoint,
                                   "--clients", str(per_proc), "--window", str(window), "--start-at", str(start_at),
                                   "--duration", str(duration), "--out", str(path)]))
     limit = start_at - time.time() + duration + JOB_TIMEOUT + 90
@@ -144,6 +244,25 @@ def run(quick: bool = False, n_clients: int = 100, procs: int = 10) -> dict[str,
         one = _drive(fab, tmp, 1, 1, 200, duration, "one")
         time.sleep(2.0)
         many = _drive(fab, tmp, procs, n_clients // procs, 4, duration, "many")
+        time.sleep(2.0)
+        lean_one = _drive(fab, tmp, 1, 1, 200, duration, "lean-one", "peers")
+        time.sleep(2.0)
+        lean_many = _drive(fab, tmp, LEAN_PROCS, n_clients // LEAN_PROCS, 4, duration, "lean-many", "peers")
+    n = len(many)
+    print(f"-- {n} clients vs 1 client, {duration:.0f} s each, broker + 2 demo workers, echo, acks on", flush=True)
+    print(f"   zfab Clients: {procs} processes x {n // procs} threads, window 4 each; 1 Client with window 200",
+          flush=True)
+    out = _figures(one, many, duration)
+    _print(out, n, "", "the zfab Client library")
+    print(f"   lean peers: {LEAN_PROCS} processes x {n // LEAN_PROCS} DEALERs in one loop, window 4 each; 1 with "
+          "window 200", flush=True)
+    lean = _figures(lean_one, lean_many, duration)
+    _print(lean, n, "lean ", "lean peers")
+    out.update({f"lean_{k}": v for k, v in lean.items()})
+    return out
+
+
+def _figures(one: list[Any], many: list[Any], duration: float) -> dict[str, float]:
     one_done = sum(r["done"] for r in one)
     many_done = [r["done"] for r in many]
     one_lat = [x for r in one for x in r["lat"]]
@@ -168,32 +287,33 @@ def run(quick: bool = False, n_clients: int = 100, procs: int = 10) -> dict[str,
     out["many_fabric_ms_per_job"] = out["many_fabric_cpu_pct"] * 10 / out["many_jps"]
     out["one_client_ms_per_job"] = out["one_load_cpu_pct"] * 10 / out["one_jps"]
     out["many_client_ms_per_job"] = out["many_load_cpu_pct"] * 10 / out["many_jps"]
-    n = len(many)
-    print(f"-- {n} clients ({procs} processes x {n // procs} threads, window 4 each) vs 1 client "
-          f"(window 200), {duration:.0f} s each, broker + 2 demo workers, echo", flush=True)
-    report("1 client jobs/s", out["one_jps"], "/s")
-    report(f"{n} clients jobs/s", out["many_jps"], "/s", out["one_jps"], vs="1 client")
-    print(f"   {n} clients / 1 pipelined client = {out['many_jps'] / out['one_jps']:.2f}x (target >= 0.8x)")
-    report("1 client p50", out["one_p50_ms"], "ms")
-    report("1 client p99", out["one_p99_ms"], "ms")
-    report(f"{n} clients p50", out["many_p50_ms"], "ms")
-    report(f"{n} clients p99", out["many_p99_ms"], "ms")
-    report(f"{n} clients worst client p99", out["worst_client_p99_ms"], "ms")
-    report("1 client: fabric cpu/job", out["one_fabric_ms_per_job"], "ms")
-    report(f"{n} clients: fabric cpu/job", out["many_fabric_ms_per_job"], "ms", out["one_fabric_ms_per_job"], False,
-           vs="1 client")
-    report("1 client: client cpu/job", out["one_client_ms_per_job"], "ms")
-    report(f"{n} clients: client cpu/job", out["many_client_ms_per_job"], "ms", out["one_client_ms_per_job"], False,
-           vs="1 client")
+    return out
+
+
+def _print(out: dict[str, float], n: int, tag: str, what: str) -> None:
+    report(f"{tag}1 client jobs/s", out["one_jps"], "/s")
+    report(f"{tag}{n} clients jobs/s", out["many_jps"], "/s", out["one_jps"], vs="1 client")
+    print(f"   {n} clients / 1 pipelined client = {out['many_jps'] / out['one_jps']:.2f}x with {what} "
+          "(target >= 0.8x)", flush=True)
+    report(f"{tag}1 client p50", out["one_p50_ms"], "ms")
+    report(f"{tag}1 client p99", out["one_p99_ms"], "ms")
+    report(f"{tag}{n} clients p50", out["many_p50_ms"], "ms")
+    report(f"{tag}{n} clients p99", out["many_p99_ms"], "ms")
+    report(f"{tag}{n} clients worst client p99", out["worst_client_p99_ms"], "ms")
+    report(f"{tag}1 client: fabric cpu/job", out["one_fabric_ms_per_job"], "ms")
+    report(f"{tag}{n} clients: fabric cpu/job", out["many_fabric_ms_per_job"], "ms", out["one_fabric_ms_per_job"],
+           False, vs="1 client")
+    report(f"{tag}1 client: client cpu/job", out["one_client_ms_per_job"], "ms")
+    report(f"{tag}{n} clients: client cpu/job", out["many_client_ms_per_job"], "ms", out["one_client_ms_per_job"],
+           False, vs="1 client")
     print(f"   (fabric = broker + 2 workers; load generators used {out['one_load_cpu_pct']:.0f} % / "
           f"{out['many_load_cpu_pct']:.0f} % of a core, fabric {out['one_fabric_cpu_pct']:.0f} % / "
           f"{out['many_fabric_cpu_pct']:.0f} %, of 200 % on this machine)", flush=True)
-    report("fewest jobs by one client", out["min_per_client"], "jobs")
-    report("most jobs by one client", out["max_per_client"], "jobs")
+    report(f"{tag}fewest jobs by one client", out["min_per_client"], "jobs")
+    report(f"{tag}most jobs by one client", out["max_per_client"], "jobs")
     fair = out["min_per_client"] / out["max_per_client"] if out["max_per_client"] else 0.0
     print(f"   starvation check: min/max jobs per client = {fair:.2f} (1.0 = perfectly even; "
           f"0 = a client starved); errors {out['errors']:.0f}", flush=True)
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,7 +329,17 @@ def main(argv: list[str] | None = None) -> int:
     ld.add_argument("--start-at", type=float, required=True)
     ld.add_argument("--duration", type=float, required=True)
     ld.add_argument("--out", required=True)
+    pe = sub.add_parser("peers")
+    for a in ("--endpoint", "--out"):
+        pe.add_argument(a, required=True)
+    for a in ("--clients", "--window"):
+        pe.add_argument(a, type=int, required=True)
+    for a in ("--start-at", "--duration"):
+        pe.add_argument(a, type=float, required=True)
     ns = p.parse_args(argv)
+    if ns.role == "peers":
+        run_peers(ns.endpoint, ns.clients, ns.window, ns.start_at, ns.duration, ns.out)
+        return 0
     if ns.role == "load":
         os.environ.setdefault("ZFAB_LOG_LEVEL", "WARNING")
         run_load(ns.endpoint, ns.clients, ns.window, ns.start_at, ns.duration, ns.out)

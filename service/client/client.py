@@ -81,7 +81,7 @@ class Client(ClientSession):
         self.poll_after = poll_after if poll_after is not None else max(1.0, 2 * s.keepalive_interval)
         self.max_jobs = s.max_client_jobs
         self.clock = clock
-        self.keepalive = KeepAlive(s.keepalive_interval, s.keepalive_multiplier, clock)
+        self.keepalive = KeepAlive(s.keepalive_interval, s.keepalive_multiplier, clock, answering=True)
         self._broker_seen = False
         self._jobs: dict[str, ClientJob] = {}
         self._timers: list[tuple[float, str]] = []  # (monotonic due, uuid): deadlines and poll checks

@@ -211,6 +211,8 @@ class ClientSession:
                 log.info("client %s: the broker restarted; re-establishing %d jobs", self.name, len(self._jobs))
             if restarted or not was_alive:
                 self._broker_returned()
+            if self.keepalive.answers():  # the broker's wave: answered at once, not on our own clock
+                self._send_keepalive()
             return
         if not was_alive:
             self._broker_returned()

@@ -159,6 +159,7 @@ def _broker(broker: dict[str, Any], depth: GaugeMetricFamily, cap: GaugeMetricFa
         ("broker_unknown_workers", "unknown_workers_remembered", "unknown_workers_capacity"),
         ("broker_gone_workers", "gone_workers_remembered", "gone_workers_capacity"),
         ("broker_identities", "identities_bound", "identities_capacity"),
+        ("broker_client_keepalives", "client_keepalives", "client_keepalives_capacity"),
         ("broker_queued_notices", "queued_notices", "queued_notices_capacity"),
     ):
         tables.add_metric([table], broker.get(size, 0))

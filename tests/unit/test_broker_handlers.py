@@ -431,6 +431,74 @@ def test_a_client_keepalive_is_answered_with_the_brokers_incarnation(broker: Bro
     assert answer[3] == nfp.KEEPALIVE and json.loads(answer[7]) == {"boot": broker.boot}
 
 
+def client_ka(b: Broker, ident: bytes = b"c1") -> None:
+    stub(b).feed([ident, b"", nfp.CLIENT, nfp.KEEPALIVE, nfp.MMI_SERVICE, b"", b"", b""])
+
+
+def keepalives_to(frames: list[list[bytes]]) -> list[bytes]:
+    return [f[0] for f in frames if f[3] == nfp.KEEPALIVE]
+
+
+def test_clients_that_keep_alive_share_the_workers_wave_and_their_answers_get_no_answer(
+    broker: Broker, clock: FakeClock
+) -> None:
+    ready(broker, b"w1")  # its keepalive is due at +1.0
+    clock.advance(0.3)
+    client_ka(broker)  # answered at once; the client's next is due at +1.3
+    assert keepalives_to(stub(broker).take()) == [b"c1"]
+
+    # The wave at +1.0 takes the client too: it is due within half an interval
+    clock.advance(0.7)
+    stub(broker).tick()
+    wave = stub(broker).take()
+    assert sorted(keepalives_to(wave)) == [b"c1", b"w1"]
+    (to_client,) = [f for f in wave if f[0] == b"c1"]
+    assert to_client[2:5] == [nfp.BROKER, nfp.KEEPALIVE, nfp.MMI_SERVICE] and json.loads(to_client[7]) == {
+        "boot": broker.boot
+    }
+
+    # The client's answer, at once, is not answered again (no ping-pong)
+    clock.advance(0.001)
+    client_ka(broker)
+    assert stub(broker).take() == []
+    # but a keepalive of its own, more than half an interval after the wave, is
+    clock.advance(0.6)
+    client_ka(broker)
+    assert keepalives_to(stub(broker).take()) == [b"c1"]
+    assert broker.mmi.show_broker()["client_keepalives"] == 1
+
+
+def test_a_client_gone_quiet_or_unroutable_leaves_the_keepalive_table(broker: Broker, clock: FakeClock) -> None:
+    client_ka(broker, b"quiet")
+    stub(broker).take()
+    # Not heard for a hold time: the waves to it stop, and it leaves the table
+    for _ in range(int(MULTIPLIER / INTERVAL * 2) + 1):
+        clock.advance(INTERVAL / 2)
+        stub(broker).tick()
+    assert b"quiet" not in broker.client_keepalives
+    stub(broker).take()
+    clock.advance(INTERVAL)
+    stub(broker).tick()
+    assert stub(broker).take() == []
+
+    # One whose keepalive cannot be sent (gone: unroutable) leaves at once
+    client_ka(broker, b"gone")
+    stub(broker).take()
+    stub(broker).full = True
+    clock.advance(INTERVAL)
+    stub(broker).tick()
+    assert b"gone" not in broker.client_keepalives
+
+
+def test_the_client_keepalive_table_is_bounded_by_max_clients(clock: FakeClock) -> None:
+    b = make_broker(clock, max_clients=2)
+    for ident in (b"c1", b"c2", b"c3"):
+        client_ka(b, ident)
+    assert list(b.client_keepalives) == [b"c2", b"c3"]  # the least recently heard went
+    shown = b.mmi.show_broker()
+    assert (shown["client_keepalives"], shown["client_keepalives_capacity"]) == (2, 2)
+
+
 def test_an_unknown_worker_is_told_to_reregister_once_per_interval(broker: Broker, clock: FakeClock) -> None:
     for _ in range(3):
         stub(broker).feed([b"ghost", b"", nfp.WORKER, nfp.KEEPALIVE, b"demo"])

@@ -235,6 +235,23 @@ def test_the_broker_is_alive_while_it_answers_and_dead_past_the_hold_time(client
     assert keepalives  # the client announced itself at start
 
 
+def test_the_brokers_keepalive_wave_is_answered_at_once_and_a_reply_is_not(client: Client, clock: FakeClock) -> None:
+    assert [f[2] for f in stub(client).take()] == [nfp.KEEPALIVE]  # at start; the next due at +1.2
+    alive(client)  # the broker's reply to it: not answered
+    assert stub(client).take() == []
+
+    # The broker's wave, within half an interval of the client's own keepalive, is answered
+    clock.advance(0.8)
+    alive(client)
+    assert [f[2] for f in stub(client).take()] == [nfp.KEEPALIVE]
+    # and the client's own clock then waits 1.2 intervals, so the next wave comes first
+    clock.advance(1.0)
+    stub(client).tick()
+    assert stub(client).take() == []
+    alive(client)
+    assert [f[2] for f in stub(client).take()] == [nfp.KEEPALIVE]
+
+
 def test_a_malformed_reply_is_counted_and_the_job_goes_on(client: Client) -> None:
     fut = client.submit("demo", "echo", timeout=5)
     stub(client).feed([b"", nfp.BROKER, nfp.RESPONSE, b"demo", fut.uuid.encode(), b"999", b"{}"], [b"x"])

@@ -255,11 +255,13 @@ class Broker(WorkerSide):
             self.counts["client_keepalive"] += 1
             self.client_keepalive(sender)
             return
+        if req.command in (nfp.OPEN, nfp.DISCONNECT):
+            if req.command == nfp.DISCONNECT:  # a zfab client closing: no more keepalive waves for it
+                self.client_keepalives.pop(sender, None)
+            return  # NorFab clients may announce themselves; nothing to route
         if req.service == nfp.MMI_SERVICE:
             self.process_mmi(sender, req)
             return
-        if req.command in (nfp.OPEN, nfp.DISCONNECT):
-            return  # NorFab clients may announce themselves; nothing to route
         try:
             if req.command == nfp.POST:
                 self.post(sender, req)

@@ -82,7 +82,10 @@ class ClientSession:
         self._send_keepalive()
 
     def on_closing(self) -> None:
-        pass
+        # A zfab broker (it told us its boot) then stops sending us keepalive waves at once,
+        # instead of finding us unroutable at its next wave and counting a dropped frame.
+        if self._boot is not None:
+            self.loop.send_now(nfp.client_request(nfp.DISCONNECT, nfp.MMI_SERVICE, b"", b"", b""))
 
     def _send_keepalive(self) -> None:
         self.loop.send_now(nfp.client_request(nfp.KEEPALIVE, nfp.MMI_SERVICE, b"", b"", b""))

@@ -490,6 +490,16 @@ def test_a_client_gone_quiet_or_unroutable_leaves_the_keepalive_table(broker: Br
     assert b"gone" not in broker.client_keepalives
 
 
+def test_a_closing_client_leaves_the_keepalive_table_and_gets_no_more_waves(broker: Broker, clock: FakeClock) -> None:
+    client_ka(broker)
+    stub(broker).take()
+    stub(broker).feed([b"c1", b"", nfp.CLIENT, nfp.DISCONNECT, nfp.MMI_SERVICE, b"", b"", b""])
+    assert b"c1" not in broker.client_keepalives and stub(broker).take() == []
+    clock.advance(INTERVAL)
+    stub(broker).tick()
+    assert stub(broker).take() == [] and broker.loop.stats.send_dropped == 0
+
+
 def test_the_client_keepalive_table_is_bounded_by_max_clients(clock: FakeClock) -> None:
     b = make_broker(clock, max_clients=2)
     for ident in (b"c1", b"c2", b"c3"):

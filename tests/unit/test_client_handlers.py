@@ -252,6 +252,16 @@ def test_the_brokers_keepalive_wave_is_answered_at_once_and_a_reply_is_not(clien
     assert [f[2] for f in stub(client).take()] == [nfp.KEEPALIVE]
 
 
+def test_a_closing_client_says_so_to_a_zfab_broker_only(clock: FakeClock) -> None:
+    s = Settings(keepalive_interval=INTERVAL, keepalive_multiplier=MULTIPLIER)
+    for boot, said in ((None, []), ("b00t", [nfp.DISCONNECT])):
+        c = Client(settings=s, name="t", transport=StubTransport(clock), clock=clock).start()
+        alive(c, boot)  # a NorFab broker's keepalive answer carries no boot
+        stub(c).take()
+        c.close()
+        assert [f[2] for f in stub(c).take()] == said
+
+
 def test_a_malformed_reply_is_counted_and_the_job_goes_on(client: Client) -> None:
     fut = client.submit("demo", "echo", timeout=5)
     stub(client).feed([b"", nfp.BROKER, nfp.RESPONSE, b"demo", fut.uuid.encode(), b"999", b"{}"], [b"x"])

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zmq
@@ -112,6 +113,43 @@ def test_workers_reregister_quickly_after_a_broker_restart(tmp_path: Path) -> No
             # far sooner than a hold time (3 s here): within about one keepalive interval
             assert took < f.interval * 3 + 0.5, f"re-registered after {took:.2f} s"
             assert c.run_job("demo", "echo", kwargs={"data": 7}, workers="all", timeout=5).keys() == {"w1", "w2"}
+
+
+def test_an_idle_fabric_keeps_alive_in_one_wave_and_a_closing_client_leaves_it(tmp_path: Path) -> None:
+    with fabric(tmp_path, interval=0.3, multiplier=10) as f:
+        f.broker()
+        names = {"w1", "w2", "w3"}
+        with f.client() as c:
+            for n in sorted(names):  # one after the other: their own clocks start at random phases
+                f.worker(n)
+                wait_workers(c, {n} | {m for m in names if m < n})
+
+            def one_wave() -> bool:
+                # The broker heard every worker within a few ms: they answered the same wave
+                # (on clocks of their own they would be spread over the 0.3 s interval).
+                ws = [w for w in c.mmi("show_workers", timeout=2) if w["alive"]]
+                left = [w["holdtime_left_s"] for w in ws]
+                return len(ws) == 3 and max(left) - min(left) < 0.05 and min(w["keepalives_received"] for w in ws) >= 5
+
+            wait_for(one_wave, 15, what="the workers answering one keepalive wave")
+
+            def broker() -> dict[str, Any]:
+                answer: dict[str, Any] = c.mmi("show_broker", timeout=2)
+                return answer
+
+            assert broker()["client_keepalives"] == 1  # this client, in the wave too
+            other = f.client("other")
+            wait_for(lambda: broker()["client_keepalives"] == 2, 5, what="a second client in the wave")
+            other.close()
+            wait_for(lambda: broker()["client_keepalives"] == 1, 5, what="the closed client out of the wave")
+            dropped = broker()["frames_send_dropped"]
+            sent = {w["name"]: w["keepalives_sent"] for w in c.mmi("show_workers", timeout=2)}
+            wait_for(
+                lambda: all(w["keepalives_sent"] >= sent[w["name"]] + 2 for w in c.mmi("show_workers", timeout=2)),
+                5,
+                what="two more waves",
+            )
+            assert broker()["frames_send_dropped"] == dropped  # no wave went to the closed client
 
 
 def test_job_in_flight_across_a_broker_restart_still_returns_its_result(tmp_path: Path) -> None:

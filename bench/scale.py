@@ -60,9 +60,10 @@ GET, DELETE, PUT = b"0x06", b"0x07", b"0x10"
 
 
 class _Peer:
-    __slots__ = ("announce", "jobs", "name", "next_ka", "sock")
+    __slots__ = ("announce", "index", "jobs", "name", "next_ka", "sock")
 
-    def __init__(self, name: str, sock: zmq.Socket[bytes], next_ka: float, credits: int) -> None:
+    def __init__(self, index: int, name: str, sock: zmq.Socket[bytes], next_ka: float, credits: int) -> None:
+        self.index = index  # in the peers list, as the keepalive heap names it
         self.name = name
         self.sock = sock
         self.next_ka = next_ka
@@ -102,7 +103,7 @@ def run_peers(
             sock.setsockopt(zmq.SNDHWM, 10_000)
             sock.setsockopt(zmq.RCVHWM, 10_000)
             sock.connect(endpoint)
-            peer = _Peer(name, sock, started + random.uniform(0, interval), credits)
+            peer = _Peer(i, name, sock, started + random.uniform(0, interval), credits)
             peers.append(peer)
         for p in peers:
             p.sock.send_multipart([b"", HEADER_W, READY, service, p.announce])
@@ -118,7 +119,6 @@ def run_peers(
         # An answer moves a peer's next one later; its old entry is skipped when it comes up.
         due = [(p.next_ka, i) for i, p in enumerate(peers)]
         heapq.heapify(due)
-        index = {id(p): i for i, p in enumerate(peers)}
 
         def answer(p: _Peer) -> None:
             """service/core/keepalive.py's rule: answer when ours is due within half an interval;
@@ -129,7 +129,7 @@ def run_peers(
             p.sock.send_multipart([b"", HEADER_W, KEEPALIVE, service, _stats(p)])
             counts["keepalives_tx"] += 1
             p.next_ka = now + interval * 1.2
-            heapq.heappush(due, (p.next_ka, index[id(p)]))
+            heapq.heappush(due, (p.next_ka, p.index))
 
         ready: list[_Peer] = list(peers)
         while not stopping[0]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import os
 import time
 from collections import Counter, OrderedDict
@@ -78,9 +77,6 @@ class Broker(WorkerSide):
         self._warned: Counter[str] = Counter()
         self._seq = itertools.count()
         self._next_keepalive = 0.0
-        # zfab clients that keep alive, by identity (NorFab's send none): they get the workers' wave
-        # and answer it. Bounded like the clients table; one not heard for a hold time leaves.
-        self.client_keepalives: OrderedDict[bytes, KeepAlive] = OrderedDict()
         self._next_housekeeping = clock() + HOUSEKEEPING
         self.bound_endpoint = ""
         self.zap: ZapHandler | None = None
@@ -169,8 +165,8 @@ class Broker(WorkerSide):
 
     def on_timer(self, now: float) -> float | None:
         reg = self.registry
-        if (reg.workers or self.client_keepalives) and now >= self._next_keepalive:
-            self._next_keepalive = min(self.tend_workers(now), self.tend_clients(now))
+        if (reg.workers or reg.client_keepalives) and now >= self._next_keepalive:
+            self._next_keepalive = min(self.tend_workers(now), reg.tend_clients(now, self._send_client_keepalive))
         d = self.dispatch
         d.expire(now)
         d.due(now)
@@ -182,7 +178,7 @@ class Broker(WorkerSide):
         if d.dirty:
             d.pump()
         deadlines = [self._next_housekeeping, d.next_deadline(), self.grace_until]
-        if reg.workers or self.client_keepalives:
+        if reg.workers or reg.client_keepalives:
             deadlines.append(self._next_keepalive)
         return min(t for t in deadlines if t is not None)
 
@@ -253,11 +249,14 @@ class Broker(WorkerSide):
         self.registry.touch_client(sender)
         if req.command == nfp.KEEPALIVE:
             self.counts["client_keepalive"] += 1
-            self.client_keepalive(sender)
+            ka = self.registry.client_keepalive_heard(sender)
+            if ka is not None:  # not an answer to the wave's: answered at once
+                self._send_client_keepalive(sender, ka)
+                self._next_keepalive = min(self._next_keepalive, ka.next_due)
             return
         if req.command in (nfp.OPEN, nfp.DISCONNECT):
             if req.command == nfp.DISCONNECT:  # a zfab client closing: no more keepalive waves for it
-                self.client_keepalives.pop(sender, None)
+                self.registry.client_keepalives.pop(sender, None)
             return  # NorFab clients may announce themselves; nothing to route
         if req.service == nfp.MMI_SERVICE:
             self.process_mmi(sender, req)
@@ -279,47 +278,11 @@ class Broker(WorkerSide):
             why = f"the broker could not handle this request: {type(exc).__name__}: {str(exc)[:200]}"
             self._refuse(sender, req, Refusal(nfp.ST_ERROR, Word.FAILED, why))
 
-    def client_keepalive(self, sender: bytes) -> None:
-        """A client's keepalive is answered at once, unless it answers one the broker sent within
-        half an interval (the wave's, see tend_clients): then it needs no answer of its own."""
-        ka = self.client_keepalives.get(sender)
-        if ka is None:
-            s = self.settings
-            ka = self.client_keepalives[sender] = KeepAlive(s.keepalive_interval, s.keepalive_multiplier, self.clock)
-            if len(self.client_keepalives) > self.registry.max_clients:
-                self.client_keepalives.popitem(last=False)
-            answers_ours = False
-        else:
-            self.client_keepalives.move_to_end(sender)
-            answers_ours = ka.sent > 0 and self.clock() < ka.next_due - ka.interval / 2
-        ka.heard()
-        if not answers_ours:
-            self._send_client_keepalive(sender, ka)
-        self._next_keepalive = min(self._next_keepalive, ka.next_due)
-
     def _send_client_keepalive(self, client: bytes, ka: KeepAlive) -> bool:
+        """The keepalive answer frame, carrying this broker's incarnation; False when the client is gone."""
         boot = nfp.dumps({"boot": self.boot})
-        frames = nfp.broker_reply(client, nfp.KEEPALIVE, nfp.MMI_SERVICE, b"", nfp.ST_OK, boot)
         ka.mark_sent()
-        return self.loop.send_now(frames)
-
-    def tend_clients(self, now: float) -> float:
-        """The clients' part of the keepalive pass (tend_workers'): those due within half an
-        interval get a keepalive with the workers' wave; one not heard for its hold time, or
-        gone (its keepalive unroutable), leaves the table."""
-        soonest = math.inf
-        gone = []
-        for ident, ka in self.client_keepalives.items():
-            if now >= ka.expires_at:
-                gone.append(ident)
-                continue
-            if now + ka.interval / 2 >= ka.next_due and not self._send_client_keepalive(ident, ka):
-                gone.append(ident)
-                continue
-            soonest = min(soonest, ka.next_due, ka.expires_at)
-        for ident in gone:
-            del self.client_keepalives[ident]
-        return soonest
+        return self.loop.send_now(nfp.broker_reply(client, nfp.KEEPALIVE, nfp.MMI_SERVICE, b"", nfp.ST_OK, boot))
 
     def process_mmi(self, sender: bytes, req: nfp.ClientRequest) -> None:
         try:

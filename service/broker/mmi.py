@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from ..core import protocol as nfp
 from ..core.errors import ProtocolError
-from ..core.keepalive import Clock, KeepAlive
+from ..core.keepalive import Clock
 from ..settings import Settings
 from ..transport.base import Transport
 from .dispatcher import MAX_NOTICES, Dispatcher
@@ -46,7 +46,6 @@ class BrokerFacts(Protocol):
     told_to_leave: OrderedDict[bytes, float]
     gone: OrderedDict[bytes, dict[str, Any]]
     keys: OrderedDict[bytes, bytes]
-    client_keepalives: OrderedDict[bytes, KeepAlive]
     TOLD_TO_LEAVE_MAX: int
     GONE_MAX: int
     KEYS_MAX: int
@@ -231,7 +230,7 @@ class MmiService:
             "gone_workers_capacity": b.GONE_MAX,
             "identities_bound": len(b.keys),
             "identities_capacity": b.KEYS_MAX,
-            "client_keepalives": len(b.client_keepalives),
+            "client_keepalives": len(reg.client_keepalives),
             "client_keepalives_capacity": reg.max_clients,
             "queued_notices": len(b.dispatch.notices),
             "queued_notices_capacity": MAX_NOTICES,

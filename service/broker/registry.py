@@ -7,8 +7,10 @@ identities) also forget entries nobody used for a while.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,6 +126,9 @@ class Registry:
         self.by_name: dict[bytes, WorkerRecord] = {}
         self.services: OrderedDict[bytes, ServiceRecord] = OrderedDict()  # least recently active first
         self.clients: OrderedDict[bytes, ClientRecord] = OrderedDict()
+        # zfab clients that keep alive (NorFab's send no keepalive), least recently heard first:
+        # they get the workers' keepalive wave and answer it. Bounded like the clients table.
+        self.client_keepalives: OrderedDict[bytes, KeepAlive] = OrderedDict()
         self.routes: dict[bytes, Route] = {}
         # Jobs finished recently and the worker that ran them, so a POST retried after its result
         # was missed goes back to that worker instead of running again (LRU-bounded).
@@ -278,6 +283,34 @@ class Registry:
             self.clients.move_to_end(identity)
         rec.requests += 1
         return rec
+
+    def client_keepalive_heard(self, identity: bytes) -> KeepAlive | None:
+        """A client's keepalive: its state when the broker must answer it now, None when it
+        answers one the broker sent it within half an interval (the wave's)."""
+        ka = self.client_keepalives.get(identity)
+        if ka is None:
+            ka = self.client_keepalives[identity] = KeepAlive(self.interval, self.multiplier, self.clock)
+            if len(self.client_keepalives) > self.max_clients:
+                self.client_keepalives.popitem(last=False)
+        else:
+            self.client_keepalives.move_to_end(identity)
+        ka.heard()
+        return None if ka.sent_within_window() else ka
+
+    def tend_clients(self, now: float, send: Callable[[bytes, KeepAlive], bool]) -> float:
+        """The clients' part of a keepalive pass (the broker's tend_workers): `send` a keepalive
+        to those due with the wave; one not heard for its hold time, or that `send` finds gone,
+        leaves the table. Returns when the next pass is needed for them."""
+        soonest = math.inf
+        gone = []
+        for ident, ka in self.client_keepalives.items():
+            if now >= ka.expires_at or (ka.due_with_wave(now) and not send(ident, ka)):
+                gone.append(ident)
+                continue
+            soonest = min(soonest, ka.next_due, ka.expires_at)
+        for ident in gone:
+            del self.client_keepalives[ident]
+        return soonest
 
     # ---- routes ----------------------------------------------------------------
 

@@ -216,11 +216,9 @@ class WorkerSide:
             if now >= ka.expires_at:
                 expired.append(w)
                 continue
-            slack = ka.interval / 2
-            if now + slack >= ka.next_due:
+            if ka.due_with_wave(now):
                 send(nfp.broker_control(w.ident, nfp.KEEPALIVE, w.service))
-                ka.sent += 1
-                ka.next_due = now + ka.interval
+                ka.mark_sent(now)
             soonest = min(soonest, ka.next_due, ka.expires_at)
         for w in expired:
             log.warning("worker %s missed its keepalives for %.1f s; purged", w.label, w.keepalive.hold_time)

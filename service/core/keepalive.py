@@ -5,6 +5,7 @@ All times come from a clock (monotonic by default) so tests can drive it.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ class KeepAlive:
     expires_at: float = field(init=False)
     sent: int = field(default=0, init=False)
     received: int = field(default=0, init=False)
+    last_sent: float = field(default=-math.inf, init=False)
 
     def __post_init__(self) -> None:
         if self.interval <= 0:
@@ -60,13 +62,25 @@ class KeepAlive:
         self.expires_at = now + self.hold_time
         self.sent = 0
         self.received = 0
+        self.last_sent = -math.inf
 
     def due(self) -> bool:
         return self.clock() >= self.next_due
 
-    def mark_sent(self) -> None:
+    def mark_sent(self, now: float | None = None) -> None:
+        self.last_sent = self.clock() if now is None else now
         self.sent += 1
-        self.next_due = self.clock() + self.interval * (ANSWER_DELAY if self.answering else 1.0)
+        self.next_due = self.last_sent + self.interval * (ANSWER_DELAY if self.answering else 1.0)
+
+    def due_with_wave(self, now: float) -> bool:
+        """Due within ANSWER_WINDOW of an interval: a keepalive pass at `now` sends it early, so
+        that peers joined at scattered moments fall into one wave (the broker's tend_workers)."""
+        return now + self.interval * ANSWER_WINDOW >= self.next_due
+
+    def sent_within_window(self) -> bool:
+        """A keepalive went to the peer within ANSWER_WINDOW of an interval: the peer's keepalive
+        now answers it, and needs no answer of its own."""
+        return self.clock() - self.last_sent < self.interval * ANSWER_WINDOW
 
     def answers(self) -> bool:
         """The peer's keepalive just came: send ours with it, not on our own clock?
@@ -77,7 +91,7 @@ class KeepAlive:
         A keepalive sent up to half an interval early changes nothing the peer can see (its hold
         time is `multiplier` intervals), and a peer sending faster is answered at most once per
         ANSWER_DELAY - ANSWER_WINDOW (0.7) intervals, so two answering peers cannot ping-pong."""
-        return self.answering and self.clock() + self.interval * ANSWER_WINDOW >= self.next_due
+        return self.answering and self.due_with_wave(self.clock())
 
     def heard(self, keepalive: bool = True) -> None:
         """Any frame from the peer proves it alive; only keepalive frames are counted."""

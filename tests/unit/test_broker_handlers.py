@@ -475,7 +475,7 @@ def test_a_client_gone_quiet_or_unroutable_leaves_the_keepalive_table(broker: Br
     for _ in range(int(MULTIPLIER / INTERVAL * 2) + 1):
         clock.advance(INTERVAL / 2)
         stub(broker).tick()
-    assert b"quiet" not in broker.client_keepalives
+    assert b"quiet" not in broker.registry.client_keepalives
     stub(broker).take()
     clock.advance(INTERVAL)
     stub(broker).tick()
@@ -487,14 +487,14 @@ def test_a_client_gone_quiet_or_unroutable_leaves_the_keepalive_table(broker: Br
     stub(broker).full = True
     clock.advance(INTERVAL)
     stub(broker).tick()
-    assert b"gone" not in broker.client_keepalives
+    assert b"gone" not in broker.registry.client_keepalives
 
 
 def test_a_closing_client_leaves_the_keepalive_table_and_gets_no_more_waves(broker: Broker, clock: FakeClock) -> None:
     client_ka(broker)
     stub(broker).take()
     stub(broker).feed([b"c1", b"", nfp.CLIENT, nfp.DISCONNECT, nfp.MMI_SERVICE, b"", b"", b""])
-    assert b"c1" not in broker.client_keepalives and stub(broker).take() == []
+    assert b"c1" not in broker.registry.client_keepalives and stub(broker).take() == []
     clock.advance(INTERVAL)
     stub(broker).tick()
     assert stub(broker).take() == [] and broker.loop.stats.send_dropped == 0
@@ -504,7 +504,7 @@ def test_the_client_keepalive_table_is_bounded_by_max_clients(clock: FakeClock) 
     b = make_broker(clock, max_clients=2)
     for ident in (b"c1", b"c2", b"c3"):
         client_ka(b, ident)
-    assert list(b.client_keepalives) == [b"c2", b"c3"]  # the least recently heard went
+    assert list(b.registry.client_keepalives) == [b"c2", b"c3"]  # the least recently heard went
     shown = b.mmi.show_broker()
     assert (shown["client_keepalives"], shown["client_keepalives_capacity"]) == (2, 2)
 

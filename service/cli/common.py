@@ -118,10 +118,20 @@ def setup_logging(level: str) -> None:
     )
 
 
-def wait_for_signal() -> None:
+def catch_stop_signals() -> threading.Event:
+    """SIGINT/SIGTERM set the returned event from now on.
+
+    A role calls this before it starts: its peers see it as soon as its socket connects, so a
+    supervisor may stop it before it is "ready". Under the default action that signal would kill
+    the process without its DISCONNECT, and the broker would hold a dead worker for a hold time.
+    """
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def wait_for_signal(stop: threading.Event) -> None:
     while not stop.wait(3600):
         pass
 

@@ -8,10 +8,9 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
-from .common import settings_of, setup_logging
+from .common import catch_stop_signals, settings_of, setup_logging
 
 log = logging.getLogger("zfab")
 
@@ -44,14 +43,12 @@ def cmd_up(ns: argparse.Namespace) -> int:
     def first_dead() -> subprocess.Popen[bytes] | None:
         return next((p for p in procs if p.poll() is not None), None)
 
+    stop = catch_stop_signals()  # before the first spawn: a Ctrl-C from now on stops them all
     spawn(["broker", "--endpoint", s.bind_endpoint])
     for i in range(1, ns.workers + 1):
         spawn(["worker", "--service", "demo", "--name", f"demo-{i}"])
     if ns.api_port:
         spawn(["api", "--host", ns.api_host, "--port", str(ns.api_port)])
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     try:
         if ns.api_port:
             # The banner tells the user where to go: only once the API answers there.

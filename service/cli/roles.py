@@ -9,7 +9,7 @@ import logging
 from typing import Any
 
 from ..core.tuning import tune as tune_process
-from .common import UsageError, metrics_server, settings_of, setup_logging, wait_for_signal
+from .common import UsageError, catch_stop_signals, metrics_server, settings_of, setup_logging, wait_for_signal
 
 log = logging.getLogger("zfab")
 
@@ -64,6 +64,7 @@ def cmd_broker(ns: argparse.Namespace) -> int:
     endpoint = ns.endpoint or s.bind_endpoint
     broker = Broker(s, endpoint=ns.endpoint)
     server = metrics_server(s, broker=broker)  # bound first: a port in use fails before anything starts
+    stop = catch_stop_signals()
     try:
         broker.start()
     except Exception as exc:
@@ -75,7 +76,7 @@ def cmd_broker(ns: argparse.Namespace) -> int:
     curve = " (CURVE)" if s.curve_secret else ""
     print(f"zfab broker ready on {broker.bound_endpoint}{curve}", flush=True)
     try:
-        wait_for_signal()
+        wait_for_signal(stop)
     finally:
         server.shutdown()
         try:
@@ -102,6 +103,7 @@ def cmd_worker(ns: argparse.Namespace) -> int:
     except TypeError as exc:  # e.g. --root given to a service that takes none
         raise UsageError(f"cannot make worker {cls.__name__}: {exc}") from None
     server = metrics_server(s, worker=worker)  # bound first: a port in use fails before anything starts
+    stop = catch_stop_signals()
     try:
         worker.start()
     except BaseException:
@@ -110,7 +112,7 @@ def cmd_worker(ns: argparse.Namespace) -> int:
     tune_process()
     print(f"zfab worker {worker.name} ready: serving '{worker.service_name}' via {s.broker}", flush=True)
     try:
-        wait_for_signal()
+        wait_for_signal(stop)
     finally:
         server.shutdown()
         held = worker.held()

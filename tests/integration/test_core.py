@@ -330,8 +330,11 @@ def test_sigterm_stops_a_worker_cleanly_and_the_broker_forgets_it(tmp_path: Path
         f.worker("w1")
         with f.client() as c:
             wait_workers(c, {"w1"})
+            # At once after READY: the worker may not have printed "ready" yet, and a SIGTERM
+            # then must still stop it cleanly, not kill it under the default action.
             f.signal("w1", signal.SIGTERM)
-            f.procs["w1"].wait(10)
+            assert f.procs["w1"].wait(10) == 0, f.log("w1")
+            assert "zfab worker w1 stopped" in f.log("w1")
             # DISCONNECT on the way out: gone at once, not after the 6 s hold time
             wait_for(lambda: "w1" not in {w["name"] for w in c.mmi("show_workers")}, 3, what="w1 forgotten")
 

@@ -80,7 +80,8 @@ class Broker(WorkerSide):
         self._next_housekeeping = clock() + HOUSEKEEPING
         self.bound_endpoint = ""
         self.zap: ZapHandler | None = None
-        self.told_to_leave: OrderedDict[bytes, float] = OrderedDict()  # unknown worker -> last DISCONNECT
+        # unknown worker -> last DISCONNECT and the reason a zfab worker was told first (purged)
+        self.told_to_leave: OrderedDict[bytes, tuple[float, str | None]] = OrderedDict()
         self.gone: OrderedDict[bytes, dict[str, Any]] = OrderedDict()  # worker name -> how it left
         self.keys: OrderedDict[bytes, bytes] = OrderedDict()  # identity -> ZAP user id of its first frame
         self.loop: Transport = (transport or OwnerLoop)(
@@ -439,5 +440,5 @@ class Broker(WorkerSide):
         keep = self.settings.gone_worker_seconds
         while self.gone and now - next(iter(self.gone.values()))["at"] > keep:
             self.gone.popitem(last=False)
-        while self.told_to_leave and now - next(iter(self.told_to_leave.values())) > HOUSEKEEPING:
+        while self.told_to_leave and now - next(iter(self.told_to_leave.values()))[0] > HOUSEKEEPING:
             self.told_to_leave.popitem(last=False)

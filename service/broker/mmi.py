@@ -43,7 +43,7 @@ class BrokerFacts(Protocol):
     clock: Clock
     rejected: Counter[str]
     counts: Counter[str]
-    told_to_leave: OrderedDict[bytes, float]
+    told_to_leave: OrderedDict[bytes, tuple[float, str | None]]
     gone: OrderedDict[bytes, dict[str, Any]]
     keys: OrderedDict[bytes, bytes]
     TOLD_TO_LEAVE_MAX: int

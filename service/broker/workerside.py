@@ -37,7 +37,7 @@ class WorkerSide:
     clock: Clock
     counts: Counter[str]
     gone: OrderedDict[bytes, dict[str, Any]]
-    told_to_leave: OrderedDict[bytes, float]
+    told_to_leave: OrderedDict[bytes, tuple[float, str | None]]
     _next_keepalive: float
     TOLD_TO_LEAVE_MAX: int
     GONE_MAX: int
@@ -165,19 +165,28 @@ class WorkerSide:
         # re-registers must not make it reconnect again (and lose what it was sent meanwhile).
         self.counts["unknown_worker"] += 1
         now = self.clock()
-        last = self.told_to_leave.get(sender)
+        last, reason = self.told_to_leave.get(sender, (None, None))
         if last is not None and now - last < self.settings.keepalive_interval:
             return
-        self.told_to_leave[sender] = now
-        self.told_to_leave.move_to_end(sender)
+        self._remember_told(sender, now, reason)
+        frames = nfp.broker_control(sender, nfp.DISCONNECT, service)
+        if reason is not None:
+            # Still the reason it was told first: a purged zfab worker that missed that DISCONNECT
+            # (its connection was reset while it was stopped) still drops the jobs it was given.
+            frames.append(nfp.dumps({"reason": reason}))
+        self.send(frames)
+
+    def _remember_told(self, ident: bytes, now: float, reason: str | None) -> None:
+        self.told_to_leave[ident] = (now, reason)
+        self.told_to_leave.move_to_end(ident)
         if len(self.told_to_leave) > self.TOLD_TO_LEAVE_MAX:
             self.told_to_leave.popitem(last=False)
-        self.send(nfp.broker_control(sender, nfp.DISCONNECT, service))
 
     def _tell_to_leave(self, w: WorkerRecord, reason: str) -> None:
         frames = nfp.broker_control(w.ident, nfp.DISCONNECT, w.service)
         if w.v2:
             frames.append(nfp.dumps({"reason": reason}))  # zfab workers drop jobs they have not started
+            self._remember_told(w.ident, self.clock(), reason)
         self.send(frames)
 
     def _lose(self, worker: WorkerRecord, why_lost: str) -> None:

@@ -41,6 +41,7 @@ from .task import TaskSpec, build_spec, is_task, task
 log = logging.getLogger(__name__)
 
 RECENT_JOBS = 10_000  # finished jobs kept in memory for fast GET; older ones are read from the store
+PROBE_SECONDS = 0.5  # at most this long (and one keepalive interval) for the broker's answer before a reconnect
 DROPPED = "not started: the broker gave this job up (it lost contact with this worker), so it did not run here"
 
 
@@ -89,6 +90,7 @@ class Worker:
         self.contact = threading.Event()
         self.contact.set()
         self._given_up = False  # owner: the broker said it purged us; unstarted jobs are dropped
+        self._probe_until: float | None = None  # owner: broker silent; its answer awaited until then
         self._heard_since_ready = False  # owner: the broker answered this connection (readiness)
         self._unstored: list[Job] = []  # owner thread only: received in this batch, not yet stored
         self.counts: dict[str, int] = {"rejected_frames": 0, "busy": 0, "handler_errors": 0}
@@ -208,6 +210,7 @@ class Worker:
         self.loop.send_now(nfp.worker_control(nfp.READY, self._service_b, self.announce()))
         self.keepalive.reset()
         self._heard_since_ready = False
+        self._probe_until = None
 
     def on_closing(self) -> None:
         self.loop.send_now(nfp.worker_control(nfp.DISCONNECT, self._service_b))
@@ -215,10 +218,22 @@ class Worker:
     def on_timer(self, now: float) -> float | None:
         ka = self.keepalive
         if ka.expired():
-            log.warning("worker %s: broker silent for %.1f s; reconnecting", self.name, ka.hold_time)
             self.contact.clear()
+            if self._probe_until is None:
+                # The broker's last words may not be read yet: after a SIGSTOP our clock is past
+                # the hold time at once, while the DISCONNECT (purged) it sent meanwhile is still
+                # on its way in. Reconnecting now would close the socket on it, and the jobs it
+                # gave up would run here as well. So ask once and listen for a moment first.
+                self._probe_until = now + min(ka.interval, PROBE_SECONDS)
+                self._send_keepalive()
+                return self._probe_until
+            if now < self._probe_until:
+                return self._probe_until
+            self._probe_until = None
+            log.warning("worker %s: broker silent for %.1f s; reconnecting", self.name, ka.hold_time)
             self.loop.request_reconnect()
             return now + ka.interval
+        self._probe_until = None
         if ka.due():
             self._send_keepalive()
         notice = self.runner.send_due_notices(now)

@@ -376,6 +376,22 @@ def test_a_silent_worker_is_purged_told_why_and_its_clients_told_at_once(broker:
     assert b"w1" not in broker.registry.workers and broker.registry.services[b"demo"].purged == 1
 
 
+def test_a_purged_worker_heard_again_is_told_again_that_it_was_purged(broker: Broker, clock: FakeClock) -> None:
+    ready(broker, b"w1")
+    stub(broker).take()
+    clock.advance(INTERVAL * MULTIPLIER + 0.01)
+    stub(broker).tick()
+    stub(broker).take()  # the first DISCONNECT (purged); say its connection was reset meanwhile
+    # Its keepalive within the interval gets nothing more; later ones hear the same reason, so
+    # it still drops the jobs the broker gave up instead of running them
+    stub(broker).feed([b"w1", b"", nfp.WORKER, nfp.KEEPALIVE, b"demo"])
+    assert stub(broker).take() == []
+    clock.advance(INTERVAL)
+    stub(broker).feed([b"w1", b"", nfp.WORKER, nfp.KEEPALIVE, b"demo"])
+    (bye,) = [f for f in stub(broker).take() if f[0] == b"w1"]
+    assert bye[3] == nfp.DISCONNECT and json.loads(bye[5]) == {"reason": "purged"}
+
+
 def test_a_second_connection_under_a_workers_name_replaces_it(broker: Broker) -> None:
     ready(broker, b"w1~aaaa", name="w1")
     post(broker, b"j1")

@@ -287,6 +287,45 @@ def test_jobs_not_started_are_dropped_when_the_broker_says_it_purged_us(worker: 
     job(worker, nfp.DELETE, b"run")
 
 
+def test_a_worker_past_its_hold_time_asks_the_broker_before_it_reconnects(worker: DemoWorker, clock: FakeClock) -> None:
+    stub(worker).take()
+    # Stopped past the hold time (3 s): at once on resume it sends one keepalive, no reconnect yet
+    assert tick_at(worker, clock, 3.5) == pytest.approx(clock() + 0.5)
+    assert [f[2] for f in stub(worker).take()] == [nfp.KEEPALIVE]
+    assert worker.loop.stats.reconnects == 0 and not worker.contact.is_set()
+    # The broker's answer still in time: in touch again, no reconnect, jobs may start
+    stub(worker).feed([b"", nfp.BROKER, nfp.KEEPALIVE, b"demo"])
+    stub(worker).take()
+    assert worker.contact.is_set()
+    tick_at(worker, clock, 0.5)
+    assert worker.loop.stats.reconnects == 0
+    # Silent past the hold time again and through the probe: then it reconnects (READY)
+    tick_at(worker, clock, 3.0)
+    stub(worker).take()
+    tick_at(worker, clock, 0.5)
+    assert worker.loop.stats.reconnects == 1
+    assert [f[2] for f in stub(worker).take()] == [nfp.READY]
+
+
+def test_a_purge_notice_read_while_the_worker_asks_still_drops_its_unstarted_jobs(
+    worker: DemoWorker, clock: FakeClock
+) -> None:
+    stub(worker).take()
+    job(worker, nfp.POST, b"run", {"task": "sleep", "kwargs": {"seconds": 5}})
+    job(worker, nfp.POST, b"wait", {"task": "echo", "kwargs": {"data": 1}})
+    collect(worker, lambda g: worker.pool.running == 1)
+    # Resumed past the hold time with the broker's DISCONNECT (purged) not read yet: the timer
+    # comes first, and must not reconnect over it
+    tick_at(worker, clock, 3.5)
+    assert worker.loop.stats.reconnects == 0
+    stub(worker).feed([b"", nfp.BROKER, nfp.DISCONNECT, b"demo", b'{"reason":"purged"}'])
+    got = collect(worker, final(b"wait"))
+    assert [st for c, u, st, _ in got if u == b"wait" and c == nfp.RESPONSE][-1] == nfp.ST_OK
+    assert worker.runner.counts["dropped"] == 1 and worker.loop.stats.reconnects == 1
+    assert worker.runner.task_stats["echo"].outcomes["completed"] == 0
+    job(worker, nfp.DELETE, b"run")
+
+
 def test_a_result_over_the_message_limit_becomes_a_failure_that_says_so(tmp_path: Path, clock: FakeClock) -> None:
     s = Settings(data_dir=str(tmp_path), max_message_bytes=4096, pool_size=1)
     w = DemoWorker(name="w1", settings=s, transport=StubTransport(clock), clock=clock).start()

@@ -28,6 +28,7 @@ from ..transport.base import Frames, LoopFactory, Transport
 from ..transport.loop import OwnerLoop
 from ..transport.wire import dealer_socket
 from .aio import AsyncRunner
+from .contact import BrokerContact, Silence
 from .credits import RECHECK_SECONDS, credits_for, worth_telling
 from .job import Job
 from .jobstore import JobStore
@@ -41,7 +42,6 @@ from .task import TaskSpec, build_spec, is_task, task
 log = logging.getLogger(__name__)
 
 RECENT_JOBS = 10_000  # finished jobs kept in memory for fast GET; older ones are read from the store
-PROBE_SECONDS = 0.5  # at most this long (and one keepalive interval) for the broker's answer before a reconnect
 DROPPED = "not started: the broker gave this job up (it lost contact with this worker), so it did not run here"
 
 
@@ -85,12 +85,7 @@ class Worker:
         self._credits_checked = 0.0
         self.jobs = RecentJobs(max_count=RECENT_JOBS, max_bytes=s.worker_recent_bytes)  # owner adds and trims
         self._received = 0  # owner thread only
-        # Set while the worker is in touch with its broker. A pool thread waits on it before it
-        # starts a job: after a SIGSTOP or a partition the broker may have given the job up.
-        self.contact = threading.Event()
-        self.contact.set()
-        self._given_up = False  # owner: the broker said it purged us; unstarted jobs are dropped
-        self._probe_until: float | None = None  # owner: broker silent; its answer awaited until then
+        self.contact = BrokerContact(self.keepalive)  # may jobs start; a broker silent too long
         self._heard_since_ready = False  # owner: the broker answered this connection (readiness)
         self._unstored: list[Job] = []  # owner thread only: received in this batch, not yet stored
         self.counts: dict[str, int] = {"rejected_frames": 0, "busy": 0, "handler_errors": 0}
@@ -117,8 +112,8 @@ class Worker:
             loop=self.loop,
             recent=self.jobs,
             max_message_bytes=s.max_message_bytes,
-            contact=self._in_contact,
-            in_contact_now=self._in_contact_now,
+            contact=self.contact.wait_to_start,
+            in_contact_now=self.contact.in_touch_now,
             clock=clock,
         )
         self.requests = JobRequests(
@@ -208,9 +203,8 @@ class Worker:
     def on_connected(self) -> None:
         # READY goes first after every (re)connect, before any keepalive.
         self.loop.send_now(nfp.worker_control(nfp.READY, self._service_b, self.announce()))
-        self.keepalive.reset()
+        self.contact.connected()
         self._heard_since_ready = False
-        self._probe_until = None
 
     def on_closing(self) -> None:
         self.loop.send_now(nfp.worker_control(nfp.DISCONNECT, self._service_b))
@@ -218,22 +212,13 @@ class Worker:
     def on_timer(self, now: float) -> float | None:
         ka = self.keepalive
         if ka.expired():
-            self.contact.clear()
-            if self._probe_until is None:
-                # The broker's last words may not be read yet: after a SIGSTOP our clock is past
-                # the hold time at once, while the DISCONNECT (purged) it sent meanwhile is still
-                # on its way in. Reconnecting now would close the socket on it, and the jobs it
-                # gave up would run here as well. So ask once and listen for a moment first.
-                self._probe_until = now + min(ka.interval, PROBE_SECONDS)
+            step, until = self.contact.silent(now)
+            if step is Silence.PROBE:
                 self._send_keepalive()
-                return self._probe_until
-            if now < self._probe_until:
-                return self._probe_until
-            self._probe_until = None
-            log.warning("worker %s: broker silent for %.1f s; reconnecting", self.name, ka.hold_time)
-            self.loop.request_reconnect()
-            return now + ka.interval
-        self._probe_until = None
+            elif step is Silence.RECONNECT:
+                log.warning("worker %s: broker silent for %.1f s; reconnecting", self.name, ka.hold_time)
+                self.loop.request_reconnect()
+            return until
         if ka.due():
             self._send_keepalive()
         notice = self.runner.send_due_notices(now)
@@ -280,23 +265,6 @@ class Worker:
     def busy(self) -> bool:
         return self.held() > 0
 
-    def _in_contact_now(self) -> bool:
-        if self.keepalive.expired():
-            self.contact.clear()
-        return self.contact.is_set()
-
-    def _in_contact(self, job: Job) -> bool:
-        """Pool thread, before it starts a job: wait while the broker has been silent past the hold
-        time (its clock jumped after a SIGSTOP, or a partition), bounded by the job's deadline.
-        False when the job was dropped meanwhile (the owner claims it)."""
-        if self.keepalive.expired():
-            self.contact.clear()
-        if not self.contact.is_set():
-            deadline = job.deadline
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            self.contact.wait(left)
-        return not job.started
-
     def on_frames(self, frames: Frames) -> None:
         try:
             msg = nfp.decode_broker_to_worker(frames, self.settings.max_message_bytes)
@@ -316,7 +284,7 @@ class Worker:
                     log.warning(
                         "worker %s: the broker gave us up (%s); jobs not started are dropped", self.name, msg.reason
                     )
-                    self._given_up = True
+                    self.contact.given_up = True
                 else:
                     log.info("worker %s: broker asked to re-register", self.name)
                 self.loop.request_reconnect()
@@ -450,11 +418,10 @@ class Worker:
     def on_batch_end(self) -> None:
         """After a receive batch: store its new jobs in one write (201 follows the commit), drop what
         the broker gave up, and let pool threads start jobs again once in touch."""
-        if self._given_up:
-            self._given_up = False
+        if self.contact.given_up:
+            self.contact.given_up = False
             self._drop_unstarted()
-        if not self.contact.is_set() and not self.keepalive.expired():
-            self.contact.set()
+        self.contact.heard_again()
         if not self._unstored:
             return
         if self.settings.worker_prefetch is None:

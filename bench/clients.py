@@ -122,13 +122,12 @@ def run_peers(endpoint: str, clients: int, window: int, start_at: float, duratio
             sock.send_multipart(nfp.client_request(nfp.KEEPALIVE, nfp.MMI_SERVICE, b"", b"", b""))
             sock.recv_multipart()
         ep = select.epoll()
-        by_fd = {}
-        for sock in socks:
+        by_fd = {}  # ZMQ_FD -> the peer's index
+        for k, sock in enumerate(socks):
             fd = sock.getsockopt(zmq.FD)
-            by_fd[fd] = sock
+            by_fd[fd] = k
             ep.register(fd, select.EPOLLIN)
         state = [{"t": {}, "lat": [], "errors": 0, "done": 0, "i": 0} for _ in socks]
-        index = {id(sock): k for k, sock in enumerate(socks)}
         time.sleep(max(0.0, start_at - time.time()))
         end = time.monotonic() + duration
         stop_at = end + JOB_TIMEOUT + 5
@@ -144,12 +143,11 @@ def run_peers(endpoint: str, clients: int, window: int, start_at: float, duratio
         for k in range(len(socks)):
             for _ in range(window):
                 submit(k)
-        ready = list(socks)
+        ready = list(range(len(socks)))
         while time.monotonic() < stop_at and any(st["t"] for st in state):
             more = []
-            for sock in ready:
-                k = index[id(sock)]
-                st = state[k]
+            for k in ready:
+                sock, st = socks[k], state[k]
                 for _ in range(64):
                     if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                         break
@@ -172,10 +170,10 @@ def run_peers(endpoint: str, clients: int, window: int, start_at: float, duratio
                     if time.monotonic() < end:
                         submit(k)
                 else:
-                    more.append(sock)
+                    more.append(k)
                     continue
                 if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                    more.append(sock)
+                    more.append(k)
             ready = more + [by_fd[fd] for fd, _ in ep.poll(0 if more else 0.05)]
         out = [{"done": st["done"], "errors": st["errors"] + len(st["t"]), "lat": st["lat"]} for st in state]
         Path(out_path).write_text(json.dumps(out))

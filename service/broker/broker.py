@@ -187,7 +187,7 @@ class Broker(WorkerSide):
         if len(frames) < 3:
             self.reject("frame_count", f"{len(frames)} frames")
             return
-        sender, header = frames[0], frames[2]
+        sender, header = bytes(frames[0]), frames[2]  # the identity is short: bytes already, not copied
         if self.zap is not None and not self._same_key(sender):
             self.reject("identity", f"{sender[:64]!r} used by another key than the one that first used it")
             return

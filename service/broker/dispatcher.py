@@ -43,7 +43,7 @@ class Dispatcher:
         settings: Settings,
         *,
         reply: Reply,
-        send: Callable[[list[bytes]], None],
+        send: Callable[[list[nfp.Frame]], None],
         counts: Counter[str],
         clock: Callable[[], float],
     ) -> None:

@@ -14,6 +14,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from enum import Enum
 
+from ..core.protocol import Frame
+
 ANY, ALL, NAMED = "any", "all", "named"
 
 
@@ -35,7 +37,7 @@ class QueuedJob:
     target: bytes  # the target frame as the client sent it
     kind: str  # ANY, ALL or NAMED
     names: list[str] | None  # NAMED: the worker names
-    body: bytes
+    body: Frame  # as received: a large one is a view onto ZeroMQ's buffer (forwarded, not copied)
     task: str
     push: bool
     ack: bool

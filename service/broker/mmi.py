@@ -55,7 +55,7 @@ class MmiService:
     def __init__(self, broker: BrokerFacts) -> None:
         self.broker = broker
 
-    def answer(self, body: bytes) -> tuple[bytes, bytes]:
+    def answer(self, body: nfp.Frame) -> tuple[bytes, bytes]:
         """(status, JSON payload) for an MMI request body; ProtocolError("json", why) when it is malformed."""
         try:
             req = nfp.loads(body) if body else {}

@@ -233,7 +233,7 @@ class ClientSession:
                 self.counts["rejected_frames"] += 1
                 return
             try:
-                job.future.chunks.put_nowait(reply.payload)
+                job.future.chunks.put_nowait(bytes(reply.payload))  # its reader gets bytes, not a view
             except queue.Full:
                 # More chunks than the credits granted: the sender broke flow control.
                 self.counts["rejected_frames"] += 1
@@ -290,7 +290,7 @@ class ClientSession:
                 log.exception("client %s: event callback failed", self.name)
 
 
-def _boot_of(payload: bytes) -> str | None:
+def _boot_of(payload: nfp.Frame) -> str | None:
     """The broker incarnation a zfab broker's keepalive answer carries (NorFab's carry nothing)."""
     if not payload:
         return None

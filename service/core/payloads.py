@@ -120,7 +120,7 @@ class PostBody:
     ack: bool
 
 
-def read_post_body(raw: bytes) -> PostBody:
+def read_post_body(raw: bytes | memoryview) -> PostBody:
     """Read and check a POST body; raises ProtocolError("json", why) for anything malformed."""
     try:
         body = loads(raw)

@@ -16,6 +16,12 @@ import orjson
 
 from .errors import ProtocolError as ProtocolError  # re-exported: callers catch nfp.ProtocolError
 
+# A frame. What a loop receives is bytes, except that a frame of 64 KiB or more (COPY_LIMIT in
+# transport/wire.py) comes as a memoryview onto ZeroMQ's own buffer, which the view keeps alive:
+# the broker forwards a large body or result without copying it; the worker and the client copy
+# it where they keep it. Never hashed or used as a key (a writable view is not hashable).
+Frame = bytes | memoryview
+
 CLIENT: Final = b"NFPC01"
 WORKER: Final = b"NFPW01"
 BROKER: Final = b"NFPB01"
@@ -106,7 +112,7 @@ class ClientRequest:
     service: bytes
     target: bytes
     uuid: bytes
-    body: bytes
+    body: Frame  # forwarded as received
     flags: dict[str, Any]
 
 
@@ -127,7 +133,7 @@ class WorkerReply:
     client: bytes
     uuid: bytes
     status: bytes
-    payload: bytes
+    payload: Frame  # forwarded as received
 
 
 @dataclass(slots=True)
@@ -137,7 +143,7 @@ class BrokerJob:
     command: bytes
     client: bytes
     uuid: bytes
-    body: bytes
+    body: Frame  # parsed from the frame itself: a 10 MB body is not copied first
     meta: dict[str, Any] | None = None  # zfab: what the broker adds to a POST (deadline left, time queued)
 
 
@@ -158,13 +164,13 @@ class BrokerReply:
     service: bytes
     uuid: bytes
     status: bytes
-    payload: bytes
+    payload: Frame  # parsed from the frame itself; a file chunk is copied to bytes for its reader
 
 
 _FRAME_TYPES = (bytes, bytearray, memoryview)  # a tuple: `bytes | ...` would build a UnionType per frame
 
 
-def _check_sizes(frames: list[bytes], max_bytes: int) -> None:
+def _check_sizes(frames: list[Frame], max_bytes: int) -> None:
     total = 0
     for f in frames:
         if not isinstance(f, _FRAME_TYPES):
@@ -174,7 +180,7 @@ def _check_sizes(frames: list[bytes], max_bytes: int) -> None:
         raise ProtocolError("oversize", f"{total} bytes > limit {max_bytes}")
 
 
-def _check_head(frames: list[bytes], header: bytes, min_len: int, max_len: int, max_bytes: int) -> bytes:
+def _check_head(frames: list[Frame], header: bytes, min_len: int, max_len: int, max_bytes: int) -> bytes:
     n = len(frames)
     if n < 3:
         raise ProtocolError("frame_count", f"{n} frames, need at least 3")
@@ -191,12 +197,12 @@ def _check_head(frames: list[bytes], header: bytes, min_len: int, max_len: int, 
     return command
 
 
-def _check_name(value: bytes, what: str, limit: int = MAX_NAME_BYTES) -> None:
+def _check_name(value: Frame, what: str, limit: int = MAX_NAME_BYTES) -> None:
     if len(value) > limit:
         raise ProtocolError("field", f"{what} longer than {limit} bytes")
 
 
-def _json_object(raw: bytes, what: str) -> dict[str, Any]:
+def _json_object(raw: Frame, what: str) -> dict[str, Any]:
     try:
         obj = loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # loads: nested too deep is a ValueError
@@ -206,7 +212,7 @@ def _json_object(raw: bytes, what: str) -> dict[str, Any]:
     return obj
 
 
-def decode_client(frames: list[bytes], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> ClientRequest:
+def decode_client(frames: list[Frame], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> ClientRequest:
     """Decode what a client sent, without the ROUTER identity frame."""
     command = _check_head(frames, CLIENT, 7, 8, max_bytes)
     if command not in CLIENT_COMMANDS:
@@ -215,10 +221,10 @@ def decode_client(frames: list[bytes], max_bytes: int = DEFAULT_MAX_FRAME_BYTES)
     _check_name(service, "service")
     _check_name(uuid, "uuid", MAX_UUID_BYTES)
     flags = _json_object(frames[7], "flags frame") if len(frames) == 8 else {}
-    return ClientRequest(command, bytes(service), bytes(target), bytes(uuid), bytes(body), flags)
+    return ClientRequest(command, bytes(service), bytes(target), bytes(uuid), body, flags)
 
 
-def decode_worker(frames: list[bytes], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> WorkerControl | WorkerReply:
+def decode_worker(frames: list[Frame], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> WorkerControl | WorkerReply:
     """Decode what a worker sent, without the ROUTER identity frame."""
     command = _check_head(frames, WORKER, 4, 8, max_bytes)
     if command in WORKER_CONTROL_COMMANDS:
@@ -233,11 +239,11 @@ def decode_worker(frames: list[bytes], max_bytes: int = DEFAULT_MAX_FRAME_BYTES)
         if frames[4] != b"":
             raise ProtocolError("delimiter", "frame 4 must be empty")
         _check_name(frames[5], "uuid", MAX_UUID_BYTES)
-        return WorkerReply(command, bytes(frames[3]), bytes(frames[5]), bytes(frames[6]), bytes(frames[7]))
+        return WorkerReply(command, bytes(frames[3]), bytes(frames[5]), bytes(frames[6]), frames[7])
     raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not a worker command")
 
 
-def decode_broker_to_worker(frames: list[bytes], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> BrokerJob | BrokerControl:
+def decode_broker_to_worker(frames: list[Frame], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> BrokerJob | BrokerControl:
     """Decode what the broker sent to a worker (the worker's DEALER strips nothing)."""
     command = _check_head(frames, BROKER, 4, 8, max_bytes)
     if command in (KEEPALIVE, DISCONNECT):
@@ -251,11 +257,11 @@ def decode_broker_to_worker(frames: list[bytes], max_bytes: int = DEFAULT_MAX_FR
         if frames[4] != b"":
             raise ProtocolError("delimiter", "frame 4 must be empty")
         meta = _json_object(frames[7], "job meta frame") if len(frames) == 8 else None
-        return BrokerJob(command, bytes(frames[3]), bytes(frames[5]), bytes(frames[6]), meta)
+        return BrokerJob(command, bytes(frames[3]), bytes(frames[5]), frames[6], meta)
     raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not sent by a broker to a worker")
 
 
-def decode_broker_to_client(frames: list[bytes], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> BrokerReply:
+def decode_broker_to_client(frames: list[Frame], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> BrokerReply:
     """Decode what the broker sent to a client."""
     command = _check_head(frames, BROKER, 7, 7, max_bytes)
     if command not in BROKER_TO_CLIENT_COMMANDS:
@@ -263,7 +269,7 @@ def decode_broker_to_client(frames: list[bytes], max_bytes: int = DEFAULT_MAX_FR
     status = bytes(frames[5])
     if command != STREAM and status not in KNOWN_STATUSES:
         raise ProtocolError("status", f"unknown status {status[:8]!r}")
-    return BrokerReply(command, bytes(frames[3]), bytes(frames[4]), status, bytes(frames[6]))
+    return BrokerReply(command, bytes(frames[3]), bytes(frames[4]), status, frames[6])
 
 
 # --- encoders: each returns the frames a DEALER sends, or (for the broker) the
@@ -272,35 +278,35 @@ def decode_broker_to_client(frames: list[bytes], max_bytes: int = DEFAULT_MAX_FR
 
 def client_request(
     command: bytes, service: bytes, target: bytes, uuid: bytes, body: bytes, flags: bytes = b""
-) -> list[bytes]:
-    frames = [b"", CLIENT, command, service, target, uuid, body]
+) -> list[Frame]:
+    frames: list[Frame] = [b"", CLIENT, command, service, target, uuid, body]
     if flags:
         frames.append(flags)
     return frames
 
 
-def worker_control(command: bytes, service: bytes, stats: bytes = b"") -> list[bytes]:
-    frames = [b"", WORKER, command, service]
+def worker_control(command: bytes, service: bytes, stats: bytes = b"") -> list[Frame]:
+    frames: list[Frame] = [b"", WORKER, command, service]
     if stats:
         frames.append(stats)
     return frames
 
 
-def worker_reply(command: bytes, client: bytes, uuid: bytes, status: bytes, payload: bytes) -> list[bytes]:
+def worker_reply(command: bytes, client: bytes, uuid: bytes, status: bytes, payload: bytes) -> list[Frame]:
     return [b"", WORKER, command, client, b"", uuid, status, payload]
 
 
-def broker_job(worker: bytes, command: bytes, client: bytes, uuid: bytes, body: bytes) -> list[bytes]:
+def broker_job(worker: bytes, command: bytes, client: bytes, uuid: bytes, body: Frame) -> list[Frame]:
     return [worker, b"", BROKER, command, client, b"", uuid, body]
 
 
-def broker_control(worker: bytes, command: bytes, service: bytes) -> list[bytes]:
+def broker_control(worker: bytes, command: bytes, service: bytes) -> list[Frame]:
     return [worker, b"", BROKER, command, service]
 
 
 def broker_reply(
-    client: bytes, command: bytes, service: bytes, uuid: bytes, status: bytes, payload: bytes
-) -> list[bytes]:
+    client: bytes, command: bytes, service: bytes, uuid: bytes, status: bytes, payload: Frame
+) -> list[Frame]:
     return [client, b"", BROKER, command, service, uuid, status, payload]
 
 
@@ -323,7 +329,7 @@ def dumps(obj: Any) -> bytes:
     return bytes(memoryview(out))
 
 
-def loads(raw: bytes | str) -> Any:
+def loads(raw: Frame | str) -> Any:
     """Parse JSON (bytes in, no decode step). Raises ValueError, nested-too-deep included.
 
     msgspec's decoder, not orjson's: the same answers for JSON, except that integers past

@@ -1,12 +1,13 @@
 """The single-owner loop shared by every role, its wire helpers, the wake descriptor, CURVE/ZAP,
 and the stub transport roles are unit-tested on. Imports only `core` and the shared settings."""
 
-from .base import Frames, Item, LoopFactory, LoopStats, Role, Transport
+from .base import Frame, Frames, Item, LoopFactory, LoopStats, Role, Transport
 from .loop import OwnerLoop
 from .stub import FakeClock, StubLoop, StubTransport
 
 __all__ = [
     "FakeClock",
+    "Frame",
     "Frames",
     "Item",
     "LoopFactory",

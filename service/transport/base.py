@@ -14,7 +14,9 @@ from typing import Protocol, TypeVar
 
 import zmq
 
-Frames = list[bytes]
+from ..core.protocol import Frame as Frame  # re-exported
+
+Frames = list[Frame]  # one multipart message (Frame: core/protocol.py)
 # A frame; a frame and what to do once it is sent; or a call to run on the owner.
 Item = Frames | tuple[Frames, Callable[[], None]] | Callable[[], None]
 T = TypeVar("T")

@@ -14,7 +14,7 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _SNDMORE = int(zmq.SNDMORE)
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
-_COPY_LIMIT = 65536  # larger frames go zero-copy
+COPY_LIMIT = 65536  # larger frames go zero-copy
 _BASE_SEND = zmq.Socket.__mro__[1].send  # type: ignore[attr-defined]  # the Cython send, under pyzmq's wrapper
 
 
@@ -46,11 +46,11 @@ class Wire:
             f = frames[i]
             # A large frame goes zero-copy wherever it stands: a POST's body comes before its
             # flags frame, and the broker's dispatch puts a meta frame after the body.
-            if len(f) < _COPY_LIMIT:
+            if len(f) < COPY_LIMIT:
                 send(f, _SNDMORE | _NOBLOCK)
             else:
                 send(f, _SNDMORE | _NOBLOCK, copy=False)
-        send(frames[last], _NOBLOCK, copy=len(frames[last]) < _COPY_LIMIT)
+        send(frames[last], _NOBLOCK, copy=len(frames[last]) < COPY_LIMIT)
 
     def recv(self) -> Frames:
         # Frames (copy=False) carry their `more` flag: no RCVMORE getsockopt per frame, which
@@ -64,7 +64,10 @@ class Wire:
         more = first.more
         while more:
             f = recv(_NOBLOCK, copy=False)
-            frames.append(f.bytes)
+            # A large frame stays in ZeroMQ's buffer (the memoryview keeps the message alive): the
+            # broker hands a 10 MB body on without a copy. Small ones become bytes, which are
+            # cheaper to hash, compare and keep than a view that pins a message.
+            frames.append(f.bytes if len(f) < COPY_LIMIT else f.buffer)
             more = f.more
         return frames
 

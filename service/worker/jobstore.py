@@ -312,7 +312,7 @@ class JobStore:
         # large payload is made on the way to disk.
         return Rows(INSERT_SQL, rows)
 
-    def storable(self, payload: bytes) -> bool:
+    def storable(self, payload: bytes | memoryview) -> bool:
         """True when a payload (a request body, a result) is within the bound the store writes;
         one over it is counted (zfab_worker_payloads_not_stored_total)."""
         if len(payload) <= self.max_payload_bytes:

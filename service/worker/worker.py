@@ -390,7 +390,8 @@ class Worker:
         # A body over the store's bound is never written, so the job keeps no copy of it: a 10 MB
         # job then holds its decoded arguments, not the raw body as well, for as long as it is
         # remembered.
-        request = msg.body if self.store.storable(msg.body) else b""
+        # (bytes() copies only a large frame's view, which would otherwise pin ZeroMQ's message.)
+        request = bytes(msg.body) if self.store.storable(msg.body) else b""
         job = Job(
             uuid=uuid,
             client=msg.client,

@@ -310,7 +310,7 @@ def test_a_worker_busy_answer_frees_its_credit_and_the_job_goes_back_to_the_queu
     ready(broker, b"w1", credits=2)
     ready(broker, b"w2", credits=2)
     post(broker, b"j1")
-    (worker, _, _), = jobs_sent(stub(broker).take())
+    ((worker, _, _),) = jobs_sent(stub(broker).take())
     busy = nfp.dumps({"worker": worker.decode(), "status": "BUSY", "errors": ["full"]})
     stub(broker).feed([worker, b"", nfp.WORKER, nfp.RESPONSE, b"c1", b"", b"j1", nfp.ST_BUSY, busy])
     sent = stub(broker).take()
@@ -327,6 +327,26 @@ def test_a_final_result_is_forwarded_to_a_push_client_and_frees_the_credit(broke
     ((cmd, _, status, payload),) = replies(stub(broker).take())
     assert (cmd, status, payload["w1"]["result"]) == (nfp.RESPONSE, nfp.ST_OK, 1)
     assert broker.registry.workers[b"w1"].inflight == {} and b"j1" not in broker.registry.routes
+
+
+def test_a_large_body_and_its_result_pass_through_the_broker_as_the_frames_received(broker: Broker) -> None:
+    # the wire gives a frame of 64 KiB or more as a view onto ZeroMQ's buffer; the broker queues
+    # and forwards that same view (zero-copy), it never copies or parses a body it routes
+    body = memoryview(bytearray(b'{"task":"echo","args":["' + b"x" * 100_000 + b'"],"kwargs":{}}'))
+    flags = nfp.dumps({"push": True, "ack": True, "task": "echo", "timeout": 10})
+    ready(broker, b"w1", credits=1)
+    post(broker, b"j0")  # takes the only credit
+    stub(broker).feed([b"c1", b"", nfp.CLIENT, nfp.POST, b"demo", b"any", b"j1", body, flags])
+    assert broker.dispatch.queued_bytes == len(body)  # queued, counted by its length
+    stub(broker).take()
+    finish(broker, b"w1", b"j0")
+    (job,) = [f for f in stub(broker).take() if f[0] == b"w1" and f[3] == nfp.POST]
+    result = memoryview(bytearray(nfp.dumps({"w1": {"result": "x" * 100_000, "failed": False}})))
+    stub(broker).feed([b"w1", b"", nfp.WORKER, nfp.RESPONSE, b"c1", b"", b"j1", nfp.ST_OK, result])
+    (reply,) = [f for f in stub(broker).take() if f[0] == b"c1" and f[3] == nfp.RESPONSE and f[6] == nfp.ST_OK]
+
+    assert job[7] is body
+    assert reply[7] is result
 
 
 def test_a_dispatched_job_unanswered_past_its_deadline_frees_the_slot_and_says_so(

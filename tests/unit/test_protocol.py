@@ -119,14 +119,37 @@ def test_stream_reply_may_carry_any_status_frame() -> None:
     assert nfp.decode_broker_to_client(frames[1:]).status == b"chunk-7"
 
 
-def test_decoders_accept_read_only_memoryview_frames_and_return_bytes_fields() -> None:
-    frames = [memoryview(f) for f in nfp.worker_reply(nfp.RESPONSE, b"c", b"job-1", nfp.ST_OK, b"{}")]
+def test_decoders_accept_memoryview_frames_and_keep_only_what_the_broker_forwards_as_a_view() -> None:
+    body = memoryview(bytearray(b"{}"))  # the wire hands a frame of 64 KiB or more over so
+    frames = [memoryview(f) for f in nfp.worker_reply(nfp.RESPONSE, b"c", b"job-1", nfp.ST_OK, b"")[:-1]] + [body]
 
-    msg = nfp.decode_worker(frames)  # type: ignore[arg-type]
+    msg = nfp.decode_worker(frames)
 
     assert isinstance(msg, nfp.WorkerReply)
     assert (msg.client, msg.uuid, msg.status, msg.payload) == (b"c", b"job-1", nfp.ST_OK, b"{}")
-    assert all(type(v) is bytes for v in (msg.client, msg.uuid, msg.status, msg.payload))
+    # names and ids become bytes (they are compared, hashed and kept); the payload is the
+    # frame itself, so a broker passes a large result on without a copy
+    assert all(type(v) is bytes for v in (msg.client, msg.uuid, msg.status))
+    assert msg.payload is body
+    req = nfp.decode_client(
+        [*[memoryview(f) for f in nfp.client_request(nfp.POST, b"s", b"any", b"u", b"")][:-1], body]
+    )
+    assert (type(req.service), type(req.uuid), req.body) == (bytes, bytes, body)
+
+
+def test_the_worker_and_the_client_parse_a_body_from_its_frame() -> None:
+    body = memoryview(bytearray(b"{}"))
+    job = nfp.decode_broker_to_worker(
+        [*[memoryview(f) for f in nfp.broker_job(b"w", nfp.POST, b"c", b"u", b"")[1:-1]], body]
+    )
+    reply = nfp.decode_broker_to_client(
+        [*[memoryview(f) for f in nfp.broker_reply(b"c", nfp.RESPONSE, b"s", b"u", nfp.ST_OK, b"")[1:-1]], body]
+    )
+
+    assert isinstance(job, nfp.BrokerJob)
+    # not copied first: a 10 MB body is parsed from ZeroMQ's buffer; the names are bytes
+    assert job.body is body and (type(job.client), type(job.uuid)) == (bytes, bytes)
+    assert reply.payload is body and (type(reply.service), type(reply.uuid), type(reply.status)) == (bytes,) * 3
 
 
 # ---- malformed input: each has its reason --------------------------------------------

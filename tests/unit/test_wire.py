@@ -50,3 +50,25 @@ def test_large_frames_go_zero_copy_wherever_they_stand(pair: tuple[zmq.Socket[by
     poller.register(b, zmq.POLLIN)
     assert poller.poll(5000)
     assert Wire(b).recv() == frames
+
+
+def test_large_frames_arrive_as_views_onto_zeromqs_buffer_and_small_ones_as_bytes(
+    pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
+) -> None:
+    a, b = pair
+    big = bytes(range(256)) * 1024  # 256 KiB
+    poller = zmq.Poller()
+    poller.register(b, zmq.POLLIN)
+    Wire(a).send([b"", b"NFPW01", big])
+    assert poller.poll(5000)
+    first = Wire(b).recv()
+    # the next message reuses nothing of the first: the view keeps its ZeroMQ message alive
+    Wire(a).send([b"", b"NFPW01", b"y" * len(big)])
+    assert poller.poll(5000)
+    second = Wire(b).recv()
+
+    assert [type(f) for f in first] == [bytes, bytes, memoryview]
+    assert first[2] == big and second[2] == b"y" * len(big)
+    # and it can be sent on as it is (the broker forwards a body so), zero-copy
+    Wire(b).send(first)
+    assert poller.poll(0) == [] and a.poll(5000) and a.recv_multipart() == [b"", b"NFPW01", big]

@@ -31,7 +31,7 @@ from ..errors import (
 from ..settings import Settings
 from ..transport.base import Frames, Transport
 from ..transport.wire import dealer_socket
-from .clientjob import ClientJob
+from .clientjob import ClientJob, JobFuture
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,8 @@ class ClientSession:
     _boot: str | None
     _reconnect_at: float
     _broker_seen: bool
+    _receiving: bool  # inside a receive batch: futures settle at its end (on_batch_end)
+    _settle: list[tuple[JobFuture, Any, BaseException | None]]
 
     @property
     def broker_alive(self) -> bool:
@@ -75,7 +77,11 @@ class ClientSession:
         return dealer_socket(ctx, self.identity, self.settings, self.broker)
 
     def on_batch_end(self) -> None:
-        pass
+        self._receiving = False
+        if self._settle:
+            settle, self._settle = self._settle, []
+            for fut, result, error in settle:
+                settle_future(fut, result, error)
 
     def on_connected(self) -> None:
         # The hold time is not reset: the broker is alive once it answers, not when we connect.
@@ -195,6 +201,7 @@ class ClientSession:
         self.loop.send_now(nfp.client_request(cmd, job.service, job.target, job.wire_uuid.encode(), job.body, flags))
 
     def on_frames(self, frames: Frames) -> None:
+        self._receiving = True
         try:
             reply = nfp.decode_broker_to_client(frames, self.settings.max_message_bytes)
         except nfp.ProtocolError as exc:
@@ -299,3 +306,13 @@ def _boot_of(payload: nfp.Frame) -> str | None:
     except (ValueError, AttributeError):
         return None
     return boot if isinstance(boot, str) else None
+
+
+def settle_future(fut: JobFuture, result: Any, error: BaseException | None) -> None:
+    """Complete a job's future (on the owner), unless it is done already."""
+    if fut.done():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(result)

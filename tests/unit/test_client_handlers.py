@@ -75,6 +75,25 @@ def test_a_job_is_posted_with_its_flags_and_resolves_when_its_workers_answer(cli
     assert fut.state == "completed" and fut.reason is None
 
 
+def test_results_in_one_receive_batch_settle_their_futures_together_at_its_end(client: Client) -> None:
+    # A caller blocked on the oldest of many pipelined jobs then wakes once a batch, not once a job.
+    a, b = (client.submit("demo", "echo", kwargs={"data": i}, timeout=5) for i in (1, 2))
+    seen: list[tuple[str, str]] = []  # (future settled, the other job's state then)
+    a.add_done_callback(lambda f: seen.append(("a", b.state.value)))
+    b.add_done_callback(lambda f: seen.append(("b", a.state.value)))
+
+    def result(uuid: str) -> list[bytes]:
+        return [b"", nfp.BROKER, nfp.RESPONSE, b"demo", uuid.encode(), nfp.ST_OK, nfp.dumps({"w1": {"result": 1}})]
+
+    stub(client).feed(result(a.uuid), result(b.uuid))  # one batch of two replies
+
+    # both jobs were taken into account before either future was settled
+    assert seen == [("a", "completed"), ("b", "completed")]
+    c = client.submit("demo", "echo", kwargs={"data": 3}, timeout=5)
+    stub(client).feed(result(c.uuid))  # a batch of one (a sequential caller) settles at once
+    assert c.result(0) == {"w1": {"result": 1}}
+
+
 def test_priority_and_delay_travel_in_the_flags_frame(client: Client) -> None:
     before = time.time()
     client.submit("demo", "echo", timeout=5, priority=9, delay=30)

@@ -10,7 +10,10 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 
-from service import MAX_JOB_UUID
+# A job the API submits gets the fabric's own kind of uuid: UUIDv7, time-ordered, so each
+# worker's job store and the shared PostgreSQL table insert at the end of their uuid index; its
+# random bits come from the OS 256 uuids at a time, so the event loop rarely gives up the GIL.
+from service import MAX_JOB_UUID, new_job_uuid
 from service.errors import (
     BackpressureError,
     BadRequestError,
@@ -27,7 +30,7 @@ from .auth import Principal
 from .claims import claim_key, release, settled, take_refused
 from .fabric import wait_done
 from .jobfilter import JobFilter
-from .jobtable import REFUSALS, JobRecord, fingerprint, job_uuid_for_key, new_job_uuid
+from .jobtable import REFUSALS, JobRecord, fingerprint, job_uuid_for_key
 from .models import Job, JobPage, JobRequest, JobState, JobSummary
 from .problems import ProblemError, from_fabric_error, responses, unavailable
 from .recovery import ensure_live

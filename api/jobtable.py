@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
-import random
 import uuid as uuidlib
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterator
@@ -36,17 +34,6 @@ REFUSAL_NAMES = frozenset(cls.__name__ for cls in REFUSALS)
 RECOVERY_RETRY = (*REFUSALS, BrokerUnavailableError)
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024  # results and events of finished jobs the table keeps in memory
 IDEMPOTENCY_NAMESPACE = uuidlib.UUID("6f1b7f4e-2c55-4f0e-9d43-0b7d7cf0a6a1")
-
-
-# uuid4() reads os.urandom per call, a syscall that gives up the GIL; on the event loop, getting
-# it back means waiting for the client's owner thread (up to the switch interval). Job uuids
-# need to be unique, not secret (any caller with a token may list jobs), so a generator seeded
-# once from os.urandom is enough.
-_uuid_bits = random.Random(os.urandom(32)).getrandbits
-
-
-def new_job_uuid() -> str:
-    return uuidlib.UUID(int=_uuid_bits(128), version=4).hex
 
 
 def job_uuid_for_key(key: str, principal: str) -> str:

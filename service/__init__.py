@@ -10,6 +10,7 @@ from .broker.broker import Broker
 from .client.client import Client
 from .client.clientjob import JobFuture
 from .client.filestream import FileStream
+from .core.ids import new_uuid as new_job_uuid
 from .core.payloads import MAX_JOB_UUID
 from .core.protocol import MAX_NAME_BYTES
 from .core.schemacheck import check_arguments
@@ -34,6 +35,7 @@ __all__ = [
     "Worker",
     "check_arguments",
     "final_state",
+    "new_job_uuid",
     "task",
     "tune_process",
     *errors.__all__,

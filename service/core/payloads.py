@@ -16,7 +16,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from .errors import ProtocolError
-from .protocol import dumps, loads
+from .protocol import Frame, dumps, loads
 from .schemacheck import is_number
 
 # ---- job uuids ----------------------------------------------------------------------
@@ -120,7 +120,7 @@ class PostBody:
     ack: bool
 
 
-def read_post_body(raw: bytes | memoryview) -> PostBody:
+def read_post_body(raw: Frame) -> PostBody:
     """Read and check a POST body; raises ProtocolError("json", why) for anything malformed."""
     try:
         body = loads(raw)

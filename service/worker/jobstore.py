@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..core.protocol import Frame
 from ..storage import open_sqlite
 
 if TYPE_CHECKING:
@@ -312,7 +313,7 @@ class JobStore:
         # large payload is made on the way to disk.
         return Rows(INSERT_SQL, rows)
 
-    def storable(self, payload: bytes | memoryview) -> bool:
+    def storable(self, payload: Frame) -> bool:
         """True when a payload (a request body, a result) is within the bound the store writes;
         one over it is counted (zfab_worker_payloads_not_stored_total)."""
         if len(payload) <= self.max_payload_bytes:

@@ -69,8 +69,15 @@ def find_wrk() -> tuple[str | None, str]:
     path = shutil.which("wrk")
     if path:
         return path, ""
+    install = ["apt-get", "-o", "DPkg::Lock::Timeout=120", "install", "-y", "-qq", "wrk"]
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     try:
-        r = subprocess.run(["apt-get", "install", "-y", "wrk"], capture_output=True, text=True, timeout=300)
+        r = subprocess.run(install, capture_output=True, text=True, timeout=300, env=env)
+        if r.returncode != 0:
+            # A fresh machine's package lists may be missing or stale: refresh them once and retry.
+            subprocess.run(["apt-get", "-o", "DPkg::Lock::Timeout=120", "update", "-qq"],
+                           capture_output=True, text=True, timeout=300, env=env)
+            r = subprocess.run(install, capture_output=True, text=True, timeout=300, env=env)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"apt-get install -y wrk failed: {exc}"
     path = shutil.which("wrk")

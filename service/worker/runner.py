@@ -289,6 +289,10 @@ class JobRunner:
         self, job: Job, code: bytes, result: Any, status: str, errors: list[str], messages: list[str] | None = None
     ) -> None:
         job.completed_at = time.time()
+        # A job that ends before it starts (cancelled, expired, bad arguments, dropped) still holds
+        # its decoded arguments; a finished job kept among the recent ones must not (the table's
+        # byte bound counts request and result, not the arguments).
+        job.args, job.kwargs = [], {}
         entry = payloads.result_entry(
             worker=self.name,
             service=self.service,

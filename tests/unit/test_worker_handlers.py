@@ -242,6 +242,24 @@ def test_delete_ends_a_queued_job_at_once_and_asks_a_running_one_to_stop(worker:
     assert [st for _, _, st, _ in answers(stub(worker).take())] == [nfp.ST_NOT_FOUND]
 
 
+def test_a_job_ended_before_it_started_keeps_no_arguments_among_the_recent_jobs(worker: DemoWorker) -> None:
+    # The recent-jobs table bounds request and result bytes; decoded arguments are not counted,
+    # so a job that never ran must drop them like one that did.
+    stub(worker).take()
+    job(worker, nfp.POST, b"run", {"task": "sleep", "kwargs": {"seconds": 5}})
+    job(worker, nfp.POST, b"wait", {"task": "echo", "kwargs": {"data": "x" * 100_000}})
+    collect(worker, lambda g: worker.pool.running == 1)
+    queued = worker.jobs.get("wait")
+    assert queued is not None and queued.kwargs == {"data": "x" * 100_000}
+    job(worker, nfp.DELETE, b"wait")
+    collect(worker, final(b"wait"))
+    kept = worker.jobs.get("wait")
+    assert kept is queued and kept.state.final
+    assert kept.args == [] and kept.kwargs == {}
+    job(worker, nfp.DELETE, b"run")
+    collect(worker, final(b"run"))
+
+
 def test_put_answers_a_waiting_input_request_and_refuses_a_wrong_one(worker: DemoWorker) -> None:
     stub(worker).take()
     job(worker, nfp.POST, b"j1", {"task": "ask", "kwargs": {"question": "name?", "timeout": 5}})

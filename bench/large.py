@@ -132,7 +132,7 @@ def run_client(endpoint: str, size: int, phases: list[tuple[int, int]], out_path
                     lat.append(time.perf_counter() - t)
                     if len(next(iter(r.values()))["result"]) != len(data):
                         raise RuntimeError("echo came back short")
-                    del r  # the measured process holds no result of its own past this point
+                    del r, fut  # the measured process holds no result of its own past this point
                 q.append((time.perf_counter(), c.submit("demo", "echo", kwargs={"data": data}, timeout=JOB_TIMEOUT)))
             while q:
                 t, fut = q.popleft()

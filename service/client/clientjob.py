@@ -239,6 +239,13 @@ class ClientJob:
                 fut.dispatched = sorted(self.expected)
                 if len(workers) == 1:
                     fut.worker = str(workers[0])
+                if self.retries_left <= 0:
+                    # Dispatched, and never to be POSTed again: from here on a quiet job is polled
+                    # with GET and a returning broker is asked the same way, so the encoded body
+                    # (a 10 MB argument is 10 MB here) need not wait out the job beside the
+                    # caller's own arguments. A job with retries keeps it for its next attempt.
+                    self.size -= len(self.body)
+                    self.body = b""
             fut.admitted("dispatched")
             return False
         if payloads.is_refusal(status, payload):

@@ -140,6 +140,25 @@ def test_a_dispatched_job_is_asked_of_its_workers_when_the_broker_restarts(clien
     assert [(f[2], f[4]) for f in sent_posts(client)] == [(nfp.GET, b"w1")]
 
 
+def test_a_dispatched_job_holds_no_body_and_still_polls_and_survives_a_broker_restart(
+    client: Client, clock: FakeClock
+) -> None:
+    alive(client, boot="one")
+    fut = client.submit("demo", "echo", kwargs={"data": "x" * 100_000}, timeout=30)
+    assert client.bytes_in_flight() > 100_000
+    from_broker(client, fut.uuid, nfp.ST_DISPATCHED, {"workers": ["w1"]})
+    sent_posts(client)
+    assert client.bytes_in_flight() == 0  # the encoded body went with the 202
+    clock.advance(2.1)  # past poll_after: the quiet job is asked of its worker, not POSTed again
+    stub(client).tick()
+    assert [(f[2], f[4]) for f in sent_posts(client)] == [(nfp.GET, b"w1")]
+    alive(client, boot="two")
+    stub(client).tick()
+    assert [(f[2], f[4]) for f in sent_posts(client)] == [(nfp.GET, b"w1")]
+    from_broker(client, fut.uuid, nfp.ST_OK, {"w1": {"result": "x" * 100_000, "failed": False}})
+    assert fut.result(0)["w1"]["result"] == "x" * 100_000 and client.bytes_in_flight() == 0
+
+
 def test_the_client_reconnects_under_a_new_identity_when_the_broker_goes_silent(
     client: Client, clock: FakeClock
 ) -> None:

@@ -91,6 +91,25 @@ def test_dispatch_ack_sets_the_expected_workers_without_finishing() -> None:
     assert "dispatched" in job.future.timings
 
 
+def test_a_dispatched_job_without_retries_lets_go_of_its_body_and_one_with_retries_keeps_it() -> None:
+    # After the 202 the client only ever asks with GET; a job that may run again keeps its body.
+    body = nfp.dumps({"task": "echo", "kwargs": {"data": "x" * 1000}})
+    once = make_job()
+    once.body, once.size = body, len(body)
+    once.apply(dispatched("w1"), NOW)
+    assert once.body == b"" and once.size == 0
+
+    again = make_job()
+    again.body, again.size, again.retries_left = body, len(body), 1
+    again.apply(dispatched("w1"), NOW)
+    assert again.body == body and again.size == len(body)
+
+    queued = make_job()
+    queued.body, queued.size = body, len(body)
+    queued.apply(reply(nfp.ST_QUEUED, {"uuid": UUID, "status": "QUEUED", "service": "demo"}), NOW)
+    assert queued.body == body  # still to be POSTed again if the broker restarts
+
+
 def test_a_second_dispatch_ack_does_not_change_the_expected_workers() -> None:
     # A retried POST is acknowledged again; the first answer stands
     job = make_job()

@@ -349,6 +349,27 @@ def test_a_large_body_and_its_result_pass_through_the_broker_as_the_frames_recei
     assert reply[7] is result
 
 
+def test_a_job_its_worker_started_holds_no_body_in_the_broker_and_its_201_and_result_still_pass(
+    broker: Broker,
+) -> None:
+    # Until the 201 the body is kept: a busy answer puts the job back in the queue, to go again.
+    ready(broker, b"w1", credits=2)
+    body = nfp.dumps({"task": "echo", "args": ["x" * 100_000], "kwargs": {}})
+    flags = nfp.dumps({"push": True, "ack": True, "task": "echo", "timeout": 10})
+    stub(broker).feed([b"c1", b"", nfp.CLIENT, nfp.POST, b"demo", b"any", b"j1", body, flags])
+    stub(broker).take()
+    route = broker.registry.routes[b"j1"]
+    assert route.job is not None and route.job.body == body
+    accepted = nfp.dumps({"worker": "w1", "status": "ACCEPTED"})
+    stub(broker).feed([b"w1", b"", nfp.WORKER, nfp.RESPONSE, b"c1", b"", b"j1", nfp.ST_WORKER_ACCEPTED, accepted])
+    assert [st for _, _, st, _ in replies(stub(broker).take())] == [nfp.ST_WORKER_ACCEPTED]
+    assert route.job is not None and route.job.body == b"" and route.job.client == b"c1"
+    assert broker.dispatch.queued_bytes == 0
+    finish(broker, b"w1", b"j1")
+    assert [st for _, _, st, _ in replies(stub(broker).take())] == [nfp.ST_OK]
+    assert b"j1" not in broker.registry.routes and broker.registry.workers[b"w1"].inflight == {}
+
+
 def test_a_dispatched_job_unanswered_past_its_deadline_frees_the_slot_and_says_so(
     broker: Broker, clock: FakeClock
 ) -> None:

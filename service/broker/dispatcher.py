@@ -296,6 +296,15 @@ class Dispatcher:
         self.dirty.add(svc.name)
         return True
 
+    def started(self, route: Route, w: WorkerRecord) -> None:
+        """The job's one worker started it (201). A busy answer, the only reason to send the body
+        again (above), comes before the 201, never after: so a running job holds no body here (nor a
+        view pinning ZeroMQ's message) for as long as it runs. The job stays, for the owner checks
+        of GET and DELETE."""
+        job = route.job
+        if job is not None and job.kind == ANY and w.name in route.workers:
+            job.body = b""
+
     def worker_lost(self, svc: ServiceRecord | None, w: WorkerRecord) -> dict[bytes, bytes]:
         """The worker is gone: its parts that never left the queue end with it (they named it).
         Returns them as uuid -> client, like the jobs it had in flight."""

@@ -18,7 +18,6 @@ from ..settings import Settings
 from ..transport.base import Frames, Transport
 from ..transport.security import ZapHandler
 from .dispatcher import Dispatcher
-from .jobqueue import ANY
 from .registry import PROTOCOL_V2, Registry, WorkerRecord
 
 log = logging.getLogger(__name__)
@@ -157,13 +156,7 @@ class WorkerSide:
                 if svc is not None and self.dispatch.busy(svc, worker, msg.uuid):
                     return  # back in the queue: the client waits on, nothing to tell it
             elif msg.status == nfp.ST_WORKER_ACCEPTED and route_now is not None:
-                job = route_now.job
-                if job is not None and job.kind == ANY and worker.name in route_now.workers:
-                    # Its one worker started it: a busy answer (the only reason to send it again)
-                    # comes before the 201, never after. So a running job holds no body here
-                    # (nor a view pinning ZeroMQ's 10 MB message) for as long as it runs; the
-                    # record stays, for the owner checks of GET and DELETE.
-                    job.body = b""
+                self.dispatch.started(route_now, worker)
         if forward:
             self.counts["forwarded"] += 1
             self.send(nfp.broker_reply(client, msg.command, worker.service, msg.uuid, msg.status, msg.payload))

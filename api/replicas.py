@@ -36,7 +36,8 @@ import psycopg
 from psycopg import sql
 
 from .jobtable import JobRecord
-from .pgstore import COLUMNS, JOBS_CHANNEL, SCHEDULES_CHANNEL, PgDatabase, PgJobStore
+from .pgschedules import SCHEDULES_CHANNEL
+from .pgstore import COLUMNS, JOBS_CHANNEL, PgDatabase, PgJobStore
 from .remote import SAFETY_READ, CommandTimeout
 from .store import StoreError
 

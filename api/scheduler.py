@@ -8,7 +8,7 @@ recorded against the schedule.
 With PostgreSQL (API replicas) every replica runs this loop over the same schedules, kept in step by
 the `zfab_schedules` notification (api/replicas.py). A due schedule fires once per slot across them:
 the firing replica first claims the row with SELECT ... FOR UPDATE SKIP LOCKED and moves its
-next_run_at on in that transaction (api/pgstore.py `fire_claimed`); a replica that finds it locked or
+next_run_at on in that transaction (api/pgschedules.py `fire_claimed`); a replica that finds it locked or
 already moved on lets it be. The job is submitted after that commit, so a replica dying in between
 loses that one firing rather than firing it twice.
 

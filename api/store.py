@@ -181,7 +181,8 @@ async def open_stores(s: ApiSettings) -> Stores:
     if not is_postgres_url(s.api_db):
         return Stores(jobs=await SqliteJobStore.open(Path(s.api_db), s.job_history))
     # Imported here: psycopg is not needed (nor loaded) by an API on SQLite.
-    from .pgstore import PgDatabase, PgJobStore, PgSchedules
+    from .pgschedules import PgSchedules
+    from .pgstore import PgDatabase, PgJobStore
     from .replicas import Replicas, new_replica_id
 
     replica = new_replica_id()

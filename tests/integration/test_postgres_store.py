@@ -14,8 +14,9 @@ import psycopg
 import pytest
 
 from api.jobtable import JobRecord
+from api.pgschedules import PgSchedules
 from api.pgschema import MIGRATIONS, SCHEMA_VERSION, migrate
-from api.pgstore import EVENT_BYTES_PER_JOB, EVENTS_PER_JOB, PgDatabase, PgJobStore, PgSchedules
+from api.pgstore import EVENT_BYTES_PER_JOB, EVENTS_PER_JOB, PgDatabase, PgJobStore
 from api.schedule_store import ScheduleRecord
 from service.client.clientjob import JobFuture
 

@@ -45,7 +45,9 @@ class Settings(BaseSettings):
     )
     service_queue_size: int = Field(10_000, ge=1, description="Jobs the broker holds queued per service")
     broker_queue_bytes: int = Field(
-        256 * 1024 * 1024, ge=1024, description="Bytes of queued request bodies the broker holds in all"
+        256 * 1024 * 1024,
+        ge=1024,
+        description="Bytes of request bodies the broker holds in all: queued, and sent to workers until they start",
     )
     default_job_timeout: float = Field(
         600.0, gt=0, description="Deadline of a job whose client gives none (NorFab clients), in seconds"

@@ -70,6 +70,15 @@ class Dispatcher:
     def admit(self, svc: ServiceRecord, job: QueuedJob, *, announce_now: bool = True) -> None:
         """Send the job now if a worker can take it and nothing waits ahead of it; else queue it."""
         now = self.clock()
+        if self.queued_bytes + self.reg.held_bytes + job.size > self.s.broker_queue_bytes:
+            # A job sent at once is held too (until it starts, or ends): the bound is on both.
+            raise Refusal(
+                nfp.ST_BUSY,
+                Word.BUSY,
+                f"the broker holds {self.queued_bytes} bytes of queued and {self.reg.held_bytes} of dispatched "
+                f"request bodies, of {self.s.broker_queue_bytes}; retry later",
+                retry_after=self._retry_hint(svc),
+            )
         if job.not_before <= now and len(self.reg.routes) < self.reg.max_routes:
             if job.kind == ANY:
                 if svc.queue.peek_ready() is None:
@@ -100,13 +109,6 @@ class Dispatcher:
                 nfp.ST_BUSY,
                 Word.BUSY,
                 f"the queue of service '{svc.label}' is full ({self.s.service_queue_size} jobs); retry later",
-                retry_after=self._retry_hint(svc),
-            )
-        if self.queued_bytes + job.size > self.s.broker_queue_bytes:
-            raise Refusal(
-                nfp.ST_BUSY,
-                Word.BUSY,
-                f"the broker's queues hold {self.queued_bytes} of {self.s.broker_queue_bytes} bytes; retry later",
                 retry_after=self._retry_hint(svc),
             )
 
@@ -274,8 +276,8 @@ class Dispatcher:
         """The worker answered 503 for a job it was sent: it had no room after all. Hold back its
         credit until its next report and put the job back in front. True when handled here."""
         route = self.reg.routes.get(uuid)
-        if uuid not in w.inflight or route is None or route.job is None:
-            return False
+        if uuid not in w.inflight or route is None or route.job is None or route.started:
+            return False  # (after its 201 the job has no body to send again: the 503 goes to the client)
         self.reg.release(w, uuid)
         w.throttle = max(0, w.credits - len(w.inflight))
         self.reg.set_level(svc, w)
@@ -285,7 +287,7 @@ class Dispatcher:
         if job.kind == ANY:
             route.workers.discard(w.name)
             if not route.workers:
-                del self.reg.routes[uuid]
+                self.reg.drop_route(uuid)
             job.not_before = 0.0
             self._enqueue(svc, job, now)
         else:
@@ -304,6 +306,7 @@ class Dispatcher:
         job = route.job
         if job is not None and job.kind == ANY and w.name in route.workers:
             job.body = b""
+            self.reg.let_go(route)
 
     def worker_lost(self, svc: ServiceRecord | None, w: WorkerRecord) -> dict[bytes, bytes]:
         """The worker is gone: its parts that never left the queue end with it (they named it).
@@ -321,7 +324,7 @@ class Dispatcher:
             if route is not None:
                 route.workers.discard(w.name)
                 if not route.workers:
-                    del self.reg.routes[job.uuid]
+                    self.reg.drop_route(job.uuid)
             lost[job.uuid] = job.client
         return lost
 
@@ -360,7 +363,7 @@ class Dispatcher:
                 )
                 self.reply(job.client, job.service, job.uuid, nfp.ST_CANCELLED, body)
             if not route.workers:
-                del self.reg.routes[job.uuid]
+                self.reg.drop_route(job.uuid)
         self.cancel_quietly(job)
 
     def announce_waiting(self, svc: ServiceRecord) -> None:
@@ -408,7 +411,7 @@ class Dispatcher:
             body = payloads.lost(name.decode(errors="replace"), job.uuid, job.service, why, Word.EXPIRED)
             self.reply(job.client, job.service, job.uuid, nfp.ST_EXPIRED, body)
         if not route.workers:
-            del self.reg.routes[job.uuid]
+            self.reg.drop_route(job.uuid)
 
     def _expire_route(self, route: Route) -> None:
         """No final answer within the deadline and the grace: free the slots; the outcome is unknown."""
@@ -424,7 +427,7 @@ class Dispatcher:
             )
             body = payloads.lost(label, route.uuid, route.service, why, Word.EXPIRED)
             self.reply(route.client, route.service, route.uuid, nfp.ST_EXPIRED, body)
-        del self.reg.routes[route.uuid]
+        self.reg.drop_route(route.uuid)
         if svc is not None:
             svc.expired_worker += 1
             self.dirty.add(svc.name)

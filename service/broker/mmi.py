@@ -237,6 +237,7 @@ class MmiService:
             "services_capacity": reg.max_services,
             "jobs_queued": len(b.dispatch.queued),
             "queue_bytes": b.dispatch.queued_bytes,
+            "dispatched_bytes": reg.held_bytes,
             "queue_bytes_capacity": s.broker_queue_bytes,
             "service_queue_capacity": s.service_queue_size,
             "boot": b.boot,

@@ -97,6 +97,8 @@ class Route:
     push: bool  # forward the worker's completion to the client (zfab clients ask for it)
     deadline: float  # monotonic: past it (plus the grace) the broker frees the slots unanswered
     job: QueuedJob | None = None  # what was sent (kept to put it back in the queue if a worker says busy)
+    held: int = 0  # bytes of the job's body counted in Registry.held_bytes (0 once let go)
+    started: bool = False  # its one worker sent 201: the body is gone, a busy answer cannot requeue it
 
 
 class Registry:
@@ -130,6 +132,10 @@ class Registry:
         # they get the workers' keepalive wave and answer it. Bounded like the clients table.
         self.client_keepalives: OrderedDict[bytes, KeepAlive] = OrderedDict()
         self.routes: dict[bytes, Route] = {}
+        # Bytes of the request bodies the routes keep (for a busy answer's requeue), counted with
+        # the queued ones against ZFAB_BROKER_QUEUE_BYTES: always changed by add_route, let_go and
+        # drop_route, never by a bare `del routes[...]`.
+        self.held_bytes = 0
         # Jobs finished recently and the worker that ran them, so a POST retried after its result
         # was missed goes back to that worker instead of running again (LRU-bounded).
         self.finished: OrderedDict[bytes, bytes] = OrderedDict()
@@ -206,7 +212,7 @@ class Registry:
             if route is not None:
                 route.workers.discard(rec.name)
                 if not route.workers:
-                    del self.routes[uuid]
+                    self.drop_route(uuid)
         rec.inflight.clear()
         return lost
 
@@ -318,9 +324,25 @@ class Registry:
         route = self.routes.get(job.uuid)
         if route is None:
             route = self.routes[job.uuid] = Route(job.uuid, job.client, job.service, set(), job.push, deadline, job)
+            route.held = job.size
+            self.held_bytes += route.held
         for w in workers:
             route.workers.add(w.name)
         return route
+
+    def drop_route(self, uuid: bytes) -> Route | None:
+        """The job is no longer in flight anywhere: its route goes, and the body it kept with it."""
+        route = self.routes.pop(uuid, None)
+        if route is not None:
+            self.held_bytes -= route.held
+            route.held = 0
+        return route
+
+    def let_go(self, route: Route) -> None:
+        """The route no longer needs its job's body (it started): the bytes are not held any more."""
+        route.started = True
+        self.held_bytes -= route.held
+        route.held = 0
 
     def send_to(self, svc: ServiceRecord, w: WorkerRecord, uuid: bytes, client: bytes) -> None:
         """Account for a job part sent to `w`: it takes one of its credits."""
@@ -341,7 +363,7 @@ class Registry:
             return None
         route.workers.discard(worker.name)
         if not route.workers:
-            del self.routes[uuid]
+            self.drop_route(uuid)
         self.finished[uuid] = worker.name
         if len(self.finished) > self.max_finished:
             self.finished.popitem(last=False)

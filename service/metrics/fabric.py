@@ -119,11 +119,17 @@ def _queues(broker: dict[str, Any], services: list[dict[str, Any]]) -> list[Metr
         add_histogram(queued, [svc], s.get("queued_seconds") or {"buckets": [["+Inf", 0]], "sum": 0, "count": 0})
     total = GaugeMetricFamily("zfab_broker_queue_bytes", "Bytes of request bodies queued at the broker, in all")
     total.add_metric([], float(broker.get("queue_bytes", 0) or 0))
+    held = GaugeMetricFamily(
+        "zfab_broker_dispatched_bytes",
+        "Bytes of request bodies the broker keeps for jobs sent to workers, until they start or end",
+    )
+    held.add_metric([], float(broker.get("dispatched_bytes", 0) or 0))
     bound = GaugeMetricFamily(
-        "zfab_broker_queue_bytes_capacity", "Bound of the broker's queues (ZFAB_BROKER_QUEUE_BYTES)"
+        "zfab_broker_queue_bytes_capacity",
+        "Bound of the request bodies the broker holds, queued and dispatched (ZFAB_BROKER_QUEUE_BYTES)",
     )
     bound.add_metric([], float(broker.get("queue_bytes_capacity", 0) or 0))
-    return [*fams.values(), expired, dispatched, queued, total, bound]
+    return [*fams.values(), expired, dispatched, queued, total, held, bound]
 
 
 def _broker(broker: dict[str, Any], depth: GaugeMetricFamily, cap: GaugeMetricFamily) -> list[Metric]:

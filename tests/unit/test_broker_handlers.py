@@ -370,6 +370,95 @@ def test_a_job_its_worker_started_holds_no_body_in_the_broker_and_its_201_and_re
     assert b"j1" not in broker.registry.routes and broker.registry.workers[b"w1"].inflight == {}
 
 
+def big_post(b: Broker, uuid: bytes, target: bytes = b"any", **flags: Any) -> bytes:
+    body = b'{"task":"echo","kwargs":{"data":"' + b"x" * 600 + b'"}}'
+    f = nfp.dumps({"push": True, "ack": True, "task": "echo", "timeout": 10, **flags})
+    stub(b).feed([b"c1", b"", nfp.CLIENT, nfp.POST, b"demo", target, uuid, body, f])
+    return body
+
+
+def accepted(b: Broker, ident: bytes, uuid: bytes) -> None:
+    payload = nfp.dumps({"worker": ident.decode(), "status": "ACCEPTED"})
+    stub(b).feed([ident, b"", nfp.WORKER, nfp.RESPONSE, b"c1", b"", uuid, nfp.ST_WORKER_ACCEPTED, payload])
+
+
+def test_bodies_kept_for_dispatched_jobs_count_against_the_byte_bound_until_they_start(clock: FakeClock) -> None:
+    # Given a worker with room for three jobs and a broker that may hold 1 KiB of bodies
+    b = make_broker(clock, broker_queue_bytes=1024)
+    ready(b, b"w1", credits=3)
+    body = big_post(b, b"big1")
+    assert b.registry.held_bytes == len(body)
+    assert b.mmi.run("show_broker", {})["dispatched_bytes"] == len(body)
+    # When a second one comes while the first's body is still kept (no 201 yet)
+    big_post(b, b"big2")
+    # Then it is refused busy, though a credit is free: the broker would hold 1,200 bytes
+    statuses = {u: (st, p) for _, u, st, p in replies(stub(b).take())}
+    assert statuses[b"big1"][0] == nfp.ST_DISPATCHED
+    assert statuses[b"big2"][0] == nfp.ST_BUSY and "dispatched" in statuses[b"big2"][1]["errors"][0]
+    # Once the first has started its body is let go, and the next job goes at once
+    accepted(b, b"w1", b"big1")
+    assert b.registry.held_bytes == 0
+    body3 = big_post(b, b"big3")
+    assert [u for _, _, u in jobs_sent(stub(b).take())] == [b"big3"]
+    assert b.registry.held_bytes == len(body3)
+    # A result ends the route and what it kept (a results-only job sends no 201)
+    finish(b, b"w1", b"big3")
+    assert b.registry.held_bytes == 0 and b.mmi.run("show_broker", {})["dispatched_bytes"] == 0
+
+
+@pytest.mark.parametrize("ending", ["purged", "expired", "cancelled", "busy", "fan-out done"])
+def test_every_way_a_dispatched_job_leaves_lets_its_body_go(broker: Broker, clock: FakeClock, ending: str) -> None:
+    ready(broker, b"w1", credits=1)
+    ready(broker, b"w2", credits=1)
+    if ending == "cancelled":  # w1 is full, so j1's part for it waits in the broker until cancelled
+        post(broker, b"j0", target=b"w1")
+        before = broker.registry.held_bytes
+        big_post(broker, b"j1", target=b"w1", timeout=2)
+        assert broker.registry.held_bytes > before
+        stub(broker).feed([b"c1", b"", nfp.CLIENT, nfp.DELETE, b"demo", b"any", b"j1", b"{}"])
+        assert b"j1" not in broker.registry.routes and broker.registry.held_bytes == before
+        return
+    big_post(broker, b"j1", target=b"all" if ending == "fan-out done" else b"any", timeout=2)
+    assert broker.registry.held_bytes > 0
+    if ending == "purged":
+        clock.advance(INTERVAL * MULTIPLIER + 0.01)
+        stub(broker).tick()
+    elif ending == "expired":
+        clock.advance(2 + 1.0 + 0.01)
+        stub(broker).tick()
+    elif ending == "busy":  # back in the queue: counted there, not twice
+        ((worker, _, _),) = jobs_sent(stub(broker).take())
+        other = b"w2" if worker == b"w1" else b"w1"
+        big_post(broker, b"j2", target=other)  # the other worker is full: j1 must wait for a credit
+        size = broker.registry.held_bytes // 2
+        busy = nfp.dumps({"worker": worker.decode(), "status": "BUSY", "errors": ["full"]})
+        stub(broker).feed([worker, b"", nfp.WORKER, nfp.RESPONSE, b"c1", b"", b"j1", nfp.ST_BUSY, busy])
+        assert broker.dispatch.queued_bytes == size and broker.registry.held_bytes == size
+        return
+    else:
+        finish(broker, b"w1", b"j1")
+        assert broker.registry.held_bytes > 0  # w2 still owes its part
+        finish(broker, b"w2", b"j1")
+    assert b"j1" not in broker.registry.routes
+    assert broker.registry.held_bytes == 0
+
+
+def test_a_busy_answer_after_its_201_cannot_requeue_a_job_whose_body_is_gone(broker: Broker) -> None:
+    # A worker that says busy after it started the job breaks the protocol: the broker holds no
+    # body to send elsewhere, so the 503 goes to the client instead of an empty job to a worker.
+    ready(broker, b"w1", credits=2)
+    ready(broker, b"w2", credits=2)
+    post(broker, b"j1")
+    ((worker, _, _),) = jobs_sent(stub(broker).take())
+    accepted(broker, worker, b"j1")
+    stub(broker).take()
+    busy = nfp.dumps({"worker": worker.decode(), "status": "BUSY", "errors": ["full"]})
+    stub(broker).feed([worker, b"", nfp.WORKER, nfp.RESPONSE, b"c1", b"", b"j1", nfp.ST_BUSY, busy])
+    sent = stub(broker).take()
+    assert jobs_sent(sent) == []
+    assert [st for _, _, st, _ in replies(sent)] == [nfp.ST_BUSY]
+
+
 def test_a_dispatched_job_unanswered_past_its_deadline_frees_the_slot_and_says_so(
     broker: Broker, clock: FakeClock
 ) -> None:

@@ -313,8 +313,12 @@ def _as_json(obj: Any) -> Any:
     """What the encoder cannot write itself. A True, False or None dict key takes JSON's
     spelling, as the stdlib and orjson write it (msgspec would give its str(), "True"); an int
     or float subclass is its number; anything else is its str()."""
-    if obj is True or obj is False or obj is None:
-        return "true" if obj else "false" if obj is False else "null"
+    if obj is None:  # only ever a dict key here: msgspec writes None, True and False values itself
+        return "null"
+    if obj is True:
+        return "true"
+    if obj is False:
+        return "false"
     if isinstance(obj, int):
         return int(obj)
     if isinstance(obj, float):
@@ -334,8 +338,9 @@ def dumps(obj: Any) -> bytes:
     is gone: orjson returned its whole growth buffer (133 MB of address space for a 10 MB
     string), msgspec at most 1.5 times what it wrote, and the tail past len() is never
     written. Its own types: a set is an array, bytes are base64, a UTC datetime ends in "Z".
-    What it refuses (nesting past the interpreter's recursion limit, a cycle) goes through the
-    stdlib, which names a cycle; what the stdlib refuses raises as it always did."""
+    What it refuses (a cycle, nesting past the interpreter's recursion limit) goes through the
+    stdlib, which names a cycle; what the stdlib refuses raises as it always did. One encoder
+    serves every thread (the worker's pool threads encode results at once)."""
     try:
         return _encode(obj)
     except (TypeError, msgspec.EncodeError, RecursionError):

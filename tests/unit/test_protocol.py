@@ -467,6 +467,35 @@ def test_dumps_falls_back_to_the_stdlib_for_what_msgspec_refuses() -> None:
     assert nfp.loads(nfp.dumps(deep)) == deep
 
 
+def test_dumps_from_several_threads_at_once_keeps_each_output_apart() -> None:
+    """One encoder serves the worker's pool threads; a str() that yields lets another encode meanwhile."""
+    import threading
+    import time
+
+    class Slow:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def __str__(self) -> str:
+            time.sleep(0)
+            return f"slow{self.n}"
+
+    wrong: list[Any] = []
+
+    def encode(t: int) -> None:
+        for i in range(500):
+            out = json.loads(nfp.dumps({"t": t, "x": [Slow(i), "a" * (t * 100), {"k": Slow(t)}]}))
+            if out != {"t": t, "x": [f"slow{i}", "a" * (t * 100), {"k": f"slow{t}"}]}:
+                wrong.append(out)
+
+    threads = [threading.Thread(target=encode, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=30)
+    assert not any(th.is_alive() for th in threads) and wrong == []
+
+
 def test_loads_reads_what_dumps_writes_and_keeps_big_integers_exact() -> None:
     doc = {"big": 2**80, "neg": -(2**70), "f": 0.1, "s": "café\u0000", "n": None, "l": [True, False]}
 

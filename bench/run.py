@@ -2,8 +2,8 @@
 
 After the floor, the fabric, the API and files sections come the scale sections (docs/benchmarks.md):
 scale (1,000 workers), clients (100 clients), large (10 MB payloads), aio (1,000 async tasks), wrk,
-idle, queue. Each one runs on its own; one that fails prints its error and the rest go on. `--only NAME,...` runs some
-of them; `--trust` adds bench/trust.py (against this checkout) at the end.
+idle, queue. Each one runs on its own; one that fails prints its error and the rest go on.
+`--only NAME,...` runs some of them; `--trust` adds bench/trust.py (against this checkout) at the end.
 """
 
 from __future__ import annotations

@@ -26,9 +26,9 @@ test: $(BIN)/.installed-dev
 	$(BIN)/python -m pytest -q
 
 lint: $(BIN)/.installed-dev
-	$(BIN)/ruff check service api tests bench
-	$(BIN)/ruff format --check service api
-	$(BIN)/mypy service api
+	$(BIN)/ruff check service api apiclient tests bench
+	$(BIN)/ruff format --check service api apiclient
+	$(BIN)/mypy service api apiclient
 
 bench: $(BIN)/.installed-dev
 	$(BIN)/python -m bench.run

@@ -1,8 +1,9 @@
-"""`zfab api` and the commands that speak to it (`submit`, `status`, `result`, `cancel`, `watch`, `jobs`,
-`schedules`): registered with the `zfab` command through the entry point group "zfab.commands"
+"""`zfab api`: registered with the `zfab` command through the entry point group "zfab.commands"
 (pyproject.toml), so the fabric's CLI never imports the HTTP layer. Also `python -m api`.
 
-Only the standard library is imported here and by the client commands: `zfab status` starts fast.
+Only the standard library is imported here (the server is imported when the command runs): every
+`zfab` invocation loads this module. The commands that speak to the API over HTTP (`zfab submit`,
+`status`, ...) are its clients and live apart, in apiclient/.
 """
 
 from __future__ import annotations
@@ -19,12 +20,6 @@ def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> Non
     a.add_argument("--host", dest="api_host", help="address to listen on (ZFAB_API_HOST)")
     a.add_argument("--port", dest="api_port", type=int, help="port to listen on (ZFAB_API_PORT)")
     a.set_defaults(fn=run)
-
-    from .commands import register as register_jobs
-    from .schedule_commands import register as register_schedules
-
-    register_jobs(sub)
-    register_schedules(sub)
 
 
 def run(ns: argparse.Namespace) -> int:

@@ -21,8 +21,8 @@ from starlette.types import Receive, Scope, Send
 from service import tune_process
 from service.settings import settings_from as service_settings_from
 
-from .app import create_app
-from .auth import is_loopback_host
+from .http.app import create_app
+from .http.auth import is_loopback_host
 from .settings import ApiSettings
 
 # Below docker's default stop grace (10 s), so the API still shuts down cleanly (jobs written to disk).

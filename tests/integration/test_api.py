@@ -23,10 +23,10 @@ import pytest
 from conftest import require_binary
 from fabric import ROOT, Fabric, fabric, free_port, wait_for
 
-from api.app import create_app
-from api.auth import TokenSet
-from api.jobs import prefer_wait, wait_bound
-from api.jobtable import JobRecord, JobTable
+from api.http.app import create_app
+from api.http.auth import TokenSet
+from api.http.routes.jobs import prefer_wait, wait_bound
+from api.jobs.table import JobRecord, JobTable
 from api.settings import ApiSettings
 from service.client.clientjob import JobFuture
 

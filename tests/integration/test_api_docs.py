@@ -1,5 +1,5 @@
 """/docs and /redoc work on a host without internet: their pages name only the API's own URLs, and
-every script, stylesheet and icon they load is served by the API itself (packaged assets, api/docs.py).
+every script, stylesheet and icon they load is served by the API itself (packaged assets, api/http/docs.py).
 
 In-process (httpx over ASGI, no socket at all), so nothing here could reach a network if it tried.
 """
@@ -12,8 +12,8 @@ import re
 import httpx
 import pytest
 
-from api.app import create_app
-from api.docs import ASSETS, STATIC_URL
+from api.http.app import create_app
+from api.http.docs import ASSETS, STATIC_URL
 from api.settings import ApiSettings
 
 pytestmark = pytest.mark.timeout(60)

@@ -24,10 +24,10 @@ import uvicorn
 from fabric import Fabric, fabric, free_port, wait_for
 from fastapi import FastAPI
 
-from api.app import create_app
-from api.files import byte_range
-from api.inputs import is_open, pending_input
-from api.problems import ProblemError
+from api.errors import ProblemError
+from api.http.app import create_app
+from api.http.routes.files import byte_range
+from api.jobs.inputs import is_open, pending_input
 from api.settings import ApiSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]

@@ -13,9 +13,9 @@ import httpx
 import pytest
 from fabric import Fabric, fabric, free_port, wait_for
 
-from api.jobdb import JobDB, row_of
-from api.jobtable import JobRecord
+from api.jobs.table import JobRecord
 from api.models import JobState
+from api.store.sqlite import JobDB, row_of
 from service.client.clientjob import JobFuture
 from service.errors import ClosedError
 

@@ -13,11 +13,11 @@ import pgserver
 import psycopg
 import pytest
 
-from api.jobtable import JobRecord
-from api.pgschedules import PgSchedules
-from api.pgschema import MIGRATIONS, SCHEMA_VERSION, migrate
-from api.pgstore import EVENT_BYTES_PER_JOB, EVENTS_PER_JOB, PgDatabase, PgJobStore
-from api.schedule_store import ScheduleRecord
+from api.jobs.table import JobRecord
+from api.store.pgschedules import PgSchedules
+from api.store.postgres import EVENT_BYTES_PER_JOB, EVENTS_PER_JOB, PgDatabase, PgJobStore
+from api.store.schedules import ScheduleRecord
+from api.store.schema import MIGRATIONS, SCHEMA_VERSION, migrate
 from service.client.clientjob import JobFuture
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

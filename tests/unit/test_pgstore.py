@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import time
 
-from api.jobtable import JobRecord
-from api.pgstore import NOTIFY_BYTES, notify_payloads, written
-from api.store import is_postgres_url, redacted
+from api.jobs.table import JobRecord
+from api.store.base import is_postgres_url, redacted
+from api.store.postgres import NOTIFY_BYTES, notify_payloads, written
 from service.client.clientjob import JobFuture
 
 

@@ -1,4 +1,4 @@
-"""When schedules fire: the pure rules of api/schedule_timing.py (no clock, no loop)."""
+"""When schedules fire: the pure rules of api/schedules/timing.py (no clock, no loop)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from api.schedule_timing import CRON_PATTERN, cron_problem, first, following, next_cron, next_every
+from api.schedules.timing import CRON_PATTERN, cron_problem, first, following, next_cron, next_every
 
 
 def at(text: str) -> float:

@@ -1,0 +1,290 @@
+"""`/jobs`: submit, read, wait for, cancel and list jobs."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Header, Path, Query, Request, Response
+
+# A job the API submits gets the fabric's own kind of uuid: UUIDv7, time-ordered, so each
+# worker's job store and the shared PostgreSQL table insert at the end of their uuid index; its
+# random bits come from the OS 256 uuids at a time, so the event loop rarely gives up the GIL.
+from service import MAX_JOB_UUID
+
+from ...errors import ProblemError, database_unavailable
+from ...fabric import wait_done
+from ...jobs.admission import check_job
+from ...jobs.filters import JobFilter
+from ...jobs.operations import ADMISSION_TIMEOUT, admitted, await_job, cancel_local, known_job
+from ...jobs.recovery import ensure_live
+from ...jobs.submit import submit_record
+from ...jobs.table import JobRecord, fingerprint, job_uuid_for_key
+from ...models import Job, JobPage, JobRequest, JobState, JobSummary
+from ..auth import Principal
+from ..problems import responses
+from ..state import api_state
+
+log = logging.getLogger(__name__)
+
+MAX_PAGE = 1000
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+WaitQuery = Annotated[
+    float | None,
+    Query(
+        ge=0,
+        allow_inf_nan=False,
+        description="Seconds to wait for the job to finish before answering (capped at ZFAB_DEFAULT_WAIT_MAX)",
+        examples=[10],
+    ),
+]
+PreferHeader = Annotated[
+    str | None,
+    Header(description="RFC 7240 `wait=N`: the same as ?wait=N (the query wins)", examples=["wait=10"]),
+]
+JobUuid = Annotated[str, Path(description="The job's uuid", max_length=MAX_JOB_UUID)]
+
+
+def prefer_wait(prefer: str | None) -> float | None:
+    """The `wait=N` preference of a Prefer header (RFC 7240), if any."""
+    for part in (prefer or "").split(","):
+        name, _, value = part.split(";")[0].partition("=")
+        if name.strip().lower() == "wait":
+            try:
+                seconds = float(value.strip().strip('"'))
+            except ValueError:
+                return None
+            return seconds if 0 <= seconds < float("inf") else None
+    return None
+
+
+def wait_bound(wait: float | None, prefer: str | None, cap: float) -> float | None:
+    asked = wait if wait is not None else prefer_wait(prefer)
+    return None if asked is None else min(asked, cap)
+
+
+def _applied(request: Request, response: Response, waited: float | None) -> None:
+    if waited is not None and request.query_params.get("wait") is None:
+        response.headers["Preference-Applied"] = f"wait={waited:g}"
+
+
+@router.post(
+    "",
+    operation_id="submit_job",
+    summary="Submit a job (optionally wait for it)",
+    status_code=202,
+    response_model=Job,
+    responses={
+        200: {"model": Job, "description": "The job finished within the wait bound (any final state)"},
+        202: {"description": "Admitted (queued or running); poll the `Location` header, GET /jobs/{uuid}"},
+        **responses(400, 401, 403, 404, 409, 413, 415, 422, 503),
+    },
+)
+async def submit_job(
+    req: JobRequest,
+    request: Request,
+    response: Response,
+    principal: Principal,
+    wait: WaitQuery = None,
+    prefer: PreferHeader = None,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            max_length=255,
+            description="Retries with the same key return the same job instead of running it again",
+        ),
+    ] = None,
+) -> Job:
+    """Run `task` of `service` on `workers`. Answers once the broker has admitted the job: 202 with
+    the job (`queued` or `running`) and its `Location`; with `?wait=N` (or `Prefer: wait=N`) 200
+    with the finished job when it ends in time (any final state: see `state` and `reason`).
+
+    Refused at once: 404 for a service (or worker name) the broker does not know, 400 for a task
+    the service does not have, 422 for arguments the task would refuse, 503 + Retry-After for a
+    full queue or an unreachable broker. A job waits in the broker's queue while no worker can take
+    it, until its `timeout` (default 60 s, counted from the end of its `delay`).
+    """
+    st = api_state(request)
+    cluster = st.cluster
+    if cluster is not None and not cluster.ok:
+        # A job this replica could not record would be invisible to the others (and an Idempotency-Key
+        # could not be honoured across them): refuse, as a load balancer would once /readyz says so.
+        raise database_unavailable("this replica takes no job until it can record it for the others")
+    uuid, fp = (job_uuid_for_key(idempotency_key, principal), fingerprint(req)) if idempotency_key else (None, "")
+    rec = st.jobs.get(uuid) if uuid else None
+    claimed = False
+    if uuid is not None and rec is None and cluster is not None:
+        rec, claimed = await cluster.claim_key(uuid, fp, req)
+    if rec is not None and rec.fingerprint != fp:
+        # 409, not the 422 of the IETF idempotency draft: 422 already means "fix your body",
+        # while this request is fine and only clashes with one the server remembers.
+        raise ProblemError(
+            409,
+            "idempotency-key-reused",
+            "Idempotency-Key reused",
+            "this Idempotency-Key was used for a different request; use a new key for a new job",
+            job=rec.uuid,
+        )
+    fresh = rec is None or rec.refused()
+    if rec is not None and fresh and rec.remote and cluster is not None:
+        rec, fresh = await cluster.take_refused(rec)
+    bound = wait_bound(wait, prefer, st.settings.default_wait_max)
+    # Shared store: a job this POST waits for is written when it ends (or when the wait does), not also
+    # when it starts: one write per quick job instead of two, and nobody else knows its uuid meanwhile.
+    deferred = cluster is not None and bound is not None and st.persister is not None
+    if rec is None or fresh:
+        try:
+            await check_job(st.schemas, st.client, req)
+            rec = submit_record(st, req, uuid, fp, persist=not deferred)
+        except Exception:
+            if claimed and uuid is not None and cluster is not None:
+                await cluster.release(uuid)
+            raise
+    elif not rec.remote:
+        await ensure_live(st, rec)
+    waited = 0.0
+    if not rec.remote:
+        if bound is not None and rec.live is not None:
+            # Most jobs a POST waits for end within it: one wait (one wake-up of the event loop) covers
+            # both the admission and the end, since a client settles a job's admission before its end.
+            t0 = time.monotonic()
+            await wait_done(rec.live, min(bound, ADMISSION_TIMEOUT))
+            waited = time.monotonic() - t0
+        await admitted(rec, max(0.0, ADMISSION_TIMEOUT - waited))
+    if bound is not None:
+        rec = await await_job(st, rec, max(0.0, bound - waited))
+    if cluster is not None:
+        await cluster.settled(rec, started=fresh)
+    _applied(request, response, bound)
+    view = rec.view(tracebacks=st.settings.api_expose_tracebacks)
+    response.headers["Location"] = f"{request.scope.get('root_path', '')}/jobs/{rec.uuid}"
+    # 200 with a finished job: one that ended within the wait bound, or a retried POST of one that
+    # had ended. A job this request submitted without waiting is always 202, even when it was quick
+    # enough to finish before the answer went out: the status must not depend on a race.
+    finished = view.state.finished
+    response.status_code = 200 if finished and (bound is not None or not fresh) else 202
+    return view
+
+
+@router.get(
+    "/{uuid}",
+    operation_id="get_job",
+    summary="Read a job (optionally wait for it)",
+    response_model=Job,
+    responses=responses(401, 403, 404, 422),
+)
+async def get_job(
+    uuid: JobUuid,
+    request: Request,
+    response: Response,
+    _: Principal,
+    wait: WaitQuery = None,
+    prefer: PreferHeader = None,
+) -> Job:
+    """The job as it stands (`state` says whether it finished). `?wait=N` long-polls until it does."""
+    st = api_state(request)
+    rec = await known_job(st, uuid)
+    if not rec.remote:
+        await ensure_live(st, rec)
+    bound = wait_bound(wait, prefer, st.settings.default_wait_max)
+    if bound is not None:
+        rec = await await_job(st, rec, bound)
+    if st.cluster is not None:
+        await st.cluster.settled(rec)
+    _applied(request, response, bound)
+    view = rec.view(tracebacks=st.settings.api_expose_tracebacks)
+    scheduler = getattr(request.app.state, "schedules", None)
+    if scheduler is not None:
+        view.schedule = scheduler.schedule_of(uuid)
+    return view
+
+
+@router.delete(
+    "/{uuid}",
+    operation_id="cancel_job",
+    summary="Cancel a job, queued or running",
+    status_code=202,
+    response_model=Job,
+    responses=responses(401, 403, 404, 409, 422, 503),
+)
+async def cancel_job(uuid: JobUuid, request: Request, _: Principal) -> Job:
+    """Cancel the job (202): a queued one leaves the broker's queue at once and never runs; a
+    running one is asked to stop, and ends as its workers report (`cancelled`, or its result)."""
+    st = api_state(request)
+    rec = await known_job(st, uuid)
+    if rec.remote:
+        if rec.done:
+            raise ProblemError(
+                409, "job-finished", "Job already finished", f"job {uuid} already finished; nothing to cancel", job=uuid
+            )
+        assert st.cluster is not None  # only a replica's jobs are remote
+        return await st.cluster.forward(rec, "cancel", {})
+    return await cancel_local(st, rec)
+
+
+StateFilter = Annotated[list[JobState] | None, Query(description="Only jobs in these states (repeat the parameter)")]
+
+
+@router.get(
+    "",
+    operation_id="list_jobs",
+    summary="Recent jobs, newest first",
+    response_model=JobPage,
+    response_model_exclude_none=False,
+    responses=responses(401, 403, 422),
+)
+async def list_jobs(
+    request: Request,
+    _: Principal,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description=f"Page size, at most {MAX_PAGE}")] = 50,
+    cursor: Annotated[
+        str | None,
+        Query(pattern=r"^[0-9]{1,18}$", description="Where the page starts (from the `next` link of the page before)"),
+    ] = None,
+    state: StateFilter = None,
+    service: Annotated[str | None, Query(max_length=256)] = None,
+    task: Annotated[str | None, Query(max_length=256)] = None,
+    worker: Annotated[str | None, Query(max_length=256, description="Jobs a worker of this name ran")] = None,
+    since: Annotated[datetime | None, Query(description="Submitted at or after (ISO 8601)")] = None,
+    until: Annotated[datetime | None, Query(description="Submitted before (ISO 8601)")] = None,
+    include: Annotated[Literal["results"] | None, Query(description="`results`: whole jobs, not summaries")] = None,
+    schedule: Annotated[str | None, Query(max_length=64, description="Jobs a schedule fired")] = None,
+) -> JobPage:
+    """The jobs this API submitted (up to ZFAB_JOB_HISTORY of them; across restarts with ZFAB_API_DB),
+    newest first, as summaries (no results, no events) unless `include=results`. Pages follow
+    `next` (cursor pagination: a page is not shifted by jobs submitted meanwhile)."""
+    st = api_state(request)
+    before = int(cursor) if cursor is not None else None
+    flt = JobFilter(frozenset(state) if state else None, service, task, worker, since, until, schedule)
+    scheduler = getattr(request.app.state, "schedules", None)
+    rows: Iterable[tuple[int, JobRecord, str | None]]
+    if st.cluster is not None:
+        rows, total = await st.cluster.page(before, limit + 1, flt)
+    else:
+        made = set(scheduler.jobs_of(schedule)) if schedule is not None and scheduler is not None else None
+        rows = ((rec.seq, rec, None) for rec in st.jobs.newest(before) if made is None or rec.uuid in made)
+        total = len(st.jobs)
+    items: list[Job | JobSummary] = []
+    last: int | None = None
+    more = False
+    for seq, found, sid in rows:
+        rec = st.jobs.get(found.uuid) or found  # this replica's own jobs from memory, where they are fresher
+        view = rec.view(tracebacks=st.settings.api_expose_tracebacks)
+        view.schedule = sid or (scheduler.schedule_of(rec.uuid) if scheduler is not None else None)
+        if not flt.matches(view, rec):
+            continue
+        if len(items) == limit:
+            more = True
+            break
+        items.append(view if include == "results" else JobSummary.of(view))
+        last = seq
+    nxt = str(request.url.include_query_params(cursor=str(last))) if more and last is not None else None
+    return JobPage(items=items, total=total, limit=limit, next=nxt)
+
+
+__all__ = ["prefer_wait", "router", "wait_bound"]

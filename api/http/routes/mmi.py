@@ -1,0 +1,149 @@
+"""`/mmi`: the broker's management interface (workers, services, the broker itself) over HTTP."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Path, Query, Request
+
+from service import MAX_NAME_BYTES
+from service.errors import NoWorkersError, ZfabError
+
+from ...errors import ProblemError, from_fabric_error, unavailable
+from ...fabric import MMI_TIMEOUT, mmi, wait_done
+from ...models import MMI_SERVICE
+from ..auth import Principal
+from ..problems import responses
+from ..state import api_state
+
+LIST_TASKS_TIMEOUT = 5.0
+
+router = APIRouter(prefix="/mmi", tags=["mmi"])
+
+_WORKER_EXAMPLE = {
+    "name": "demo-1",
+    "service": "demo",
+    "status": "alive",
+    "alive": True,
+    "holdtime_left_s": 14.2,
+    "keepalives_sent": 12,
+    "keepalives_received": 12,
+    "alive_for_s": 30.1,
+    "jobs_in_flight": 0,
+}
+
+
+async def _ask(request: Request, task: str, **kwargs: Any) -> Any:
+    try:
+        return await mmi(api_state(request).client, task, MMI_TIMEOUT, **kwargs)
+    except ZfabError as exc:
+        raise from_fabric_error(exc) from None
+
+
+@router.get(
+    "/broker",
+    operation_id="mmi_show_broker",
+    summary="The broker: endpoint, uptime, queues, counters",
+    response_model=dict[str, Any],
+    responses={
+        200: {"content": {"application/json": {"example": {"endpoint": "tcp://127.0.0.1:5555", "workers": 2}}}},
+        **responses(401, 403, 503, 504),
+    },
+)
+async def show_broker(request: Request, _: Principal) -> dict[str, Any]:
+    result: dict[str, Any] = await _ask(request, "show_broker")
+    return result
+
+
+@router.get(
+    "/workers",
+    operation_id="mmi_show_workers",
+    summary="Workers the broker knows, with keepalive figures",
+    response_model=list[dict[str, Any]],
+    responses={
+        200: {"content": {"application/json": {"example": [_WORKER_EXAMPLE]}}},
+        **responses(401, 403, 422, 503, 504),
+    },
+)
+async def show_workers(
+    request: Request,
+    _: Principal,
+    service: Annotated[str | None, Query(max_length=MAX_NAME_BYTES, description="Only this service")] = None,
+    status: Annotated[Literal["alive", "dead"] | None, Query(description="Only workers in this state")] = None,
+) -> list[dict[str, Any]]:
+    kwargs = {k: v for k, v in (("service", service), ("status", status)) if v}
+    result: list[dict[str, Any]] = await _ask(request, "show_workers", **kwargs)
+    return result
+
+
+@router.get(
+    "/services",
+    operation_id="mmi_show_services",
+    summary="Services and how many of their workers are alive",
+    response_model=list[dict[str, Any]],
+    responses={
+        200: {
+            "content": {
+                "application/json": {
+                    "example": [{"service": "demo", "workers": 2, "alive": 2, "jobs_in_flight": 0, "purged": 0}]
+                }
+            }
+        },
+        **responses(401, 403, 503, 504),
+    },
+)
+async def show_services(request: Request, _: Principal) -> list[dict[str, Any]]:
+    result: list[dict[str, Any]] = await _ask(request, "show_services")
+    return result
+
+
+@router.get(
+    "/services/{service}/tasks",
+    operation_id="mmi_list_tasks",
+    summary="A service's tasks with the JSON schema of their arguments",
+    response_model=list[dict[str, Any]],
+    responses={
+        200: {
+            "content": {
+                "application/json": {
+                    "example": [{"name": "echo", "description": "Return `data` unchanged.", "inputSchema": {}}]
+                }
+            }
+        },
+        **responses(401, 403, 404, 422, 503, 504),
+    },
+)
+async def list_tasks(
+    request: Request,
+    _: Principal,
+    service: Annotated[str, Path(min_length=1, max_length=MAX_NAME_BYTES, description="Service name")],
+) -> list[dict[str, Any]]:
+    """Runs the service's built-in `list_tasks` task on one of its workers."""
+    st = api_state(request)
+    if service == MMI_SERVICE or len(service.encode()) > MAX_NAME_BYTES:
+        raise _no_service(f"'{service}' is not a worker service")
+    if not st.client.broker_alive:
+        raise unavailable(f"the broker at {st.client.broker} is not answering; retry shortly")
+    try:
+        fut = st.client.submit(service, "list_tasks", workers="any", timeout=LIST_TASKS_TIMEOUT)
+    except ZfabError as exc:
+        raise from_fabric_error(exc) from None
+    await wait_done(fut, LIST_TASKS_TIMEOUT + 1.0)
+    if not fut.done():
+        raise ProblemError(504, "timeout", "The fabric did not answer in time", f"list_tasks of '{service}'")
+    error = fut.exception()
+    if isinstance(error, NoWorkersError):
+        raise _no_service(str(error))
+    if isinstance(error, ZfabError):
+        raise from_fabric_error(error) from None
+    entry = next(iter(fut.result().values()), None)  # "any": one worker answered
+    if not isinstance(entry, dict) or entry.get("failed") or not isinstance(entry.get("result"), list):
+        errors = entry.get("errors") if isinstance(entry, dict) else None
+        detail = "; ".join(str(e) for e in errors or []) or "unexpected list_tasks result"
+        raise ProblemError(502, "worker-error", "The worker could not list its tasks", detail)
+    tasks: list[dict[str, Any]] = entry["result"]
+    return tasks
+
+
+def _no_service(detail: str) -> ProblemError:
+    return ProblemError(404, "service-not-found", "Service not found", detail)

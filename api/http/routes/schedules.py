@@ -1,0 +1,323 @@
+"""`/schedules`: run a job periodically, every N seconds or on a cron expression.
+
+Each firing submits an ordinary job (see api/schedules/scheduler.py); the schedules live in the API's
+database beside the job table (api/store/schedules.py). The router's lifespan runs inside the
+app's (FastAPI nests an included router's lifespan in the app's), so the scheduler starts after
+the fabric client and stops before it closes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from pathlib import Path as FilePath
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, FastAPI, Path, Query, Request, Response
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic.json_schema import SkipJsonSchema
+
+from ...errors import ProblemError, database_unavailable, unavailable
+from ...models import JobRequest
+from ...schedules.scheduler import Scheduler
+from ...schedules.timing import CRON_PATTERN, cron_problem
+from ...settings import ApiSettings
+from ...state import ApiState
+from ...store.base import ScheduleBackend, StoreError, is_postgres_url
+from ...store.schedules import LAST_JOBS, ScheduleRecord, ScheduleStore
+from ..auth import Principal
+from ..problems import responses
+
+log = logging.getLogger(__name__)
+
+MIN_EVERY = 1.0  # below a second, a schedule is a busy loop submitting jobs
+MAX_EVERY = 366 * 86400.0  # a year and a day: longer periods are cron's job
+MAX_PAGE = 1000
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    st: ApiState | None = getattr(app.state, "zfab", None)
+    s: ApiSettings = st.settings if st is not None else ApiSettings()
+    store: ScheduleStore | ScheduleBackend
+    if st is not None and st.schedules is not None:
+        store = st.schedules  # PostgreSQL: the replicas' shared table
+    else:
+        path = FilePath(s.api_db) if s.api_db and not is_postgres_url(s.api_db) else None
+        store = ScheduleStore(path, mapping_capacity=s.job_history)
+    scheduler = Scheduler(
+        lambda: getattr(app.state, "zfab", None),
+        store,
+        capacity=s.max_schedules,
+        registry=getattr(app.state, "registry", None),
+    )
+    await scheduler.start()
+    if st is not None and st.replicas is not None:
+        st.replicas.on_schedules = scheduler.reload
+    app.state.schedules = scheduler
+    try:
+        yield
+    finally:
+        app.state.schedules = None
+        await scheduler.stop()
+
+
+router = APIRouter(prefix="/schedules", tags=["schedules"], lifespan=lifespan)
+
+
+def _valid_cron(expr: str) -> str:
+    why = cron_problem(expr)
+    if why is not None:
+        raise ValueError(why)
+    return expr
+
+
+ScheduleId = Annotated[str, Path(description="The schedule's id", min_length=1, max_length=64)]
+Name = Annotated[str, Field(min_length=1, max_length=200)]
+Every = Annotated[
+    float,
+    Field(
+        ge=MIN_EVERY,
+        le=MAX_EVERY,
+        allow_inf_nan=False,
+        description=f"Seconds between firings ({MIN_EVERY:g} to {MAX_EVERY:g})",
+        examples=[60],
+    ),
+]
+Cron = Annotated[
+    str,
+    Field(
+        max_length=200,
+        json_schema_extra={"pattern": CRON_PATTERN},  # checked by _valid_cron, with a readable message
+        description="Five-field cron expression in UTC: minute hour day-of-month month day-of-week "
+        "(`*`, values, ranges `a-b`, lists `a,b`, steps `/n`, month and day names)",
+        examples=["*/5 * * * *"],
+    ),
+    AfterValidator(_valid_cron),
+]
+
+
+class ScheduleRequest(BaseModel):
+    """A job to submit periodically: `every` N seconds, or on a `cron` expression (one of the two)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "oneOf": [{"required": ["every"]}, {"required": ["cron"]}],
+            "examples": [
+                {"job": {"service": "demo", "task": "echo", "kwargs": {"data": "tick"}}, "every": 60},
+                {"job": {"service": "demo", "task": "add", "args": [1, 2]}, "cron": "0 3 * * *", "name": "nightly"},
+            ],
+        },
+    )
+
+    job: JobRequest = Field(description="What each firing submits: the body of POST /jobs")
+    every: Every | SkipJsonSchema[None] = None
+    cron: Cron | SkipJsonSchema[None] = None
+    name: Name | SkipJsonSchema[None] = Field(None, description="A label for people")
+    paused: bool = Field(False, description="Create it paused (resume with PATCH)")
+
+    @model_validator(mode="after")
+    def one_timing(self) -> ScheduleRequest:
+        if (self.every is None) == (self.cron is None):
+            raise ValueError("give exactly one of `every` (seconds) or `cron` (five-field expression)")
+        return self
+
+
+class SchedulePatch(BaseModel):
+    """The fields to change; the others stay. Giving `every` or `cron` switches the schedule to it."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "not": {"required": ["every", "cron"]},
+            "examples": [{"paused": True}, {"paused": False}, {"every": 300}, {"cron": "0 * * * *"}],
+        },
+    )
+
+    paused: bool | SkipJsonSchema[None] = Field(
+        None, description="true pauses it, false resumes it (from now: no catching up)"
+    )
+    every: Every | SkipJsonSchema[None] = None
+    cron: Cron | SkipJsonSchema[None] = None
+    name: Name | SkipJsonSchema[None] = None
+    job: JobRequest | SkipJsonSchema[None] = None
+
+    @model_validator(mode="after")
+    def one_timing(self) -> SchedulePatch:
+        if self.every is not None and self.cron is not None:
+            raise ValueError("give at most one of `every` or `cron`")
+        return self
+
+
+class Schedule(BaseModel):
+    """A schedule as it stands: its timing, when it fires next, what its last firings submitted."""
+
+    id: str
+    name: str | None
+    job: dict[str, Any] = Field(description="What each firing submits (the body of POST /jobs)")
+    every: float | None = Field(description="Seconds between firings, when timed that way")
+    cron: str | None = Field(description="Cron expression (UTC), when timed that way")
+    paused: bool
+    state: Literal["active", "paused"]
+    created_at: datetime
+    next_run_at: datetime | None = Field(
+        description="When it fires next; null while paused, or for a cron expression that never matches (Feb 30)"
+    )
+    last_run_at: datetime | None = Field(description="When it last fired")
+    runs: int = Field(description="Firings whose job was submitted")
+    failures: int = Field(description="Firings the fabric refused at submission (see `last_error`)")
+    last_error: str | None = Field(description="Why the last firing was refused, if it was")
+    last_jobs: list[str] = Field(description=f"Uuids of the jobs its last {LAST_JOBS} firings submitted, newest first")
+
+
+class SchedulePage(BaseModel):
+    items: list[Schedule]
+    total: int = Field(description="Schedules the API holds (at most ZFAB_MAX_SCHEDULES)")
+    limit: int
+    offset: int
+
+
+def _when(epoch: float | None) -> datetime | None:
+    return None if epoch is None else datetime.fromtimestamp(epoch, UTC)
+
+
+def view(rec: ScheduleRecord) -> Schedule:
+    return Schedule(
+        id=rec.id,
+        name=rec.name,
+        job=rec.job,
+        every=rec.every,
+        cron=rec.cron,
+        paused=rec.paused,
+        state="paused" if rec.paused else "active",
+        created_at=datetime.fromtimestamp(rec.created_at, UTC),
+        next_run_at=_when(rec.next_run_at),
+        last_run_at=_when(rec.last_run_at),
+        runs=rec.runs,
+        failures=rec.failures,
+        last_error=rec.last_error,
+        last_jobs=list(reversed(rec.last_jobs)),
+    )
+
+
+def scheduler_of(request: Request) -> Scheduler:
+    sched: Scheduler | None = getattr(request.app.state, "schedules", None)
+    if sched is None:
+        raise unavailable("the API is starting or stopping; retry shortly")
+    return sched
+
+
+async def known(sched: Scheduler, sid: str) -> ScheduleRecord:
+    try:
+        rec = await sched.fetch(sid)  # PostgreSQL: one made on another replica a moment ago is read
+    except Exception as exc:
+        raise database_unavailable(str(exc)) from None
+    if rec is None:
+        raise ProblemError(404, "schedule-not-found", "Schedule not found", f"no schedule {sid}")
+    return rec
+
+
+@router.post(
+    "",
+    operation_id="create_schedule",
+    summary="Create a periodic schedule",
+    status_code=201,
+    response_model=Schedule,
+    responses=responses(401, 403, 409, 413, 422, 503),
+)
+async def create_schedule(body: ScheduleRequest, request: Request, response: Response, _: Principal) -> Schedule:
+    """Submit `job` every `every` seconds or on `cron` (UTC). The first firing is one period from now
+    (or cron's next match). 409 when ZFAB_MAX_SCHEDULES schedules exist."""
+    sched = scheduler_of(request)
+    if sched.full():
+        raise ProblemError(
+            409,
+            "too-many-schedules",
+            "Too many schedules",
+            f"the API holds {sched.capacity} schedules, its maximum (ZFAB_MAX_SCHEDULES): delete one first",
+        )
+    job = body.job.model_dump(mode="json")
+    try:
+        rec = await sched.add(job, body.every, body.cron, body.name, body.paused)
+    except StoreError as exc:  # PostgreSQL away: nothing was made
+        raise database_unavailable(str(exc)) from None
+    response.headers["Location"] = f"{request.scope.get('root_path', '')}/schedules/{rec.id}"
+    return view(rec)
+
+
+@router.get(
+    "",
+    operation_id="list_schedules",
+    summary="Every schedule, oldest first",
+    response_model=SchedulePage,
+    responses=responses(401, 403, 422),
+)
+async def list_schedules(
+    request: Request,
+    _: Principal,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description=f"Page size (at most {MAX_PAGE})")] = 100,
+    offset: Annotated[int, Query(ge=0, description="Schedules to skip")] = 0,
+) -> SchedulePage:
+    sched = scheduler_of(request)
+    recs = list(sched.schedules.values())
+    return SchedulePage(
+        items=[view(r) for r in recs[offset : offset + limit]], total=len(recs), limit=limit, offset=offset
+    )
+
+
+@router.get(
+    "/{sid}",
+    operation_id="get_schedule",
+    summary="A schedule: its next and last runs and its last jobs",
+    response_model=Schedule,
+    responses=responses(401, 403, 404, 422),
+)
+async def get_schedule(sid: ScheduleId, request: Request, _: Principal) -> Schedule:
+    return view(await known(scheduler_of(request), sid))
+
+
+@router.patch(
+    "/{sid}",
+    operation_id="update_schedule",
+    summary="Pause, resume or re-time a schedule",
+    response_model=Schedule,
+    responses=responses(401, 403, 404, 413, 422, 503),
+)
+async def update_schedule(sid: ScheduleId, patch: SchedulePatch, request: Request, _: Principal) -> Schedule:
+    """`{"paused": true}` pauses it; `{"paused": false}` resumes it from now (missed slots are not caught up);
+    `every` or `cron` re-times it from now; `name` and `job` replace those."""
+    sched = scheduler_of(request)
+    rec = await known(sched, sid)
+    changes = patch.model_dump(exclude_unset=True)
+    if "job" in changes and patch.job is not None:
+        changes["job"] = patch.job.model_dump(mode="json")
+    for key in ("paused", "job"):
+        if key in changes and changes[key] is None:
+            raise ProblemError(422, "validation", "Invalid request", f"body.{key}: may not be null")
+    if ("every" in changes or "cron" in changes) and changes.get("every") is None and changes.get("cron") is None:
+        raise ProblemError(422, "validation", "Invalid request", "body: give `every` or `cron` to re-time it")
+    try:
+        return view(await sched.update(rec, changes))
+    except StoreError as exc:
+        raise database_unavailable(str(exc)) from None
+
+
+@router.delete(
+    "/{sid}",
+    operation_id="delete_schedule",
+    summary="Delete a schedule (the jobs it submitted stay)",
+    status_code=204,
+    response_class=Response,
+    responses=responses(401, 403, 404, 422),
+)
+async def delete_schedule(sid: ScheduleId, request: Request, _: Principal) -> Response:
+    sched = scheduler_of(request)
+    rec = await known(sched, sid)
+    try:
+        await sched.delete(rec)
+    except StoreError as exc:
+        raise database_unavailable(str(exc)) from None
+    return Response(status_code=204)

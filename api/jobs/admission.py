@@ -1,0 +1,63 @@
+"""What the API checks before a job reaches the broker: its arguments against the task's schema.
+
+The broker knows each service's tasks and their argument schemas from its workers (MMI
+`show_tasks`); the API reads them (cached a few seconds, bounded) and answers 422 naming the
+argument a worker would refuse, instead of a 202 for a job bound to fail. The check is as lax
+as the worker's own validation (core/schemacheck.py), so it never refuses what a worker would
+run; an unknown task is the broker's to refuse (400), and a service whose workers announce no
+schemas (NorFab's) is not checked here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from typing import Any
+
+from service import check_arguments
+
+from ..errors import ProblemError
+from ..fabric import mmi
+from ..models import JobRequest
+
+TTL = 5.0
+MAX_SERVICES = 1000
+
+
+class TaskSchemas:
+    """service -> (fetched at, {task: inputSchema} or None), least recently used first."""
+
+    def __init__(self) -> None:
+        self._cache: OrderedDict[str, tuple[float, dict[str, Any] | None]] = OrderedDict()
+
+    async def get(self, client: Any, service: str) -> dict[str, Any] | None:
+        hit = self._cache.get(service)
+        if hit is not None and time.monotonic() - hit[0] < TTL:
+            self._cache.move_to_end(service)
+            return hit[1]
+        try:
+            answer = await mmi(client, "show_tasks", service=service)
+        except Exception:
+            return hit[1] if hit is not None else None  # the broker will judge it
+        tasks = answer.get("tasks") if isinstance(answer, dict) else None
+        self._cache[service] = (time.monotonic(), tasks if isinstance(tasks, dict) else None)
+        self._cache.move_to_end(service)
+        while len(self._cache) > MAX_SERVICES:
+            self._cache.popitem(last=False)
+        return self._cache[service][1]
+
+
+async def check_job(schemas: TaskSchemas, client: Any, req: JobRequest) -> None:
+    """422 when the job's arguments do not fit its task (as the worker would say)."""
+    tasks = await schemas.get(client, req.service)
+    schema = (tasks or {}).get(req.task)
+    if not isinstance(schema, dict):
+        return
+    problem = check_arguments(req.args, req.kwargs, schema)
+    if problem is not None:
+        raise ProblemError(
+            422,
+            "bad-arguments",
+            "Arguments do not fit the task",
+            f"bad arguments for task '{req.task}' of service '{req.service}': {problem}",
+        )

@@ -1,0 +1,159 @@
+"""What a request does to a job, whatever asked: submit, wait, read, cancel, answer its input.
+
+POST /jobs, the scheduler, recovery and other replicas' forwarded commands all come through here,
+so a job is recorded, refused and answered alike wherever it came from. Nothing here knows HTTP
+(refusals are `ProblemError`s, api/errors.py) or PostgreSQL: a job another replica owns is reached
+through `st.cluster`, the interface api/jobs/cluster.py defines and api/replicas/ implements.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from service.errors import BadRequestError, JobNotFoundError, JobTimeoutError, ZfabError
+
+from ..errors import ProblemError, admission_problem, database_unavailable, from_fabric_error, unavailable
+from ..fabric import wait_done
+from ..models import InputAnswer, Job
+from ..state import ApiState
+from .recovery import ensure_live
+from .submit import submit_record
+from .table import JobRecord
+
+# How long POST /jobs waits for the broker to admit a job. A broker that just started holds a POST
+# for a service none of its workers confirmed yet for its startup grace (a few seconds).
+ADMISSION_TIMEOUT = 10.0
+INPUT_TIMEOUT = 10.0
+
+
+async def admitted(rec: JobRecord, timeout: float = ADMISSION_TIMEOUT) -> None:
+    """Wait until the broker took the job (queued or dispatched); a refusal becomes its 4xx/503."""
+    fut = rec.live
+    if fut is None:
+        return
+    admission = fut.admission
+    if not await wait_done(admission, timeout):
+        raise unavailable(
+            f"the broker did not say within {ADMISSION_TIMEOUT:g} s whether it took job {rec.uuid}"
+        ) from None
+    exc = admission.exception()
+    if isinstance(exc, ZfabError):
+        raise admission_problem(exc, rec.uuid) from None
+    if exc is not None:
+        raise exc
+
+
+async def wait_for_job(rec: JobRecord, bound: float) -> None:
+    """Wait up to `bound` seconds for the job to finish (not at all for one that cannot: see ensure_live)."""
+    fut = rec.live
+    if fut is not None:
+        await wait_done(fut, bound)
+
+
+async def await_job(st: ApiState, rec: JobRecord, bound: float) -> JobRecord:
+    """Wait up to `bound` s for the job to finish, wherever it runs; the record as it then stands."""
+    if rec.remote:
+        cluster = st.cluster
+        assert cluster is not None  # only a replica's jobs are remote
+        started = time.monotonic()
+        rec = await cluster.wait_remote(rec, bound)
+        if rec.remote or rec.done:
+            return rec
+        bound = max(0.0, bound - (time.monotonic() - started))  # adopted meanwhile: ours now
+        await ensure_live(st, rec)
+    await wait_for_job(rec, bound)
+    return rec
+
+
+async def known_job(st: ApiState, uuid: str) -> JobRecord:
+    """The job (from memory, or the API's database when memory let it go), or a 404 problem."""
+    rec = st.jobs.get(uuid)
+    if rec is None and st.jobs.loader is not None:
+        try:
+            rec = await st.jobs.loader(uuid)
+        except Exception as exc:  # StoreError: the database is away (the job may be another replica's)
+            raise database_unavailable(str(exc)) from None
+        if rec is not None and st.cluster is not None:
+            rec = await st.cluster.place(rec)  # another replica's, or one we adopt
+        elif rec is not None:
+            st.jobs.add(rec, persist=False)
+    if rec is None:
+        raise ProblemError(
+            404,
+            "job-not-found",
+            "Job not found",
+            f"no job {uuid} here: this API remembers the last {st.jobs.capacity} jobs it submitted"
+            + (" (all replicas' together)" if st.cluster is not None else ""),
+        )
+    return rec
+
+
+async def cancel_local(st: ApiState, rec: JobRecord) -> Job:
+    """Cancel a job this replica holds (its own DELETE, or one another replica forwarded)."""
+    uuid = rec.uuid
+    await ensure_live(st, rec)
+    if rec.live is None and not rec.done:
+        raise unavailable(f"job {uuid} ran before the API restarted and none of its workers answers yet; retry shortly")
+    try:
+        # False when the client no longer tracks the job: it has finished.
+        sent = not rec.done and st.client.cancel(uuid)
+    except ZfabError as exc:
+        raise from_fabric_error(exc, uuid) from None
+    if not sent:
+        raise ProblemError(
+            409, "job-finished", "Job already finished", f"job {uuid} already finished; nothing to cancel", job=uuid
+        )
+    rec.cancel_requested = True
+    st.jobs.touch(uuid)
+    return rec.view(tracebacks=st.settings.api_expose_tracebacks)
+
+
+def _conflict(uuid: str, slug: str, title: str, detail: str) -> ProblemError:
+    return ProblemError(409, slug, title, detail, job=uuid)
+
+
+async def input_local(st: ApiState, rec: JobRecord, answer: InputAnswer) -> Job:
+    """Answer the input request of a job this replica holds (its own POST, or one another replica forwarded)."""
+    uuid = rec.uuid
+    fut = rec.live
+    if rec.done:
+        raise _conflict(uuid, "job-finished", "Job already finished", f"job {uuid} already finished")
+    if fut is None or rec.stored is not None:
+        raise _conflict(
+            uuid,
+            "not-waiting",
+            "Job not waiting for input",
+            f"job {uuid} ran before the API restarted; its input requests cannot be answered through this API",
+        )
+    pending = rec.input_request()
+    if pending is None or (answer.input_id is not None and answer.input_id != pending.get("id")):
+        asked = f" (it waits for input {pending.get('id')})" if pending else ""
+        raise _conflict(
+            uuid, "not-waiting", "Job not waiting for input", f"job {uuid} is not waiting for this input{asked}"
+        )
+    try:
+        await asyncio.to_thread(st.client.send_input, uuid, answer.value, answer.input_id, INPUT_TIMEOUT)
+    except BadRequestError as exc:
+        if fut.done() or "not waiting for input" in str(exc):  # it ended, or another answer came first
+            raise _conflict(uuid, "not-waiting", "Job not waiting for input", str(exc)) from None
+        raise ProblemError(400, "input-rejected", "Input rejected by the worker", str(exc), job=uuid) from None
+    except JobNotFoundError:
+        raise _conflict(uuid, "job-finished", "Job already finished", f"job {uuid} already finished") from None
+    except JobTimeoutError as exc:
+        raise ProblemError(504, "timeout", "The worker did not answer in time", str(exc), job=uuid) from None
+    except ZfabError as exc:
+        raise from_fabric_error(exc, uuid) from None
+    return rec.view(tracebacks=st.settings.api_expose_tracebacks)
+
+
+__all__ = [
+    "ADMISSION_TIMEOUT",
+    "admitted",
+    "await_job",
+    "cancel_local",
+    "input_local",
+    "known_job",
+    "submit_record",
+    "wait_for_job",
+]

@@ -1,0 +1,46 @@
+"""Submitting a job to the fabric and recording it in the table: the one way a job starts."""
+
+from __future__ import annotations
+
+# A job the API submits gets the fabric's own kind of uuid: UUIDv7, time-ordered, so each
+# worker's job store and the shared PostgreSQL table insert at the end of their uuid index; its
+# random bits come from the OS 256 uuids at a time, so the event loop rarely gives up the GIL.
+from service import new_job_uuid
+from service.errors import ZfabError
+
+from ..errors import from_fabric_error, unavailable
+from ..models import JobRequest
+from ..state import ApiState
+from .table import JobRecord
+
+
+def submit_record(
+    st: ApiState, req: JobRequest, uuid: str | None, fp: str, *, resubmit: bool = False, persist: bool = True
+) -> JobRecord:
+    """Submit a job to the fabric and remember it in the table (POST /jobs, schedules, recovery).
+
+    `persist=False`: not written until it changes (an event, its end) or the caller touches it."""
+    if not st.client.broker_alive:
+        raise unavailable(f"the broker at {st.client.broker} is not answering; retry shortly")
+    juuid = uuid or new_job_uuid()
+    table = st.jobs
+    try:
+        fut = st.client.submit(
+            req.service,
+            req.task,
+            req.args,
+            req.kwargs,
+            req.workers,
+            req.timeout,
+            uuid=juuid,
+            on_event=lambda _: table.changed(juuid),  # wakes the job's SSE streams, if any
+            retries=req.retries,
+            priority=req.priority,
+            delay=req.delay or None,
+            resubmit=resubmit,
+        )
+    except ZfabError as exc:
+        raise from_fabric_error(exc) from None
+    rec = JobRecord(fut.uuid, req.service, req.task, req.workers, fut, fp, req.timeout, request=req)
+    table.add(rec, persist=persist)
+    return rec

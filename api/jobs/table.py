@@ -1,0 +1,400 @@
+"""The jobs the API knows: a bounded, insertion-ordered table, and how a job's state is read.
+
+Bookkeeping, no I/O. The state is derived from the job's future when asked, not pushed by a
+callback, because the future completes on the client's owner thread while this table is only
+touched from the event loop: reading a finished future is safe from any thread. The owner
+thread only appends to `dirty` (a deque, safe across threads) and schedules wake-ups with
+call_soon_threadsafe; everything else happens on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import uuid as uuidlib
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from service import JobFuture, final_state
+from service.errors import BackpressureError, BrokerUnavailableError, BusyError, ClosedError, JobError, NoWorkersError
+
+from ..models import Job, JobErrorInfo, JobRequest, JobState
+from .inputs import is_open, pending_input, snapshot
+
+# Errors that mean the fabric refused the job before any worker ran it: a retry of the same
+# Idempotency-Key may submit it again (with the same uuid, so workers still dedupe).
+REFUSALS = (NoWorkersError, BusyError, BackpressureError, ClosedError)
+REFUSAL_NAMES = frozenset(cls.__name__ for cls in REFUSALS)
+# A recovery (GET from the workers after an API restart) that ended like this tried nothing:
+# the job stays as the database has it, and the next read tries again.
+RECOVERY_RETRY = (*REFUSALS, BrokerUnavailableError)
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024  # results and events of finished jobs the table keeps in memory
+IDEMPOTENCY_NAMESPACE = uuidlib.UUID("6f1b7f4e-2c55-4f0e-9d43-0b7d7cf0a6a1")
+
+
+def job_uuid_for_key(key: str, principal: str) -> str:
+    """The job uuid an Idempotency-Key stands for; scoped by caller so two tokens never share jobs."""
+    return uuidlib.uuid5(IDEMPOTENCY_NAMESPACE, f"{principal}\x00{key}").hex
+
+
+def fingerprint(req: JobRequest) -> str:
+    """What makes two requests 'the same job' for Idempotency-Key purposes."""
+    raw = json.dumps(req.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def _when(epoch: float | None) -> datetime | None:
+    return datetime.fromtimestamp(epoch, UTC) if epoch is not None else None
+
+
+def state_of(future: JobFuture) -> tuple[JobState, dict[str, Any] | None, BaseException | None]:
+    """(state, results, error) of a job right now: the client's state machine, read as it stands."""
+    if not future.done():
+        return JobState(future.state.value), None, None
+    if future.cancelled():
+        return JobState.lost, None, ClosedError("the job's future was cancelled")
+    exc = future.exception()
+    if not future.state.final:  # resolved by someone other than the client (it sets the state first)
+        future.state, future.reason = final_state(None if exc else future.result(), exc)
+    if exc is not None:
+        partial = exc.results if isinstance(exc, JobError) and exc.results else None
+        return JobState(future.state.value), partial, exc
+    results: dict[str, Any] = future.result()
+    return JobState(future.state.value), results, None
+
+
+@dataclass(slots=True, eq=False)
+class JobRecord:
+    """One job: what was asked, and the future that answers it.
+
+    `future` is None for a job known only from the database (the API restarted); `stored`
+    is that database view. Reading such a job starts a recovery: `future` then answers it
+    from the workers by GET (see api/jobs/recovery.py).
+    """
+
+    uuid: str
+    service: str
+    task: str
+    workers: str | list[str]
+    future: JobFuture | None
+    fingerprint: str  # of the request, when it came with an Idempotency-Key
+    timeout: float = 60.0
+    request: JobRequest | None = None  # what was asked (kept to submit it again after a restart)
+    seq: int = 0  # order of arrival in the table (cursor pagination)
+    counted: int = 0  # bytes of it the table counts (settled when the job finishes)
+    cancel_requested: bool = False
+    stored: Job | None = None
+    ran_on: list[str] = field(default_factory=list)  # workers known to run it, from the database
+    # Shared store (PostgreSQL): the replica holding the job's future, and what of its events is written.
+    owner: str = ""
+    remote: bool = False  # read from the shared store, owned by another replica that is alive
+    events_written: int = 0  # events written so far (the seq of the last one)
+    event_bytes: int = 0
+    final_written: bool = False  # its finished state is committed to the shared store
+    _input: tuple[int, dict[str, Any] | None] = (0, None)  # (events scanned, pending request)
+
+    @property
+    def live(self) -> JobFuture | None:
+        """The future that answers the job, unless it is a recovery that tried nothing (retry later)."""
+        fut = self.future
+        if (
+            fut is not None
+            and self.stored is not None
+            and fut.done()
+            and not fut.cancelled()
+            and isinstance(fut.exception(), RECOVERY_RETRY)
+        ):
+            return None
+        return fut
+
+    @property
+    def size(self) -> int:
+        """Bytes the record holds in memory: its future's results and events."""
+        fut = self.future
+        return fut.size if fut is not None else 0
+
+    @property
+    def done(self) -> bool:
+        fut = self.live
+        if fut is None:
+            return self.stored is not None and self.stored.state.finished
+        return fut.done()
+
+    def refused(self) -> bool:
+        """True when the fabric turned the job away before it ran."""
+        fut = self.live
+        if fut is None:
+            return self.stored is not None and self.stored.error is not None and self.stored.error.type in REFUSAL_NAMES
+        return fut.done() and not fut.cancelled() and isinstance(fut.exception(), REFUSALS)
+
+    def dispatched(self) -> list[str]:
+        """The workers that run (or ran) the job, as far as the API knows."""
+        fut = self.live
+        if fut is not None and fut.done() and not fut.cancelled():
+            exc = fut.exception()
+            results = exc.results if isinstance(exc, JobError) else None if exc else fut.result()
+            if results:
+                return sorted(results)
+        if fut is not None and fut.worker:
+            return [fut.worker]
+        if fut is not None and fut.dispatched:
+            return list(fut.dispatched)
+        if self.ran_on:
+            return list(self.ran_on)
+        return list(self.workers) if isinstance(self.workers, list) else []
+
+    def input_request(self) -> dict[str, Any] | None:
+        """The worker's open input request, if it waits for one (events are scanned once each)."""
+        fut = self.live
+        if fut is None or fut.done() or not fut.events:
+            return None
+        seen, request = self._input
+        events = snapshot(fut.events)
+        if len(events) != seen:
+            request = pending_input(events)
+            self._input = (len(events), request)
+        return request if request is not None and is_open(request) else None
+
+    def view(self, *, tracebacks: bool = True) -> Job:
+        """The job as it stands. `tracebacks=False` (REST, by default) keeps tasks' tracebacks
+        server-side: a failed entry's `errors` then carry the error's type and message only."""
+        fut = self.live
+        if fut is None:
+            assert self.stored is not None, "a job has a future or a stored view"
+            stored = self.stored.model_copy(update={"cancel_requested": self.cancel_requested})
+            if not tracebacks and stored.results:
+                stored.results = without_tracebacks(stored.results)
+            return stored
+        state, results, exc = state_of(fut)
+        timings = dict(self.stored.timings) if self.stored else {}
+        t = fut.timings
+        if self.stored is None:
+            timings.update(t)
+        elif "completed" in t:  # a recovered job: when the API learnt the outcome
+            timings.update(recovered=t.get("submitted", 0.0), completed=t["completed"])
+        request = self.input_request() if not state.finished else None
+        if request is not None:
+            state = JobState.waiting
+        started = _started(timings, results)
+        finished = _when(timings.get("completed")) if state.finished else None
+        req = self.request
+        if not tracebacks and results:
+            results = without_tracebacks(results)
+        return Job(
+            uuid=self.uuid,
+            service=self.service,
+            task=self.task,
+            workers=self.workers,
+            state=state,
+            reason=fut.reason if state.finished else None,
+            results=results,
+            error=JobErrorInfo(type=type(exc).__name__, message=str(exc)) if exc is not None else None,
+            submitted_at=_when(timings.get("submitted")) or datetime.now(UTC),
+            queued_at=_when(timings.get("queued") or timings.get("dispatched")),
+            started_at=started,
+            finished_at=finished,
+            completed_at=finished,
+            timings=timings,
+            cancel_requested=self.cancel_requested,
+            input_request=request,
+            priority=req.priority if req is not None else 5,
+            retries=req.retries if req is not None else 0,
+        )
+
+
+def without_tracebacks(results: dict[str, Any]) -> dict[str, Any]:
+    """Results with each traceback in `errors` cut to its last line (`RuntimeError: boom`): the
+    full one stays in the worker's job store and log (ZFAB_API_EXPOSE_TRACEBACKS shows it)."""
+    out: dict[str, Any] = {}
+    for worker, entry in results.items():
+        errors = entry.get("errors") if isinstance(entry, dict) else None
+        if isinstance(errors, list) and any(isinstance(e, str) and e.startswith("Traceback") for e in errors):
+            entry = {**entry, "errors": [_last_line(e) if isinstance(e, str) else e for e in errors]}
+        out[worker] = entry
+    return out
+
+
+def _last_line(text: str) -> str:
+    if not text.startswith("Traceback"):
+        return text
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else text
+
+
+def _started(timings: dict[str, float], results: dict[str, Any] | None) -> datetime | None:
+    """When a worker started the job: its 201, else the earliest start its results report."""
+    if "started" in timings:
+        return _when(timings["started"])
+    starts = [
+        ts["started"]
+        for entry in (results or {}).values()
+        if isinstance(entry, dict)
+        and isinstance(ts := entry.get("timestamps"), dict)
+        and isinstance(ts.get("started"), int | float)
+    ]
+    return _when(min(starts)) if starts else None
+
+
+class JobTable:
+    """The last `capacity` jobs, oldest evicted first (finished or not: the table must stay bounded).
+
+    With a `loop`, it also tells who cares when a job changes: `dirty` collects the uuids to
+    persist, `listen` gives an asyncio.Event set on each event and on completion (for SSE).
+    """
+
+    def __init__(
+        self, capacity: int, loop: asyncio.AbstractEventLoop | None = None, max_bytes: int = DEFAULT_MAX_BYTES
+    ) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self.capacity = capacity
+        self.max_bytes = max_bytes
+        self.bytes = 0  # results and events of finished jobs held in memory
+        self.loop = loop
+        self._jobs: OrderedDict[str, JobRecord] = OrderedDict()
+        self._seq = 0
+        # Reads a job the table let go of from the API's database (set by the persister); None: memory only.
+        self.loader: Callable[[str], Awaitable[JobRecord | None]] | None = None
+        self.persisting = False  # set when a persister drains `dirty`; otherwise nothing is collected
+        self.persist_events = False  # a shared store: each event is written too (other replicas stream them)
+        self.lingering: dict[str, JobRecord] = {}  # shared store: running jobs the table let go of
+        self.dirty: deque[str] = deque()
+        self.kick = asyncio.Event()  # set when `dirty` gains entries (the persister waits on it)
+        self._kicked = False
+        self._listeners: dict[str, set[asyncio.Event]] = {}
+        self.closing = False  # the server is stopping: streams end (callers resume with Last-Event-ID)
+        self.released = 0  # finished jobs let go of for the byte bound (still in the database)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def get(self, uuid: str) -> JobRecord | None:
+        return self._jobs.get(uuid)
+
+    def record(self, uuid: str) -> JobRecord | None:
+        """The job to write: in the table, or let go of by it while still running (shared store)."""
+        rec = self._jobs.get(uuid)
+        return rec if rec is not None else self.lingering.get(uuid)  # the persister drops it once written done
+
+    def add(self, record: JobRecord, *, persist: bool = True) -> None:
+        old = self._jobs.pop(record.uuid, None)
+        if old is not None:
+            self.bytes -= old.counted
+        self._seq += 1
+        record.seq = self._seq
+        self._jobs[record.uuid] = record
+        while len(self._jobs) > self.capacity:
+            _, gone = self._jobs.popitem(last=False)
+            self.bytes -= gone.counted
+            if self.persist_events and gone.live is not None and not gone.done:
+                # A shared store: other replicas wait on this job's row, so its end is still written
+                # (bounded by the jobs the client holds in flight); see record().
+                self.lingering[gone.uuid] = gone
+        if record.future is not None:
+            self.watch(record.future)
+        if persist:
+            self.touch(record.uuid)
+
+    def watch(self, future: JobFuture) -> None:
+        """Persist and wake listeners when `future` (a job's, or its recovery's) finishes."""
+        uuid = future.uuid
+        future.add_done_callback(lambda _: self.changed(uuid, finished=True))
+
+    def newest(self, before: int | None = None) -> Iterator[JobRecord]:
+        """Newest first; with `before`, only those that arrived before that sequence number."""
+        for rec in reversed(self._jobs.values()):
+            if before is None or rec.seq < before:
+                yield rec
+
+    def settle(self, uuid: str) -> None:
+        """A job finished (event loop): count what it holds, and let the oldest finished jobs go while
+        the table is over its byte bound. They stay in the database, where GET finds them."""
+        rec = self._jobs.get(uuid)
+        if rec is not None and rec.done:
+            size = rec.size
+            self.bytes += size - rec.counted
+            rec.counted = size
+        if self.bytes <= self.max_bytes:
+            return
+        for old in list(self._jobs.values()):
+            if self.bytes <= self.max_bytes:
+                break
+            if old.done and old.counted:
+                del self._jobs[old.uuid]
+                self.bytes -= old.counted
+                self.released += 1
+
+    def page(self, limit: int, offset: int) -> list[JobRecord]:
+        """Newest first."""
+        out: list[JobRecord] = []
+        for i, rec in enumerate(reversed(self._jobs.values())):
+            if i >= offset + limit:
+                break
+            if i >= offset:
+                out.append(rec)
+        return out
+
+    # ---- change notification (any thread) -------------------------------------------
+
+    def touch(self, uuid: str) -> None:
+        """Mark a job for the next database write."""
+        if not self.persisting:
+            return
+        self.dirty.append(uuid)
+        if not self._kicked and self.loop is not None:
+            self._kicked = True
+            self._soon(self.kick.set)
+
+    def rearm(self) -> None:
+        """The persister took the kick: the next touch kicks again (event loop only)."""
+        self.kick.clear()
+        self._kicked = False
+
+    def changed(self, uuid: str, *, finished: bool = False) -> None:
+        """A job got an event or finished (called on the client's owner thread)."""
+        if finished:
+            self.touch(uuid)
+            self._soon(lambda: self.settle(uuid))
+        elif self.persist_events:
+            self.touch(uuid)
+        if uuid in self._listeners:
+            self._soon(lambda: self._wake(uuid))
+
+    def _soon(self, fn: Any) -> None:
+        if self.loop is None:
+            return
+        try:
+            self.loop.call_soon_threadsafe(fn)
+        except RuntimeError:
+            pass  # the loop has closed: nobody is left to wake
+
+    def _wake(self, uuid: str) -> None:
+        for ev in self._listeners.get(uuid, ()):
+            ev.set()
+
+    def close_streams(self) -> None:
+        """The server is stopping: wake every stream so it ends (any thread, signal handlers too)."""
+        self._soon(self._close_streams)
+
+    def _close_streams(self) -> None:
+        self.closing = True
+        for group in self._listeners.values():
+            for ev in group:
+                ev.set()
+
+    def listen(self, uuid: str) -> asyncio.Event:
+        """An event set whenever the job changes; give it back with `unlisten` (event loop only)."""
+        ev = asyncio.Event()
+        self._listeners.setdefault(uuid, set()).add(ev)
+        return ev
+
+    def unlisten(self, uuid: str, ev: asyncio.Event) -> None:
+        group = self._listeners.get(uuid)
+        if group is not None:
+            group.discard(ev)
+            if not group:
+                del self._listeners[uuid]

@@ -15,8 +15,9 @@ from service.errors import BadRequestError, JobNotFoundError, JobTimeoutError, Z
 
 from ..errors import ProblemError, admission_problem, database_unavailable, from_fabric_error, unavailable
 from ..fabric import wait_done
-from ..models import InputAnswer, Job
+from ..models import InputAnswer, Job, JobRequest
 from ..state import ApiState
+from .admission import check_job
 from .recovery import ensure_live
 from .submit import submit_record
 from .table import JobRecord
@@ -25,6 +26,63 @@ from .table import JobRecord
 # for a service none of its workers confirmed yet for its startup grace (a few seconds).
 ADMISSION_TIMEOUT = 10.0
 INPUT_TIMEOUT = 10.0
+
+
+async def submit(
+    st: ApiState, req: JobRequest, uuid: str | None, fp: str, bound: float | None
+) -> tuple[JobRecord, bool]:
+    """POST /jobs: submit the job (or find the one its Idempotency-Key names: `uuid` and the request's
+    fingerprint `fp`), wait until the broker admitted it and, with a `bound`, up to that long for its
+    end. The record as it then stands, and whether this call started it (`fresh`)."""
+    cluster = st.cluster
+    if cluster is not None and not cluster.ok:
+        # A job this replica could not record would be invisible to the others (and an Idempotency-Key
+        # could not be honoured across them): refuse, as a load balancer would once /readyz says so.
+        raise database_unavailable("this replica takes no job until it can record it for the others")
+    rec = st.jobs.get(uuid) if uuid else None
+    claimed = False
+    if uuid is not None and rec is None and cluster is not None:
+        rec, claimed = await cluster.claim_key(uuid, fp, req)
+    if rec is not None and rec.fingerprint != fp:
+        # 409, not the 422 of the IETF idempotency draft: 422 already means "fix your body",
+        # while this request is fine and only clashes with one the server remembers.
+        raise ProblemError(
+            409,
+            "idempotency-key-reused",
+            "Idempotency-Key reused",
+            "this Idempotency-Key was used for a different request; use a new key for a new job",
+            job=rec.uuid,
+        )
+    fresh = rec is None or rec.refused()
+    if rec is not None and fresh and rec.remote and cluster is not None:
+        rec, fresh = await cluster.take_refused(rec)
+    # Shared store: a job this POST waits for is written when it ends (or when the wait does), not also
+    # when it starts: one write per quick job instead of two, and nobody else knows its uuid meanwhile.
+    deferred = cluster is not None and bound is not None and st.persister is not None
+    if rec is None or fresh:
+        try:
+            await check_job(st.schemas, st.client, req)
+            rec = submit_record(st, req, uuid, fp, persist=not deferred)
+        except Exception:
+            if claimed and uuid is not None and cluster is not None:
+                await cluster.release(uuid)
+            raise
+    elif not rec.remote:
+        await ensure_live(st, rec)
+    waited = 0.0
+    if not rec.remote:
+        if bound is not None and rec.live is not None:
+            # Most jobs a POST waits for end within it: one wait (one wake-up of the event loop) covers
+            # both the admission and the end, since a client settles a job's admission before its end.
+            t0 = time.monotonic()
+            await wait_done(rec.live, min(bound, ADMISSION_TIMEOUT))
+            waited = time.monotonic() - t0
+        await admitted(rec, max(0.0, ADMISSION_TIMEOUT - waited))
+    if bound is not None:
+        rec = await await_job(st, rec, max(0.0, bound - waited))
+    if cluster is not None:
+        await cluster.settled(rec, started=fresh)
+    return rec, fresh
 
 
 async def admitted(rec: JobRecord, timeout: float = ADMISSION_TIMEOUT) -> None:
@@ -154,6 +212,7 @@ __all__ = [
     "cancel_local",
     "input_local",
     "known_job",
+    "submit",
     "submit_record",
     "wait_for_job",
 ]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Annotated, Literal
@@ -15,15 +14,13 @@ from fastapi import APIRouter, Header, Path, Query, Request, Response
 # random bits come from the OS 256 uuids at a time, so the event loop rarely gives up the GIL.
 from service import MAX_JOB_UUID
 
-from ...errors import ProblemError, database_unavailable
-from ...fabric import wait_done
-from ...jobs.admission import check_job
+from ...errors import ProblemError
 from ...jobs.filters import JobFilter
-from ...jobs.operations import ADMISSION_TIMEOUT, admitted, await_job, cancel_local, known_job
+from ...jobs.operations import await_job, cancel_local, known_job, submit
 from ...jobs.recovery import ensure_live
-from ...jobs.submit import submit_record
 from ...jobs.table import JobRecord, fingerprint, job_uuid_for_key
 from ...models import Job, JobPage, JobRequest, JobState, JobSummary
+from ...state import ApiState
 from ..auth import Principal
 from ..problems import responses
 from ..state import api_state
@@ -88,7 +85,6 @@ def _applied(request: Request, response: Response, waited: float | None) -> None
 async def submit_job(
     req: JobRequest,
     request: Request,
-    response: Response,
     principal: Principal,
     wait: WaitQuery = None,
     prefer: PreferHeader = None,
@@ -99,7 +95,7 @@ async def submit_job(
             description="Retries with the same key return the same job instead of running it again",
         ),
     ] = None,
-) -> Job:
+) -> Response:
     """Run `task` of `service` on `workers`. Answers once the broker has admitted the job: 202 with
     the job (`queued` or `running`) and its `Location`; with `?wait=N` (or `Prefer: wait=N`) 200
     with the finished job when it ends in time (any final state: see `state` and `reason`).
@@ -110,65 +106,23 @@ async def submit_job(
     it, until its `timeout` (default 60 s, counted from the end of its `delay`).
     """
     st = api_state(request)
-    cluster = st.cluster
-    if cluster is not None and not cluster.ok:
-        # A job this replica could not record would be invisible to the others (and an Idempotency-Key
-        # could not be honoured across them): refuse, as a load balancer would once /readyz says so.
-        raise database_unavailable("this replica takes no job until it can record it for the others")
     uuid, fp = (job_uuid_for_key(idempotency_key, principal), fingerprint(req)) if idempotency_key else (None, "")
-    rec = st.jobs.get(uuid) if uuid else None
-    claimed = False
-    if uuid is not None and rec is None and cluster is not None:
-        rec, claimed = await cluster.claim_key(uuid, fp, req)
-    if rec is not None and rec.fingerprint != fp:
-        # 409, not the 422 of the IETF idempotency draft: 422 already means "fix your body",
-        # while this request is fine and only clashes with one the server remembers.
-        raise ProblemError(
-            409,
-            "idempotency-key-reused",
-            "Idempotency-Key reused",
-            "this Idempotency-Key was used for a different request; use a new key for a new job",
-            job=rec.uuid,
-        )
-    fresh = rec is None or rec.refused()
-    if rec is not None and fresh and rec.remote and cluster is not None:
-        rec, fresh = await cluster.take_refused(rec)
     bound = wait_bound(wait, prefer, st.settings.default_wait_max)
-    # Shared store: a job this POST waits for is written when it ends (or when the wait does), not also
-    # when it starts: one write per quick job instead of two, and nobody else knows its uuid meanwhile.
-    deferred = cluster is not None and bound is not None and st.persister is not None
-    if rec is None or fresh:
-        try:
-            await check_job(st.schemas, st.client, req)
-            rec = submit_record(st, req, uuid, fp, persist=not deferred)
-        except Exception:
-            if claimed and uuid is not None and cluster is not None:
-                await cluster.release(uuid)
-            raise
-    elif not rec.remote:
-        await ensure_live(st, rec)
-    waited = 0.0
-    if not rec.remote:
-        if bound is not None and rec.live is not None:
-            # Most jobs a POST waits for end within it: one wait (one wake-up of the event loop) covers
-            # both the admission and the end, since a client settles a job's admission before its end.
-            t0 = time.monotonic()
-            await wait_done(rec.live, min(bound, ADMISSION_TIMEOUT))
-            waited = time.monotonic() - t0
-        await admitted(rec, max(0.0, ADMISSION_TIMEOUT - waited))
-    if bound is not None:
-        rec = await await_job(st, rec, max(0.0, bound - waited))
-    if cluster is not None:
-        await cluster.settled(rec, started=fresh)
-    _applied(request, response, bound)
+    rec, fresh = await submit(st, req, uuid, fp, bound)
+    return submitted(st, rec, fresh, bound, request.scope.get("root_path", ""), wait is None)
+
+
+def submitted(st: ApiState, rec: JobRecord, fresh: bool, bound: float | None, root: str, preferred: bool) -> Response:
+    """POST /jobs' answer. 200 with a finished job: one that ended within the wait bound, or a retried
+    POST of one that had ended. A job this request submitted without waiting is always 202, even when
+    it was quick enough to finish before the answer went out: the status must not depend on a race."""
     view = rec.view(tracebacks=st.settings.api_expose_tracebacks)
-    response.headers["Location"] = f"{request.scope.get('root_path', '')}/jobs/{rec.uuid}"
-    # 200 with a finished job: one that ended within the wait bound, or a retried POST of one that
-    # had ended. A job this request submitted without waiting is always 202, even when it was quick
-    # enough to finish before the answer went out: the status must not depend on a race.
-    finished = view.state.finished
-    response.status_code = 200 if finished and (bound is not None or not fresh) else 202
-    return view
+    status = 200 if view.state.finished and (bound is not None or not fresh) else 202
+    headers = {"Location": f"{root}/jobs/{rec.uuid}"}
+    if bound is not None and preferred:  # the wait came from `Prefer: wait=N`, not ?wait=
+        headers["Preference-Applied"] = f"wait={bound:g}"
+    # The view's one serialisation, straight to JSON: not validated again against response_model.
+    return Response(view.model_dump_json(), status, headers, media_type="application/json")
 
 
 @router.get(

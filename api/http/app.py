@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import asynccontextmanager
@@ -42,6 +43,16 @@ TAGS = [
     {"name": "schedules", "description": "Run a job periodically: every N seconds or on a cron expression"},
     {"name": "ops", "description": "Health, readiness and Prometheus metrics (no auth)"},
 ]
+
+
+# FastAPI 0.16x traces requests with OpenTelemetry once an SDK is configured (an incoming
+# `traceparent` continued). Its metrics and logs would duplicate zfab's own, and checking for their
+# providers on every request cost 2 % of the API's CPU per job under wrk: tracing only.
+TELEMETRY: dict[str, Any] = (
+    {"telemetry": {"metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters
+    else {}
+)
 
 
 class MergedCollector(Collector):
@@ -159,6 +170,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         lifespan=lifespan,
         docs_url=None,  # served from packaged assets instead of a CDN (api/http/docs.py)
         redoc_url=None,
+        **TELEMETRY,
     )
     app.state.registry = registry
     app.state.tokens = tokens

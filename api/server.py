@@ -100,7 +100,7 @@ def run_api(ns: argparse.Namespace) -> None:
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
 
     def ready() -> None:
-        print(f"zfab api ready on http://{shown}:{bound_port} (broker {broker}; docs at /docs)", flush=True)
+        print(f"zfab api ready on http://{shown}:{bound_port} (broker {broker}; console /ui, docs /docs)", flush=True)
 
     serve(app, host, port, log_level=level, access_log=access_log, on_exit=end_streams, sock=sock, on_ready=ready)
     print(f"zfab api stopped ({jobs_known} jobs in its table)", flush=True)

@@ -68,6 +68,7 @@ def cmd_up(ns: argparse.Namespace) -> int:
                 stop.wait(0.2)
         print(f"zfab up: broker {s.bind_endpoint}, {ns.workers} demo worker(s)", flush=True)
         if ns.api_port:
+            print(f"  console  {base}/ui   (jobs, queues, workers, schedules in a browser)", flush=True)
             print(f"  API      {base}/docs   health {base}/healthz   metrics {base}/metrics", flush=True)
             print(
                 f"  try:     curl -s -XPOST '{base}/jobs?wait=5' -H 'content-type: application/json' "

@@ -76,6 +76,14 @@
     return `${i ? n.toFixed(n < 10 ? 1 : 0) : n} ${units[i]}`;
   }
 
+  /** A schedule's period: whole minutes and hours as such, anything else as a duration. */
+  function fmtEvery(s) {
+    if (!Number.isInteger(s)) return fmtDur(s);
+    if (s % 3600 === 0) return `${s / 3600} h`;
+    if (s % 60 === 0) return `${s / 60} min`;
+    return `${s} s`;
+  }
+
   const fmtNum = (n) => (typeof n === 'number' ? n.toLocaleString('en-US') : '–');
   const badge = (state) => h('span', { class: `badge st-${state}` }, state);
   const pretty = (v) => JSON.stringify(v, null, 2);
@@ -785,12 +793,12 @@
       const T = job.timings || {};
       const hops = [];
       const add = (label, t) => { if (typeof t === 'number') hops.push({ label, t }); };
-      add('submitted to the API', T.submitted);
-      add('queued at the broker', T.queued);
-      add('dispatched (the broker\'s 202)', T.dispatched);
-      add('started (the worker\'s 201)', T.started);
-      add('recovered after an API restart', T.recovered);
-      add('result at the API', T.completed);
+      add('API: submitted', T.submitted);
+      add('broker: queued', T.queued);
+      add('broker: dispatched (202)', T.dispatched);
+      add('API: started (201)', T.started);
+      add('API: recovered after a restart', T.recovered);
+      add('API: result', T.completed);
       for (const [w, e] of Object.entries(job.results || {})) {
         const ts = (e && e.timestamps) || {};
         add(`${w}: received`, ts.received);
@@ -807,7 +815,7 @@
         const bar = h('span');
         bar.style.left = `${Math.max(0, ((prev - t0) / span) * 100)}%`;
         bar.style.width = `${Math.max(0, ((hop.t - prev) / span) * 100)}%`;
-        const tr = h('tr', {}, h('td', {}, hop.label), h('td', { class: 'nowrap' }, fmtTime(hop.t, true)),
+        const tr = h('tr', {}, h('td', { class: 'nowrap' }, hop.label), h('td', { class: 'nowrap' }, fmtTime(hop.t, true)),
           h('td', { class: 'num' }, `+${fmtDur(hop.t - t0)}`), h('td', { class: 'num' }, fmtDur(hop.t - prev)),
           h('td', {}, h('div', { class: 'hopbar' }, bar)));
         prev = Math.max(prev, hop.t);
@@ -973,21 +981,50 @@
     el.replaceChildren(main, small ? h('small', {}, ` ${small}`) : '');
   }
 
+  /** A small line of the last readings (an inline SVG: drawn in the page, nothing fetched). */
+  function sparkline(values) {
+    const ns = 'http://www.w3.org/2000/svg';
+    const w = 120;
+    const ht = 22;
+    const svg = document.createElementNS(ns, 'svg');
+    svg.setAttribute('viewBox', `0 0 ${w} ${ht}`);
+    svg.setAttribute('class', 'spark');
+    const top = Math.max(1, ...values);
+    const step = w / Math.max(1, HISTORY - 1);
+    const pts = values.map((v, i) => `${(w - (values.length - 1 - i) * step).toFixed(1)},${(ht - 1 - (v / top) * (ht - 3)).toFixed(1)}`);
+    const line = document.createElementNS(ns, 'polyline');
+    line.setAttribute('points', pts.join(' '));
+    svg.append(line);
+    const label = document.createElementNS(ns, 'title');
+    label.textContent = `depth over the last ${values.length} readings, peak ${top}`;
+    svg.append(label);
+    return svg;
+  }
+  const HISTORY = 60; // readings kept per service for the sparkline: two minutes at one every two seconds
+
   function queuesView() {
     let prev = null;
+    const depths = new Map(); // service -> recent queue depths
     every(2000, async () => {
       const [broker, services] = await Promise.all([api('/mmi/broker'), api('/mmi/services')]);
       const t = now();
-      cardValue('queued', fmtNum(broker.jobs_queued), `of ${fmtNum(broker.service_queue_capacity)} a service`);
-      cardValue('bytes', fmtBytes(broker.queue_bytes), `+ ${fmtBytes(broker.dispatched_bytes)} dispatched, of ${fmtBytes(broker.queue_bytes_capacity)}`);
+      cardValue('queued', fmtNum(broker.jobs_queued), `at most ${fmtNum(broker.service_queue_capacity)} a service`);
+      cardValue('bytes', fmtBytes(broker.queue_bytes), `of ${fmtBytes(broker.queue_bytes_capacity)}, with ${fmtBytes(broker.dispatched_bytes)} dispatched`);
       cardValue('inflight', fmtNum(broker.jobs_in_flight), `of ${fmtNum(broker.jobs_in_flight_capacity)}`);
       cardValue('workers', fmtNum(broker.workers), `${fmtNum(broker.services)} service${broker.services === 1 ? '' : 's'}`);
       cardValue('clients', fmtNum(broker.clients), `of ${fmtNum(broker.clients_capacity)}`);
       cardValue('uptime', fmtDur(broker.uptime_s), broker.version ? `v${broker.version}` : '');
       const tbody = $('#queues tbody');
+      const track = (name, depth) => {
+        const list = depths.get(name) || [];
+        list.push(depth);
+        if (list.length > HISTORY) list.shift();
+        depths.set(name, list);
+        return list;
+      };
       services.sort((a, b) => a.service.localeCompare(b.service));
       if (!services.length) {
-        tbody.replaceChildren(h('tr', { class: 'empty' }, h('td', { colspan: '13' }, 'No service: no worker has registered with the broker.')));
+        tbody.replaceChildren(h('tr', { class: 'empty' }, h('td', { colspan: '14' }, 'No service: no worker has registered with the broker.')));
       } else {
         tbody.replaceChildren(...services.map((s) => {
           const before = prev ? prev.counts[s.service] : undefined;
@@ -997,6 +1034,7 @@
           return h('tr', {},
             h('td', {}, h('b', {}, s.service), s.tentative ? h('span', { class: 'muted' }, ' (tentative)') : ''),
             num(fmtNum(s.queue_depth)),
+            h('td', {}, sparkline(track(s.service, s.queue_depth || 0))),
             h('td', { class: 'nowrap' }, meter(s.queue_depth || 0, s.queue_capacity || 0), h('span', { class: 'muted' }, ` of ${fmtNum(s.queue_capacity)}`)),
             num(fmtBytes(s.queue_bytes)),
             num(s.queue_depth ? fmtDur(s.queue_oldest_age_s) : '–'),
@@ -1085,7 +1123,7 @@
       return h('tr', { id: `s-${s.id}`, dataset: { id: s.id, state: s.state } },
         h('td', {}, h('b', {}, s.name || s.id), s.name ? h('div', { class: 'muted mono' }, s.id) : null),
         h('td', {}, `${job.service} · ${job.task}`, job.kwargs && Object.keys(job.kwargs).length ? h('div', { class: 'muted mono' }, JSON.stringify(job.kwargs)) : null),
-        h('td', { class: 'mono' }, s.every ? `every ${fmtDur(s.every)}` : `cron ${s.cron} (UTC)`),
+        h('td', { class: 'mono' }, s.every ? `every ${fmtEvery(s.every)}` : `cron ${s.cron} (UTC)`),
         h('td', {}, badge(s.state)),
         h('td', { class: 'nowrap' }, next === null ? '–' : [fmtTime(next), ' ', h('span', { class: 'muted', dataset: { until: String(next) } }, '')]),
         h('td', { class: 'nowrap' }, last === null ? 'never' : fmtTime(last)),

@@ -2,7 +2,8 @@
 
 After the floor, the fabric, the API and files sections come the scale sections (docs/benchmarks.md):
 scale (1,000 workers), clients (100 clients), large (10 MB payloads), aio (1,000 async tasks), wrk,
-idle, queue. Each one runs on its own; one that fails prints its error and the rest go on.
+idle, queue, console (the web console over 100,000 jobs). Each one runs on its own; one that fails prints
+its error and the rest go on.
 `--only NAME,...` runs some of them; `--trust` adds bench/trust.py (against this checkout) at the end.
 """
 
@@ -68,6 +69,7 @@ SECTIONS = {
     "wrk": "HTTP under wrk (bench/wrk.py)",
     "idle": "a whole idle fabric (bench/idle.py)",
     "queue": "the job queue: head-of-line, a deep queue, the prefetch sweep (bench/queue.py)",
+    "console": "the web console over a table of 100,000 jobs (bench/console.py)",
 }
 
 

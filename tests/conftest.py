@@ -24,11 +24,11 @@ def wait_for(cond: Callable[[], bool], timeout: float, interval: float = 0.05, w
         time.sleep(interval)
 
 
-def require_binary(name: str) -> str:
+def require_binary(name: str, package: str = "prometheus") -> str:
     """The path of an outside binary; skip when missing, except under CI=true where it must exist."""
     path = shutil.which(name)
     if path is None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"{name} is required under CI=true (.ci/run installs it)")
-        pytest.skip(f"{name} not installed (Debian package 'prometheus' provides it)")
+        pytest.skip(f"{name} not installed (Debian package '{package}' provides it)")
     return path

@@ -350,7 +350,7 @@
     const type = k.kind === 'any' ? 'any' : k.kind === 'enum' ? 'one of' : k.kind;
     const doc = (schema && (schema.description || (schema.title && schema.title.toLowerCase() !== name.toLowerCase() ? schema.title : ''))) || '';
     const el = h('div', { class: 'field' },
-      h('span', {}, h('b', {}, name), ` ${type}${required ? ' *' : ''} · ${hint}${doc ? ` · ${doc}` : ''}`), input);
+      h('span', {}, h('b', {}, name), ` ${type} · ${hint}${doc ? ` · ${doc}` : ''}`), input);
     return {
       el, input, required, name,
       parse() {
@@ -520,7 +520,7 @@
         if (!e.problem) { errorEl.textContent = e.message; return; }
         const { byField, rest } = problemFields(e.problem, fields.map((f) => f.name));
         for (const [field, msg] of Object.entries(byField)) if (!fieldError(form, field, msg)) rest.push(`${field}: ${msg}`);
-        errorEl.textContent = rest.join('; ') || e.message;
+        errorEl.textContent = rest.length || !Object.keys(byField).length ? rest.join('; ') || e.message : '';
       }
     });
 
@@ -603,7 +603,7 @@
         h('td', { class: 'mono' }, target(job.workers)),
         h('td', { class: 'nowrap', title: job.submitted_at }, fmtTime(sub)),
         wait, dur,
-        h('td', {}, job.schedule ? h('a', { href: `${ROOT}/ui/schedules#s-${enc(job.schedule)}`, class: 'mono' }, job.schedule) : ''),
+        h('td', {}, job.schedule ? h('a', { href: `${ROOT}/ui/schedules#s-${enc(job.schedule)}`, class: 'mono', title: job.schedule }, `…${job.schedule.slice(-8)}`) : ''),
         h('td', { class: 'reason', title: job.reason || '' }, job.reason || ''));
     }
 
@@ -1123,14 +1123,14 @@
       return h('tr', { id: `s-${s.id}`, dataset: { id: s.id, state: s.state } },
         h('td', {}, h('b', {}, s.name || s.id), s.name ? h('div', { class: 'muted mono' }, s.id) : null),
         h('td', {}, `${job.service} · ${job.task}`, job.kwargs && Object.keys(job.kwargs).length ? h('div', { class: 'muted mono' }, JSON.stringify(job.kwargs)) : null),
-        h('td', { class: 'mono' }, s.every ? `every ${fmtEvery(s.every)}` : `cron ${s.cron} (UTC)`),
+        h('td', { class: 'mono nowrap' }, s.every ? `every ${fmtEvery(s.every)}` : `cron ${s.cron} (UTC)`),
         h('td', {}, badge(s.state)),
         h('td', { class: 'nowrap' }, next === null ? '–' : [fmtTime(next), ' ', h('span', { class: 'muted', dataset: { until: String(next) } }, '')]),
         h('td', { class: 'nowrap' }, last === null ? 'never' : fmtTime(last)),
         h('td', { class: 'num' }, fmtNum(s.runs)),
         h('td', { class: 'num', title: s.last_error || '' }, fmtNum(s.failures)),
         h('td', {}, h('span', { class: 'tags' },
-          s.last_jobs.slice(0, 5).map((u) => h('a', { href: `${ROOT}/ui/jobs/${enc(u)}`, class: 'tag', title: u }, u.slice(-8))),
+          s.last_jobs.slice(0, 3).map((u) => h('a', { href: `${ROOT}/ui/jobs/${enc(u)}`, class: 'tag', title: u }, u.slice(-8))),
           h('a', { href: `${ROOT}/ui?schedule=${enc(s.id)}` }, s.runs ? 'all →' : 'jobs →'))),
         h('td', { class: 'nowrap' }, pauseBtn, ' ', deleteBtn));
     }

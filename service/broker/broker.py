@@ -28,6 +28,7 @@ from ..transport.security import ZapHandler, curve_server, is_loopback
 from .admission import Refusal, answer, bad, read_job, unknown_task
 from .dispatcher import Dispatcher
 from .jobqueue import NAMED, Spot
+from .memory import MemoryKeeper, glibc_trim
 from .mmi import MmiService
 from .registry import Registry, ServiceRecord, WorkerRecord
 from .workerside import WorkerSide
@@ -35,6 +36,7 @@ from .workerside import WorkerSide
 log = logging.getLogger(__name__)
 
 HOUSEKEEPING = 60.0  # seconds between sweeps of the tables keyed by what peers chose
+RCVHWM = 1000  # messages one peer may have waiting in the ROUTER's receive pipe
 
 
 class Broker(WorkerSide):
@@ -84,6 +86,8 @@ class Broker(WorkerSide):
         self.told_to_leave: OrderedDict[bytes, tuple[float, str | None]] = OrderedDict()
         self.gone: OrderedDict[bytes, dict[str, Any]] = OrderedDict()  # worker name -> how it left
         self.keys: OrderedDict[bytes, bytes] = OrderedDict()  # identity -> ZAP user id of its first frame
+        # Gives the OS back what a burst of messages used, once it has passed (memory.py, issue 31).
+        self.memory = MemoryKeeper(trim=glibc_trim())
         self.loop: Transport = (transport or OwnerLoop)(
             self, name="broker", outbound_size=s.outbound_queue_size, submit_timeout=s.submit_timeout, linger=1.0
         )
@@ -139,7 +143,10 @@ class Broker(WorkerSide):
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.MAXMSGSIZE, s.max_message_bytes)
         sock.setsockopt(zmq.SNDHWM, 10_000)
-        sock.setsockopt(zmq.RCVHWM, 10_000)
+        # Per peer: what one connection may have waiting in libzmq before it is read no further (its
+        # sender then waits). 10,000 let one peer's flood of small frames take 13 MB there, which
+        # the allocator kept after the flood (issue 31, docs/broker-memory.md).
+        sock.setsockopt(zmq.RCVHWM, RCVHWM)
         # ZMTP heartbeats drop half-open connections (a peer's host gone), so the identity it held
         # is free again. Twice the hold time: the DISCONNECT a purge sends (at one hold time)
         # still reaches a stopped peer's socket buffer before its connection is closed. A ping
@@ -179,6 +186,7 @@ class Broker(WorkerSide):
         if d.dirty:
             d.pump()
         deadlines = [self._next_housekeeping, d.next_deadline(), self.grace_until]
+        deadlines.append(self.memory.tend(now, self.loop.stats.received))
         if reg.workers or reg.client_keepalives:
             deadlines.append(self._next_keepalive)
         return min(t for t in deadlines if t is not None)

@@ -60,7 +60,6 @@ class Dispatcher:
         self.delays: list[tuple[float, int, QueuedJob]] = []  # ends of delays, across services
         self.directed: set[bytes] = set()  # identities of workers with parts waiting for their credits
         self.dirty: set[bytes] = set()  # services whose queue may move (a credit freed, a worker came)
-        self.queued_seconds: dict[bytes, Histogram] = {}  # per service: time from admission to dispatch
         # "queued" notices a client asked to have only if its job still waits by then: (due, seq,
         # job). Entries of jobs dispatched meanwhile go when due; past MAX_NOTICES, told at once.
         self.notices: list[tuple[float, int, QueuedJob]] = []
@@ -167,9 +166,9 @@ class Dispatcher:
         self.reply(job.client, job.service, job.uuid, nfp.ST_DISPATCHED, body)
 
     def _observe_queued(self, svc: ServiceRecord, job: QueuedJob, now: float) -> None:
-        h = self.queued_seconds.get(svc.name)
+        h = svc.queued_seconds
         if h is None:
-            h = self.queued_seconds[svc.name] = Histogram(QUEUED_BUCKETS)
+            h = svc.queued_seconds = Histogram(QUEUED_BUCKETS)
         h.observe(max(0.0, now - job.queued_at - max(0.0, job.not_before - job.queued_at)))
 
     def _route(self, job: QueuedJob, workers: list[WorkerRecord]) -> Route:

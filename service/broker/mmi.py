@@ -19,6 +19,7 @@ from ..core.keepalive import Clock
 from ..settings import Settings
 from ..transport.base import Transport
 from .dispatcher import MAX_NOTICES, Dispatcher
+from .memory import MemoryKeeper
 from .registry import Registry
 
 
@@ -46,6 +47,7 @@ class BrokerFacts(Protocol):
     told_to_leave: OrderedDict[bytes, tuple[float, str | None]]
     gone: OrderedDict[bytes, dict[str, Any]]
     keys: OrderedDict[bytes, bytes]
+    memory: MemoryKeeper
     TOLD_TO_LEAVE_MAX: int
     GONE_MAX: int
     KEYS_MAX: int
@@ -158,7 +160,7 @@ class MmiService:
         out = []
         for s in b.registry.services.values():
             q = s.queue
-            h = b.dispatch.queued_seconds.get(s.name)
+            h = s.queued_seconds
             out.append(
                 {
                     "service": s.label,
@@ -252,6 +254,7 @@ class MmiService:
             "frames_rejected": dict(b.rejected),
             "counts": dict(b.counts),
             "workers_purged": {svc.label: svc.purged for svc in reg.services.values() if svc.purged},
+            **b.memory.facts(b.clock()),
         }
 
     def get_status(self) -> dict[str, Any]:

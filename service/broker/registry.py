@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.histogram import Histogram
 from ..core.keepalive import Clock, KeepAlive
 from .jobqueue import QueuedJob, ServiceQueue
 
@@ -64,6 +65,9 @@ class ServiceRecord:
     tentative: bool = False  # made for a POST while the broker starts; no worker has confirmed it yet
     roster_changed: bool = False  # a worker registered since the last pump: parked jobs may go
     workers_seen: set[bytes] = field(default_factory=set)  # names that ever registered (bounded by the broker)
+    # Time from admission to dispatch; it goes with the record (a histogram per service name the
+    # broker ever dispatched for, in a table of its own, outlived the services bound).
+    queued_seconds: Histogram | None = None
     purged: int = 0
     expired_queue: int = 0
     expired_worker: int = 0

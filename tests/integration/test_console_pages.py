@@ -37,10 +37,10 @@ async def get(app: Any, paths: list[str], peer: tuple[str, int] = LOOPBACK, **kw
 
 def test_without_tokens_only_loopback_peers_get_the_console() -> None:
     app = create_app(ApiSettings())
-    served = asyncio.run(get(app, [*PAGES, "/ui/static/console.js"]))
+    served = asyncio.run(get(app, [*PAGES, "/ui/static/core.js"]))
     for path, r in served.items():
         assert r.status_code == 200, (path, r.status_code)
-    refused = asyncio.run(get(app, [*PAGES, "/ui/static/console.js", "/ui/api/jobs/0123abcd/request"], REMOTE))
+    refused = asyncio.run(get(app, [*PAGES, "/ui/static/core.js", "/ui/api/jobs/0123abcd/request"], REMOTE))
     for path, r in refused.items():
         assert r.status_code == 403, (path, r.status_code)
         assert r.headers["content-type"] == "application/problem+json"
@@ -78,9 +78,9 @@ def test_the_pages_load_only_the_apis_own_files_and_keep_scripts_to_them() -> No
         assert r.status_code == 200 and r.headers["content-type"] == assets()[name].media_type, url
         assert r.headers["cache-control"].endswith("immutable"), url  # named by its version: cached for good
         assert OUTSIDE.findall(r.text) == [], f"{name} names an outside URL"
-    etag = served[next(u for u in linked if "console.js" in u)].headers["etag"]
-    again = asyncio.run(get(app, ["/ui/static/console.js"], headers={"If-None-Match": etag}))
-    assert again["/ui/static/console.js"].status_code == 304
+    etag = served[next(u for u in linked if "core.js" in u)].headers["etag"]
+    again = asyncio.run(get(app, ["/ui/static/core.js"], headers={"If-None-Match": etag}))
+    assert again["/ui/static/core.js"].status_code == 304
     schema = asyncio.run(get(app, ["/openapi.json"]))["/openapi.json"].json()
     assert not [p for p in schema["paths"] if p == "/" or p.startswith("/ui")]
 

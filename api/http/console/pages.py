@@ -19,6 +19,14 @@ VIEWS = {
     "workers": ("/workers", "Workers", True),
     "schedules": ("/schedules", "Schedules", True),
 }
+# The scripts of each view, in order: core.js first (every view script reads it), then what the view needs.
+SCRIPTS = {
+    "jobs": ("core.js", "forms.js", "jobs.js"),
+    "job": ("core.js", "forms.js", "job.js"),
+    "queues": ("core.js", "mmi.js"),
+    "workers": ("core.js", "mmi.js"),
+    "schedules": ("core.js", "forms.js", "schedules.js"),
+}
 MEDIA_TYPES = {
     ".css": "text/css; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
@@ -31,7 +39,7 @@ class Asset:
     body: bytes
     media_type: str
     version: str  # the first 12 hex digits of its sha256: named in its URL, and its ETag
-    gzipped: bytes  # the same, compressed once (the script is a quarter of its size so)
+    gzipped: bytes  # the same, compressed once (a script is a third of its size so)
 
 
 @cache
@@ -74,6 +82,6 @@ def render(view: str, root: str, job: str = "") -> str:
         nav=nav,
         body=body,
         css=asset_url(root, "console.css"),
-        js=asset_url(root, "console.js"),
+        scripts="\n".join(f'<script defer src="{asset_url(root, name)}"></script>' for name in SCRIPTS[view]),
         icon=asset_url(root, "favicon.svg"),
     )

@@ -172,7 +172,17 @@ def _broker(broker: dict[str, Any], depth: GaugeMetricFamily, cap: GaugeMetricFa
         table_caps.add_metric([table], broker.get(capacity, 0))
     uptime = GaugeMetricFamily("zfab_broker_uptime_seconds", "Seconds since the broker started")
     uptime.add_metric([], broker.get("uptime_s", 0))
-    return [depth, cap, frames, rejected, events, purged, clients, tables, table_caps, uptime]
+    # The broker's resident memory and its returns of freed memory to the OS (service/broker/memory.py):
+    # what a flood of frames leaves behind shows here, not in any table (docs/broker-memory.md).
+    rss = GaugeMetricFamily("zfab_broker_resident_bytes", "Resident memory of the broker process")
+    rss.add_metric([], broker.get("rss_bytes", 0))
+    trims = CounterMetricFamily(
+        "zfab_broker_memory_trims", "Times the broker gave freed memory back to the OS (malloc_trim)"
+    )
+    trims.add_metric([], broker.get("memory_trims", 0))
+    released = CounterMetricFamily("zfab_broker_memory_released_bytes", "Resident bytes those trims gave back")
+    released.add_metric([], broker.get("memory_released_bytes", 0))
+    return [depth, cap, frames, rejected, events, purged, clients, tables, table_caps, uptime, rss, trims, released]
 
 
 class FabricCollector(Collector):

@@ -220,7 +220,7 @@ def test_a_job_from_the_form_shows_field_errors_then_goes_queued_to_completed_li
     c.until(lambda: c.js("return !!document.querySelector('[data-field=\"kwargs.data\"]')"), "the echo task's fields")
     c.find('[data-field="kwargs.data"]').send_keys("from-the-form")
     c.find("#job-form [data-field=priority]").clear()
-    c.find("#job-form [data-field=delay]").send_keys("1.5")  # held by the broker: queued for 1.5 s
+    c.find("#job-form [data-field=delay]").send_keys("3")  # held by the broker: queued for 3 s
     c.find("#job-form button[type=submit]").click()
     c.until(lambda: c.text("#job-form .done a"), "the submitted job's link")
     uuid = c.text("#job-form .done a")

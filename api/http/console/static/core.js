@@ -168,6 +168,8 @@
    */
   function every(ms, fn) {
     let timer = 0;
+    let running = false;
+    let again = false; // now() was asked during a reading: one more follows it at once
     let stopped = false;
     const key = {};
     const run = async () => {
@@ -175,9 +177,12 @@
       if (stopped) return;
       let wait = ms;
       if (!document.hidden) {
+        running = true;
         const started = performance.now();
         try { await fn(); unflash(key); } catch (e) { report(e, key); }
-        wait = Math.max(ms, 10 * (performance.now() - started));
+        running = false;
+        wait = again ? 0 : Math.max(ms, 10 * (performance.now() - started));
+        again = false;
       }
       if (!stopped) timer = setTimeout(run, wait);
     };
@@ -187,7 +192,10 @@
     run();
     return {
       stop() { stopped = true; clearTimeout(timer); },
-      now() { if (timer) { clearTimeout(timer); run(); } },
+      now() {
+        if (running) again = true;
+        else if (timer) { clearTimeout(timer); run(); }
+      },
     };
   }
 
@@ -270,7 +278,13 @@
     ev.preventDefault();
     const token = $('#token').value.trim();
     if (!token) return;
-    const r = await fetch(`${ROOT}/jobs?limit=1`, { headers: { Authorization: `Bearer ${token}` }, cache: 'no-store' });
+    let r;
+    try {
+      r = await fetch(`${ROOT}/jobs?limit=1`, { headers: { Authorization: `Bearer ${token}` }, cache: 'no-store' });
+    } catch (e) {
+      $('#login-error').textContent = `The API does not answer (${e.message}).`;
+      return;
+    }
     if (r.status === 401) {
       $('#login-error').textContent = 'This token is not accepted.';
       return;

@@ -15,6 +15,7 @@ from service import MAX_NAME_BYTES
 MAX_JOB_TIMEOUT = 86_400.0
 MAX_DELAY = 7 * 86_400.0
 MAX_RETRIES = 10
+MAX_BACKOFF = 3600.0
 MMI_SERVICE = "mmi.service.broker"
 
 
@@ -113,8 +114,20 @@ class JobRequest(BaseModel):
     delay: float = Field(
         0.0, ge=0, le=MAX_DELAY, allow_inf_nan=False, description="Seconds the broker holds the job before it may run"
     )
-    retries: int = Field(
-        0, ge=0, le=MAX_RETRIES, description="Runs again on another worker when its worker is lost (target `any`)"
+    retries: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_RETRIES,
+        description="Attempts after the first (target `any`): when its worker is lost, and when its task raises "
+        "(after `backoff`). Unset: as the task declares (`@task(retries=...)`); 0: none",
+    )
+    backoff: float | None = Field(
+        None,
+        ge=0,
+        le=MAX_BACKOFF,
+        allow_inf_nan=False,
+        description="Seconds before the second attempt of a failed job, doubling for each next one (at most "
+        "300 s, or this value if larger; ±10 % jitter). Unset: as the task declares, else 1",
     )
 
 
@@ -123,6 +136,35 @@ class JobErrorInfo(BaseModel):
 
     type: str = Field(description="The fabric error, e.g. JobTimeoutError, NoWorkersError, WorkerLostError")
     message: str
+
+
+class Attempt(BaseModel):
+    """An earlier attempt of a retried job: how it ended, and how long the next one waited."""
+
+    attempt: int = Field(description="1 for the first")
+    worker: str | None = Field(None, description="The worker that ran it (or, lost, the one lost)")
+    status: str = Field(description="How it ended on its worker: `error`, `timeout`, `lost`")
+    error: str | None = Field(None, description="The error in one line")
+    errors: list[str] = Field(
+        default_factory=list, description="Its errors (tracebacks: see ZFAB_API_EXPOSE_TRACEBACKS)"
+    )
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    retry_after: float | None = Field(None, description="Seconds the next attempt waited in the broker's queue")
+
+
+class JobArguments(BaseModel):
+    """What a job was asked, as GET /jobs/{uuid} shows it: redacted as its task declares, bounded in bytes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    args: list[Any] | None = Field(description="Positional arguments; null when over the bound (see `bytes`)")
+    kwargs: dict[str, Any] | None = Field(description="Keyword arguments; null when over the bound")
+    redacted: list[str] = Field(
+        default_factory=list, description="Arguments shown as `***`: the task declares them secret (`redact=`)"
+    )
+    bytes: int = Field(description="Size of the arguments as JSON")
+    omitted: str | None = Field(None, description="Why `args` and `kwargs` are not shown, when they are not")
 
 
 class Job(BaseModel):
@@ -171,7 +213,15 @@ class Job(BaseModel):
     )
     error: JobErrorInfo | None = None
     priority: int = 5
-    retries: int = 0
+    retries: int | None = Field(None, description="The retries asked for (null: as the task declares)")
+    attempt: int = Field(1, description="The attempt that runs (or ran last): 2, 3... after retries")
+    attempts: list[Attempt] = Field(
+        default_factory=list,
+        description="Each earlier attempt of a retried job, with its error (the last one's outcome is in `results`)",
+    )
+    arguments: JobArguments | None = Field(
+        None, description="What the job was asked (GET /jobs/{uuid}; redacted as its task declares)"
+    )
     schedule: str | None = Field(None, description="The schedule that fired it, if one did")
     submitted_at: datetime
     queued_at: datetime | None = Field(None, description="When the broker admitted it to its queue")

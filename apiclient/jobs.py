@@ -132,6 +132,7 @@ def cmd_submit(ns: argparse.Namespace) -> int:
         "priority": ns.priority,
         "delay": ns.delay,
         "retries": ns.retries,
+        "backoff": ns.backoff,
     }
     # Only what the user gave: the API's defaults stay the API's (the job timeout is 60 s there).
     body.update({k: v for k, v in optional.items() if v is not None})
@@ -151,7 +152,14 @@ def show_job(job: dict[str, Any], out: TextIO) -> None:
         ("finished", when(_finished_at(job)) if _finished_at(job) else None),
         ("took", took(job) if _finished_at(job) else None),
         ("cancel requested", "yes" if job.get("cancel_requested") else None),
+        ("attempt", job.get("attempt") if (job.get("attempt") or 1) > 1 else None),
     ]
+    for earlier in job.get("attempts") or []:
+        if isinstance(earlier, dict):
+            wait = earlier.get("retry_after")
+            then = f" (next after {wait:g} s)" if isinstance(wait, int | float) else ""
+            ended = f"{earlier.get('status')}: {earlier.get('error')}{then}"
+            lines.append((f"attempt {earlier.get('attempt')}", ended))
     ask = job.get("input_request")
     if isinstance(ask, dict):
         lines.append(("waiting for input", f"{ask.get('question')} (zfab API: POST /jobs/{job.get('uuid')}/input)"))
@@ -356,7 +364,8 @@ def register(sub: Any) -> None:
     s.add_argument("--timeout", type=float, help="seconds the job may take, end to end (the API's default: 60)")
     s.add_argument("--priority", type=int, help="queue priority (higher runs first)")
     s.add_argument("--delay", type=float, help="seconds to wait before the job may start")
-    s.add_argument("--retries", type=int, help="times to run it again if its worker is lost")
+    s.add_argument("--retries", type=int, help="times to run it again if it fails or its worker is lost")
+    s.add_argument("--backoff", type=float, help="seconds before the second attempt of a failed job (doubling)")
     s.set_defaults(fn=guarded("submit", cmd_submit))
 
     st = sub.add_parser("status", help="show a job's state (through the API)")

@@ -13,6 +13,7 @@ from .client.filestream import FileStream
 from .core.ids import new_uuid as new_job_uuid
 from .core.payloads import MAX_JOB_UUID
 from .core.protocol import MAX_NAME_BYTES
+from .core.retries import Backoff
 from .core.schemacheck import check_arguments
 from .core.states import State, final_state
 from .core.tuning import tune as tune_process
@@ -25,6 +26,7 @@ from .worker.worker import Worker
 __all__ = [
     "MAX_JOB_UUID",
     "MAX_NAME_BYTES",
+    "Backoff",
     "Broker",
     "Client",
     "FileStream",

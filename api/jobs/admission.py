@@ -31,20 +31,26 @@ class TaskSchemas:
         self._cache: OrderedDict[str, tuple[float, dict[str, Any] | None]] = OrderedDict()
 
     async def get(self, client: Any, service: str) -> dict[str, Any] | None:
+        return (await self.lookup(client, service))[1]
+
+    async def lookup(self, client: Any, service: str) -> tuple[bool, dict[str, Any] | None]:
+        """(known, {task: schema} or None). `known` is False when the broker could not be asked
+        and nothing is cached: whoever must not guess (which arguments are secret) can tell."""
         hit = self._cache.get(service)
         if hit is not None and time.monotonic() - hit[0] < TTL:
             self._cache.move_to_end(service)
-            return hit[1]
+            return True, hit[1]
         try:
             answer = await mmi(client, "show_tasks", service=service)
         except Exception:
-            return hit[1] if hit is not None else None  # the broker will judge it
+            # The broker will judge a job's arguments itself.
+            return (True, hit[1]) if hit is not None else (False, None)
         tasks = answer.get("tasks") if isinstance(answer, dict) else None
         self._cache[service] = (time.monotonic(), tasks if isinstance(tasks, dict) else None)
         self._cache.move_to_end(service)
         while len(self._cache) > MAX_SERVICES:
             self._cache.popitem(last=False)
-        return self._cache[service][1]
+        return True, self._cache[service][1]
 
 
 async def check_job(schemas: TaskSchemas, client: Any, req: JobRequest) -> None:

@@ -35,6 +35,7 @@ def submit_record(
             uuid=juuid,
             on_event=lambda _: table.changed(juuid),  # wakes the job's SSE streams, if any
             retries=req.retries,
+            backoff=req.backoff,
             priority=req.priority,
             delay=req.delay or None,
             resubmit=resubmit,

@@ -22,7 +22,7 @@ from typing import Any
 from service import JobFuture, final_state
 from service.errors import BackpressureError, BrokerUnavailableError, BusyError, ClosedError, JobError, NoWorkersError
 
-from ..models import Job, JobErrorInfo, JobRequest, JobState
+from ..models import Attempt, Job, JobErrorInfo, JobRequest, JobState
 from .inputs import is_open, pending_input, snapshot
 
 # Errors that mean the fabric refused the job before any worker ran it: a retry of the same
@@ -202,8 +202,27 @@ class JobRecord:
             cancel_requested=self.cancel_requested,
             input_request=request,
             priority=req.priority if req is not None else 5,
-            retries=req.retries if req is not None else 0,
+            retries=req.retries if req is not None else None,
+            attempt=fut.attempt,
+            attempts=[attempt_of(a, tracebacks=tracebacks) for a in fut.attempts],
         )
+
+
+def attempt_of(record: dict[str, Any], *, tracebacks: bool) -> Attempt:
+    """An earlier attempt as the client recorded it (service/client/clientjob.py)."""
+    errors = [str(e) for e in record.get("errors") or []]
+    started, ended = record.get("started"), record.get("completed") or record.get("ended")
+    after = record.get("retry_after")
+    return Attempt(
+        attempt=int(record.get("attempt", 1)),
+        worker=record.get("worker"),
+        status=str(record.get("status", "error")),
+        error=record.get("error"),
+        errors=errors if tracebacks else [_last_line(e) for e in errors],
+        started_at=_when(started) if isinstance(started, int | float) else None,
+        finished_at=_when(ended) if isinstance(ended, int | float) else None,
+        retry_after=float(after) if isinstance(after, int | float) else None,
+    )
 
 
 def without_tracebacks(results: dict[str, Any]) -> dict[str, Any]:

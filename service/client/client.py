@@ -22,6 +22,7 @@ from typing import Any
 from ..core import ids, payloads
 from ..core import protocol as nfp
 from ..core.keepalive import Clock, KeepAlive
+from ..core.retries import MAX_RETRIES, Backoff, read_backoff
 from ..core.states import final_state
 from ..errors import (
     BusyError,
@@ -152,11 +153,12 @@ class Client(ClientSession):
         *,
         on_event: EventCallback | None = None,
         uuid: str | None = None,
-        retries: int = 0,
+        retries: int | None = None,
         priority: int | None = None,
         delay: float | None = None,
         not_before: float | None = None,
         resubmit: bool = False,
+        backoff: float | Backoff | None = None,
     ) -> JobFuture:
         """Queue a job; the returned future resolves to {worker name: result entry}.
 
@@ -165,7 +167,10 @@ class Client(ClientSession):
         first, default 5) orders the broker's queue; `delay` seconds or `not_before` (an epoch
         time) hold the job there until then; `timeout` counts from then.
         With `retries` (target "any" only), a job whose worker is lost runs again on
-        another worker, with its attempt number; a late result of the lost attempt is dropped.
+        another worker, with its attempt number; a late result of the lost attempt is dropped;
+        and an attempt whose task raised runs again after a wait (`backoff`: seconds, doubling,
+        or a Backoff), for the exceptions its task's `retry_on` names. Without `retries` the
+        task's own declaration (`@task(retries=...)`) says; `retries=0` asks for none.
         `resubmit` sends again a job (same uuid) a broker admitted before, e.g. after a restart
         of this process: its service counts as known, and a refusal means its outcome is unknown.
         """
@@ -175,7 +180,12 @@ class Client(ClientSession):
             raise ValueError("priority must be from 0 to 9")
         if delay is not None and delay < 0:
             raise ValueError("delay must not be negative")
-        body = payloads.post_body(task, args, kwargs, timeout=timeout, push=self.push, ack=self.acks)
+        if retries is not None and not 0 <= retries <= MAX_RETRIES:
+            raise ValueError(f"retries must be from 0 to {MAX_RETRIES}")
+        schedule = read_backoff(backoff).as_dict() if backoff is not None else None
+        body = payloads.post_body(
+            task, args, kwargs, timeout=timeout, push=self.push, ack=self.acks, retries=retries, backoff=schedule
+        )
         target = (json.dumps(workers) if isinstance(workers, list) else workers).encode()
         fields: dict[str, Any] = {"push": self.push, "ack": self.acks, "task": task, "timeout": timeout}
         if self.queued_notice > 0:
@@ -191,7 +201,15 @@ class Client(ClientSession):
         if resubmit:
             fields["known"] = True
         fut = self._submit(
-            service.encode(), target, body, timeout, uuid=uuid, on_event=on_event, retries=retries, fields=fields
+            service.encode(),
+            target,
+            body,
+            timeout,
+            uuid=uuid,
+            on_event=on_event,
+            retries=retries or 0,
+            fields=fields,
+            follow_task=retries is None,
         )
         if resubmit and (job := self._jobs.get(fut.uuid)) is not None:
             job.resubmitted = True
@@ -318,6 +336,7 @@ class Client(ClientSession):
         retries: int = 0,
         expected: set[str] | None = None,
         fields: dict[str, Any] | None = None,
+        follow_task: bool = False,
     ) -> JobFuture:
         if not self._started:
             self.start()
@@ -333,6 +352,7 @@ class Client(ClientSession):
         job = ClientJob(juuid, service, target, body, flags, fut, now + timeout, now, mmi=mmi, retries_left=retries)
         job.expected = expected  # known already when recovering a job by GET
         job.fields = fields
+        job.follow_task = follow_task
         job.size = len(body)
         with self._lock:
             if juuid in self._jobs:

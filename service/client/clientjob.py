@@ -18,6 +18,8 @@ from ..core import payloads
 from ..core import protocol as nfp
 from ..core.lazy import lazy
 from ..core.payloads import Word
+from ..core.retries import MAX_BACKOFF
+from ..core.schemacheck import is_number
 from ..core.states import State, final_state
 from ..errors import (
     BadRequestError,
@@ -34,6 +36,11 @@ from ..errors import (
 _ADMISSION_LOCK = threading.Lock()
 MAX_EVENTS_PER_JOB = 1000
 MAX_EVENT_BYTES_PER_JOB = 1024 * 1024  # events a future holds, in bytes: older ones make room
+# A job submitted without `retries` keeps a body this small after its dispatch, so that a failed
+# attempt its task declares retries for can be sent again; a larger one is let go of (a 10 MB
+# argument need not wait out its job twice), and submit(retries=N) keeps any.
+KEEP_BODY_BYTES = 64 * 1024
+MAX_ATTEMPT_ERROR = 4096  # characters of each error an earlier attempt's record keeps
 _REFUSAL_ERRORS: dict[bytes, type[JobError]] = {
     nfp.ST_NOT_FOUND: NoWorkersError,
     nfp.ST_BUSY: BusyError,
@@ -48,7 +55,9 @@ class JobFuture(Future[Any]):
     `state` and `reason` follow the job (core/states.py); `admission` resolves once the broker
     took the job ("queued" or "dispatched") or raises why it would not. `events` holds the job's
     events as they arrive (bounded in count and bytes); `chunks` the stream chunks of a
-    streaming job, bounded by its credit window.
+    streaming job, bounded by its credit window. `attempt` is the attempt that runs (or ran
+    last) and `attempts` what each earlier one ended with (its worker, error, times, the wait
+    before the next), for a job that was retried.
     """
 
     def __init__(self, uuid: str, stream_window: int = 0, max_events: int = MAX_EVENTS_PER_JOB) -> None:
@@ -68,6 +77,8 @@ class JobFuture(Future[Any]):
         self.chunks: queue.Queue[bytes] | None = queue.Queue(maxsize=stream_window + 1) if stream_window else None
         self.worker: str | None = None  # the one worker running it, once known (202 or first event)
         self.dispatched: list[str] | None = None  # every worker the broker sent it to (from 202)
+        self.attempt = 1  # the attempt that runs (or ran last): 2, 3... once retried
+        self.attempts: list[dict[str, Any]] = []  # each earlier attempt: its worker, error, times, wait
         self.add_done_callback(self._notify)
 
     @property
@@ -158,6 +169,8 @@ class ClientJob:
     fields: dict[str, Any] | None = None  # what its flags frame says (rebuilt when it is POSTed again)
     recheck: bool = False  # the broker came back: re-establish it at the next check
     resubmitted: bool = False  # POSTed again after the broker came back: the job may have run before
+    follow_task: bool = False  # no `retries` asked: a failed attempt runs again as its task declares
+    results_size: int = 0  # bytes of this attempt's result payloads (let go of when it is retried)
 
     @property
     def timeout(self) -> float:
@@ -178,7 +191,72 @@ class ClientJob:
         if not self.lost or self.retries_left <= 0 or self.target != b"any":
             return False
         self.retries_left -= 1
+        names = ", ".join(sorted(self.lost))
+        self._remember({"worker": names, "status": "lost", "error": f"worker {names} was lost while running it"})
+        self._next_attempt()
+        return True
+
+    def retry_failed(self, now: float, epoch: float) -> bool:
+        """After an attempt that failed and whose worker said it may run again (its entry's
+        `retry`): True, and the job reset for the next attempt, which the broker holds for the wait
+        the worker named (flags `not_before`) and whose timeout counts from then. False when the
+        job ends here: no wait named, no retries left, or no body kept to send again. `now` is
+        the client's monotonic clock, `epoch` the wall clock."""
+        if self.mmi or self.target != b"any" or len(self.results) != 1 or self.lost or self.refused is not None:
+            return False
+        entry = next(iter(self.results.values()))
+        hint = entry.get("retry") if isinstance(entry, dict) and entry.get("failed") else None
+        after = hint.get("after") if isinstance(hint, dict) else None
+        if not is_number(after) or not 0 <= after <= MAX_BACKOFF or self.attempt >= payloads.MAX_ATTEMPT:
+            return False
+        assert isinstance(entry, dict) and isinstance(hint, dict)
+        if not self.body or self.fields is None:
+            # Let go of after the dispatch (a large body and no `retries` asked): it cannot be sent again.
+            hint["not_sent"] = (
+                f"the client no longer held the request (it keeps {KEEP_BODY_BYTES} bytes at most "
+                "unless the job is submitted with retries)"
+            )
+            return False
+        if not self.follow_task:
+            if self.retries_left <= 0:
+                hint["not_sent"] = "no retries left"
+                return False
+            self.retries_left -= 1
+        worker = next(iter(self.results))
+        self._remember(
+            {
+                "worker": worker,
+                "status": str(entry.get("status", "error")),
+                "error": _one_line(entry),
+                "errors": [str(e)[:MAX_ATTEMPT_ERROR] for e in (entry.get("errors") or [])[:3]],
+                "started": (entry.get("timestamps") or {}).get("started"),
+                "completed": (entry.get("timestamps") or {}).get("completed"),
+                "retry_after": float(after),
+            }
+        )
+        self.size -= self.results_size
+        self.future.result_bytes -= self.results_size
+        self.results_size = 0
+        fields = {k: v for k, v in self.fields.items() if k != "known"}
+        fields["not_before"] = round(epoch + float(after), 3)
+        self.fields = fields
+        self.flags = nfp.dumps(fields)
+        self.deadline = now + float(after) + self.timeout
+        self._next_attempt()
+        return True
+
+    def _remember(self, record: dict[str, Any]) -> None:
+        """An attempt that ended and runs again: kept in the future's `attempts` (bounded in bytes)."""
+        fut = self.future
+        record = {"attempt": self.attempt, **record, "ended": time.time()}
+        size = len(nfp.dumps(record))
+        fut.attempts.append(record)
+        fut.result_bytes += size
+        self.size += size
+
+    def _next_attempt(self) -> None:
         self.attempt += 1
+        self.future.attempt = self.attempt
         self.body = payloads.with_attempt(self.body, self.attempt)
         self.expected = None
         self.results, self.statuses, self.lost, self.refused = {}, {}, set(), None
@@ -188,7 +266,6 @@ class ClientJob:
         self.future.worker = None
         self.future.dispatched = None
         self.future.state = State.QUEUED
-        return True
 
     @property
     def pending(self) -> set[str]:
@@ -239,11 +316,12 @@ class ClientJob:
                 fut.dispatched = sorted(self.expected)
                 if len(workers) == 1:
                     fut.worker = str(workers[0])
-                if self.retries_left <= 0:
+                if self.retries_left <= 0 and not (self.follow_task and len(self.body) <= KEEP_BODY_BYTES):
                     # Dispatched, and never to be POSTed again: from here on a quiet job is polled
                     # with GET and a returning broker is asked the same way, so the encoded body
                     # (a 10 MB argument is 10 MB here) need not wait out the job beside the
-                    # caller's own arguments. A job with retries keeps it for its next attempt.
+                    # caller's own arguments. A job with retries keeps it for its next attempt,
+                    # and so does a small one whose task may declare retries.
                     self.size -= len(self.body)
                     self.body = b""
             fut.admitted("dispatched")
@@ -292,6 +370,7 @@ class ClientJob:
         if self.expected is not None and not set(payload) <= self.expected:
             return False  # a late answer from a worker this job no longer waits on: discard it
         self.size += len(reply.payload)
+        self.results_size += len(reply.payload)
         fut.result_bytes += len(reply.payload)
         for worker, entry in payload.items():
             if self.attempt > 1 and isinstance(entry, dict):
@@ -334,6 +413,16 @@ class ClientJob:
             self.refused.results = self.results  # what did arrive, as every JobError carries
             return None, self.refused
         return self.results, None
+
+
+def _one_line(entry: dict[str, Any]) -> str:
+    """A failed entry's error in one line: its last message, else its traceback's last line."""
+    for key in ("messages", "errors"):
+        texts = [str(t) for t in entry.get(key) or [] if t]
+        if texts:
+            lines = texts[-1].strip().splitlines()
+            return (lines[-1] if lines else "")[:MAX_ATTEMPT_ERROR]
+    return str(entry.get("status", "failed"))
 
 
 def outcome_of(result: dict[str, Any] | None, error: BaseException | None) -> str:

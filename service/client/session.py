@@ -12,6 +12,7 @@ import logging
 import queue
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -249,6 +250,9 @@ class ClientSession:
         before = job.size
         try:
             done = job.apply(reply, self.clock())
+            lost = done and job.retry()
+            # A failed attempt its worker says may run again: the broker holds the next one for the wait.
+            again = lost or (done and job.retry_failed(self.clock(), time.time()))
         except ValueError as exc:
             self.counts["rejected_frames"] += 1
             log.warning("client %s: unreadable reply for job %s: %s", self.name, uuid, exc)
@@ -256,8 +260,9 @@ class ClientSession:
         if job.size != before:
             with self._lock:
                 self._bytes += job.size - before
-        if done and job.retry():
-            log.info("client %s: job %s lost its worker; attempt %d", self.name, uuid, job.attempt)
+        if again:
+            why = "lost its worker" if lost else "failed"
+            log.info("client %s: job %s %s; attempt %d", self.name, uuid, why, job.attempt)
             wire = job.wire_uuid.encode()
             self.loop.send_now(nfp.client_request(nfp.POST, job.service, job.target, wire, job.body, job.flags))
         elif done:

@@ -17,6 +17,7 @@ from typing import Any, Final
 
 from .errors import ProtocolError
 from .protocol import Frame, dumps, loads
+from .retries import MAX_RETRIES, Backoff, read_backoff
 from .schemacheck import is_number
 
 # ---- job uuids ----------------------------------------------------------------------
@@ -25,6 +26,10 @@ ATTEMPT_SEP: Final = "~"
 MAX_JOB_UUID: Final = 100
 """Characters a job uuid may have. Its wire form adds `~N` for attempt N ≥ 2 and stays within
 MAX_UUID_BYTES (128), the bound every decoder checks."""
+
+
+MAX_ATTEMPT: Final = 10_000
+"""The highest attempt number a POST body may carry (a job lost again and again, or retried)."""
 
 
 def check_job_uuid(uuid: str) -> None:
@@ -89,8 +94,11 @@ def post_body(
     timeout: float | None = None,
     push: bool | None = None,
     ack: bool | None = None,
+    retries: int | None = None,
+    backoff: dict[str, float] | None = None,
 ) -> bytes:
-    """A POST body: NorFab's `task`, `args`, `kwargs`, plus zfab's `timeout`, `push`, `ack` when given."""
+    """A POST body: NorFab's `task`, `args`, `kwargs`, plus zfab's `timeout`, `push`, `ack`,
+    `retries` and `backoff` (the job's own retry policy) when given."""
     body: dict[str, Any] = {"task": task, "args": args or [], "kwargs": kwargs or {}}
     if timeout is not None:
         body["timeout"] = timeout
@@ -98,6 +106,10 @@ def post_body(
         body["push"] = push
     if ack is not None:
         body["ack"] = ack
+    if retries is not None:
+        body["retries"] = retries
+    if backoff is not None:
+        body["backoff"] = backoff
     return dumps(body)
 
 
@@ -118,6 +130,9 @@ class PostBody:
     timeout: float | None
     push: bool
     ack: bool
+    attempt: int = 1
+    retries: int | None = None  # the job's own count of retries (None: as its task declares)
+    backoff: Backoff | None = None  # the job's own schedule (None: as its task declares)
 
 
 def read_post_body(raw: Frame) -> PostBody:
@@ -135,6 +150,19 @@ def read_post_body(raw: Frame) -> PostBody:
         raise ProtocolError("json", "bad request body: args must be a JSON list and kwargs a JSON object")
     if timeout is not None and (not is_number(timeout) or timeout <= 0):
         raise ProtocolError("json", "bad request body: timeout must be a positive number of seconds")
+    attempt = body.get("attempt", 1)
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or not 1 <= attempt <= MAX_ATTEMPT:
+        raise ProtocolError("json", f"bad request body: attempt must be a whole number from 1 to {MAX_ATTEMPT}")
+    retries = body.get("retries")
+    if retries is not None and (
+        isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES
+    ):
+        raise ProtocolError("json", f"bad request body: retries must be a whole number from 0 to {MAX_RETRIES}")
+    backoff = body.get("backoff")
+    try:
+        schedule = read_backoff(backoff) if backoff is not None else None
+    except (ValueError, TypeError) as exc:
+        raise ProtocolError("json", f"bad request body: {exc}") from None
     return PostBody(
         task=str(body.get("task", "")),
         args=args,
@@ -142,6 +170,9 @@ def read_post_body(raw: Frame) -> PostBody:
         timeout=float(timeout) if timeout is not None else None,
         push=bool(body.get("push", False)),
         ack=bool(body.get("ack", True)),
+        attempt=attempt,
+        retries=retries,
+        backoff=schedule,
     )
 
 

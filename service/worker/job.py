@@ -15,6 +15,7 @@ from ..core.lazy import lazy
 from ..core.payloads import iso
 from ..core.schemacheck import check as check_schema
 from ..errors import JobCancelledError, JobTimeoutError
+from .task import RetryPolicy
 
 _ACK_LOCK = threading.Lock()  # short: one lock for every job's claim and 201 gate
 
@@ -38,7 +39,8 @@ _FINAL = frozenset((JobState.COMPLETED, JobState.FAILED))
 
 @dataclass(slots=True, eq=False)
 class Job:
-    """Task code receives this when it declares a parameter annotated `Job`."""
+    """Task code receives this when it declares a parameter annotated `Job`. `job.attempt` says
+    which attempt runs (1, then 2, 3... when a failed one runs again), of `job.attempts`."""
 
     uuid: str
     client: bytes
@@ -58,6 +60,8 @@ class Job:
     result_payload: bytes = b""
     event_seq: int = 0
     queued_s: float = 0.0  # how long the broker held it before sending (its meta frame says)
+    attempt: int = 1  # which attempt of the job this is (a retried job's second is 2)
+    retry: RetryPolicy | None = None  # when a failed attempt runs again (the task's declaration, the job's ask)
     _ack_gate: int = 2  # the 201 goes once the job is both stored and started (see ack_ready)
     on_cancel: Callable[[], None] | None = None  # an async task's: cancels its coroutine
     emit: Callable[[Job, dict[str, Any]], None] | None = None
@@ -69,6 +73,11 @@ class Job:
     _input_value: Any = None
     _input_ready: bool = False
     _claimed: bool = False
+
+    @property
+    def attempts(self) -> int:
+        """How many attempts the job may have in all (1 without retries)."""
+        return 1 + (self.retry.retries if self.retry is not None else 0)
 
     @property
     def cancel_event(self) -> threading.Event:

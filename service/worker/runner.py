@@ -192,16 +192,18 @@ class JobRunner:
         spec = self.tasks[job.task]
         result: Any = None
         outcome: tuple[str, list[str], list[str]] = (Outcome.COMPLETED, [], [])
+        retry: dict[str, Any] | None = None
         t0 = time.monotonic()
         try:
             result = spec.fn(**kwargs)
         except Exception as exc:
             outcome = self._failed(job, exc)
+            retry = self._retry(job, exc)
         took = time.monotonic() - t0
         self.task_stats[job.task].run.observe(took)
         # Each pool thread writes it; a lost update between two of them costs nothing.
         self.run_time = took if not self.run_time else 0.9 * self.run_time + 0.1 * took
-        self.complete(job, nfp.ST_OK, result, *outcome)
+        self.complete(job, nfp.ST_OK, result, *outcome, retry=retry)
 
     async def run_async(self, job: Job) -> None:
         """Event loop: the same for an `async def` task; its deadline and DELETE cancel the coroutine."""
@@ -213,6 +215,7 @@ class JobRunner:
         spec = self.tasks[job.task]
         result: Any = None
         outcome: tuple[str, list[str], list[str]] = (Outcome.COMPLETED, [], [])
+        retry: dict[str, Any] | None = None
         t0 = time.monotonic()
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
@@ -232,10 +235,11 @@ class JobRunner:
             outcome = (Outcome.TIMEOUT, [f"job {job.uuid} ran past its {job.timeout} s deadline"], [])
         except Exception as exc:
             outcome = self._failed(job, exc)
+            retry = self._retry(job, exc)
         finally:
             job.on_cancel = None
         self.task_stats[job.task].run.observe(time.monotonic() - t0)
-        self.complete(job, nfp.ST_OK, result, *outcome)
+        self.complete(job, nfp.ST_OK, result, *outcome, retry=retry)
 
     async def _contact_async(self, job: Job) -> bool:
         # The event loop must not block on the contact event: look again every 50 ms (rare path).
@@ -285,8 +289,28 @@ class JobRunner:
         tb = "".join(traceback.format_exception(exc))
         return Outcome.ERROR, [tb], [f"{type(exc).__name__}: {exc}"]
 
+    @staticmethod
+    def _retry(job: Job, exc: Exception) -> dict[str, Any] | None:
+        """The result entry's `retry`: this failed attempt may run again, after `after` seconds (its
+        client sends it to the broker with that delay). None when it may not."""
+        policy = job.retry
+        if policy is None:
+            return None
+        after = policy.after(job.attempt, exc)
+        if after is None:
+            return None
+        return {"after": after, "attempt": job.attempt + 1, "attempts": job.attempts}
+
     def complete(
-        self, job: Job, code: bytes, result: Any, status: str, errors: list[str], messages: list[str] | None = None
+        self,
+        job: Job,
+        code: bytes,
+        result: Any,
+        status: str,
+        errors: list[str],
+        messages: list[str] | None = None,
+        *,
+        retry: dict[str, Any] | None = None,
     ) -> None:
         job.completed_at = time.time()
         # A job that ends before it starts (cancelled, expired, bad arguments, dropped) still holds
@@ -307,6 +331,10 @@ class JobRunner:
             started=job.started_at,
             completed=job.completed_at,
         )
+        if job.attempt > 1:
+            entry["attempt"] = job.attempt
+        if retry is not None:
+            entry["retry"] = retry
         try:
             payload = nfp.dumps({self.name: entry})
         except (TypeError, ValueError, RecursionError) as exc:  # a result JSON cannot carry

@@ -3,15 +3,51 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar, get_type_hints
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from ..core.retries import MAX_RETRIES, Backoff, read_backoff
+from ..errors import JobCancelledError, JobTimeoutError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _TASK_ATTR = "__zfab_task__"
+_DECLARATION_ATTR = "__zfab_declaration__"
+DECLARATION_KEY = "x-zfab"  # where a task's declaration travels in its announced argument schema
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """When a failed attempt of a task runs again: up to `retries` more times, for exceptions of
+    the `retry_on` types, after the `backoff` schedule's wait."""
+
+    retries: int
+    backoff: Backoff = field(default_factory=Backoff)
+    retry_on: tuple[type[BaseException], ...] = (Exception,)
+
+    def after(self, attempt: int, exc: BaseException) -> float | None:
+        """Seconds to wait before attempt `attempt` + 1, or None when attempt `attempt` was the last
+        (or `exc` is not one to retry: a cancel or a deadline never is)."""
+        if attempt > self.retries or isinstance(exc, JobCancelledError | JobTimeoutError):
+            return None
+        if not isinstance(exc, self.retry_on):
+            return None
+        return self.backoff.delay(attempt)
+
+    def for_job(self, retries: int | None, backoff: Backoff | None) -> RetryPolicy:
+        """This policy as one job asks it: its own count of retries and schedule, where it gives them."""
+        return RetryPolicy(self.retries if retries is None else retries, backoff or self.backoff, self.retry_on)
+
+
+@dataclass(frozen=True, slots=True)
+class Declaration:
+    """What `@task(...)` declares beyond the signature (docs: README, "Retries")."""
+
+    retry: RetryPolicy | None = None
+    redact: tuple[str, ...] = ()
 
 
 class TaskArgumentsError(ValueError):
@@ -27,6 +63,15 @@ class TaskSpec:
     job_param: str | None  # the parameter that receives the Job, if any
     description: str
     is_async: bool = False  # an `async def` task: runs on the worker's event loop, not a pool thread
+    declaration: Declaration = field(default_factory=Declaration)
+
+    def retry_policy(self, retries: int | None = None, backoff: Backoff | None = None) -> RetryPolicy | None:
+        """How a failed attempt of one job runs again: the task's declaration, with what the job
+        asks (`retries`, `backoff`) in its place; None when neither asks for retries."""
+        declared = self.declaration.retry
+        if declared is None:
+            return None if not retries else RetryPolicy(retries, backoff or Backoff())
+        return declared.for_job(retries, backoff)
 
     def bind(self, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
         """Validate args and kwargs; return keyword arguments ready for the call."""
@@ -53,17 +98,93 @@ class TaskSpec:
         return {
             "name": self.name,
             "description": self.description,
-            "inputSchema": self.model.model_json_schema(),
+            "inputSchema": self.input_schema(),
         }
 
+    def input_schema(self) -> dict[str, Any]:
+        """The JSON schema of the task's arguments, with its declaration (retries, redacted fields)
+        under `x-zfab` when it has one: what READY announces and list_tasks shows."""
+        schema = self.model.model_json_schema()
+        declared = self.declared()
+        if declared:
+            schema[DECLARATION_KEY] = declared
+        return schema
 
-def task(fn: F) -> F:
+    def declared(self) -> dict[str, Any]:
+        """The declaration as JSON: only what the task declares."""
+        decl = self.declaration
+        out: dict[str, Any] = {}
+        if decl.retry is not None:
+            out["retries"] = decl.retry.retries
+            out["backoff"] = decl.retry.backoff.as_dict()
+            out["retry_on"] = [t.__name__ for t in decl.retry.retry_on]
+        if decl.redact:
+            out["redact"] = list(decl.redact)
+        return out
+
+
+@overload
+def task(fn: F, /) -> F: ...
+
+
+@overload
+def task(
+    *,
+    retries: int = 0,
+    backoff: float | Backoff | None = None,
+    retry_on: type[BaseException] | Sequence[type[BaseException]] = (Exception,),
+    redact: Sequence[str] = (),
+) -> Callable[[F], F]: ...
+
+
+def task(
+    fn: F | None = None,
+    /,
+    *,
+    retries: int = 0,
+    backoff: float | Backoff | None = None,
+    retry_on: type[BaseException] | Sequence[type[BaseException]] = (Exception,),
+    redact: Sequence[str] = (),
+) -> F | Callable[[F], F]:
     """Mark a Worker method as a task. Parameters annotated `Job` receive the running job.
 
     An `async def` task runs on the worker's event loop (ZFAB_ASYNC_CONCURRENCY at once), not on a
-    pool thread: thousands of jobs that mostly wait cost a coroutine each, not a thread."""
-    setattr(fn, _TASK_ATTR, True)
-    return fn
+    pool thread: thousands of jobs that mostly wait cost a coroutine each, not a thread.
+
+    `@task(retries=3, backoff=Backoff(base=1, factor=2, cap=60), retry_on=(OSError,))`: an attempt
+    that raises one of `retry_on` runs again, up to `retries` more times, after the backoff's wait
+    (seconds: the base of a doubling schedule). `redact=("password",)`: the API shows those
+    arguments as "***" (GET /jobs/{uuid})."""
+    declaration = _declaration(retries, backoff, retry_on, redact)
+
+    def mark(f: F) -> F:
+        setattr(f, _TASK_ATTR, True)
+        if declaration != Declaration():
+            setattr(f, _DECLARATION_ATTR, declaration)
+        return f
+
+    return mark(fn) if fn is not None else mark
+
+
+def _declaration(
+    retries: int,
+    backoff: float | Backoff | None,
+    retry_on: type[BaseException] | Sequence[type[BaseException]],
+    redact: Sequence[str],
+) -> Declaration:
+    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES:
+        raise ValueError(f"@task retries must be a whole number from 0 to {MAX_RETRIES}, not {retries!r}")
+    types = (retry_on,) if isinstance(retry_on, type) else tuple(retry_on)
+    if not types or not all(isinstance(t, type) and issubclass(t, BaseException) for t in types):
+        raise ValueError("@task retry_on must be an exception class or a tuple of them")
+    if isinstance(redact, str):
+        raise ValueError("@task redact must be a tuple of argument names, not one string")
+    policy = None
+    if retries:
+        policy = RetryPolicy(retries, read_backoff(backoff) if backoff is not None else Backoff(), types)
+    elif backoff is not None:
+        raise ValueError("@task backoff without retries: say how many retries the task may have")
+    return Declaration(retry=policy, redact=tuple(str(n) for n in redact))
 
 
 def is_task(obj: object) -> bool:
@@ -95,4 +216,8 @@ def build_spec(name: str, fn: Callable[..., Any], job_type: type) -> TaskSpec:
     )
     doc = inspect.getdoc(fn) or ""
     is_async = inspect.iscoroutinefunction(fn)
-    return TaskSpec(name, fn, model, positional, job_param, doc.split("\n\n")[0], is_async)
+    declaration = getattr(fn, _DECLARATION_ATTR, None) or Declaration()
+    unknown = [n for n in declaration.redact if n not in fields]
+    if unknown:
+        raise TypeError(f"task '{name}': redact names {unknown[0]!r}, which is not one of its arguments")
+    return TaskSpec(name, fn, model, positional, job_param, doc.split("\n\n")[0], is_async, declaration)

@@ -197,7 +197,7 @@ class Worker:
         """READY's extra frame: name, credits and tasks with their argument schemas (docs/protocol.md)."""
         self.credits = self.compute_credits()
         if self._tasks_schema is None:  # made once: pydantic's schemas cost milliseconds
-            self._tasks_schema = {name: spec.model.model_json_schema() for name, spec in self.tasks.items()}
+            self._tasks_schema = {name: spec.input_schema() for name, spec in self.tasks.items()}
         return nfp.dumps({"v": 2, "name": self.name, "credits": self.credits, "tasks": self._tasks_schema})
 
     def on_connected(self) -> None:
@@ -403,6 +403,8 @@ class Worker:
             ack=body.ack,
             request=request,
             queued_s=queued,
+            attempt=body.attempt,
+            retry=self.tasks[task_name].retry_policy(body.retries, body.backoff),
             emit=self.runner.emit,
             stream_out=self.runner.stream_out,
         )

@@ -40,6 +40,14 @@ class DemoWorker(Worker):
         """Raise RuntimeError(message): shows how a failed task reports."""
         raise RuntimeError(message)
 
+    @task(retries=3, retry_on=RuntimeError)
+    def flaky(self, job: Job, failures: int = 2) -> dict[str, int]:
+        """Raise RuntimeError on the first `failures` attempts, then return which attempt succeeded:
+        the task declares 3 retries, 1 s after the first failure and doubling (±10 %)."""
+        if job.attempt <= failures:
+            raise RuntimeError(f"attempt {job.attempt} of {job.attempts} fails on purpose")
+        return {"attempt": job.attempt}
+
     @task
     def progress(self, job: Job, steps: int = 5, delay: float = 0.1) -> dict[str, int]:
         """Emit `steps` progress events, `delay` seconds apart."""

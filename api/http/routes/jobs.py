@@ -15,6 +15,7 @@ from fastapi import APIRouter, Header, Path, Query, Request, Response
 from service import MAX_JOB_UUID
 
 from ...errors import ProblemError
+from ...jobs.arguments import arguments_of
 from ...jobs.filters import JobFilter
 from ...jobs.operations import await_job, cancel_local, known_job, submit
 from ...jobs.recovery import ensure_live
@@ -140,7 +141,9 @@ async def get_job(
     wait: WaitQuery = None,
     prefer: PreferHeader = None,
 ) -> Job:
-    """The job as it stands (`state` says whether it finished). `?wait=N` long-polls until it does."""
+    """The job as it stands (`state` says whether it finished). `?wait=N` long-polls until it does.
+    `arguments` shows what it was asked (its task's secret arguments as `***`); `attempt` and
+    `attempts` the attempts of a retried job, each earlier one with its error."""
     st = api_state(request)
     rec = await known_job(st, uuid)
     if not rec.remote:
@@ -155,6 +158,7 @@ async def get_job(
     scheduler = getattr(request.app.state, "schedules", None)
     if scheduler is not None:
         view.schedule = scheduler.schedule_of(uuid)
+    view.arguments = await arguments_of(st, rec)
     return view
 
 

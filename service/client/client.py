@@ -8,6 +8,7 @@ quiet (a broker restart, a lost frame).
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import json
 import logging
@@ -120,6 +121,19 @@ class Client(ClientSession):
     def close(self) -> None:
         """Stop accepting jobs, flush what is queued (bounded), and fail what is still waiting."""
         self.loop.stop()
+        self._fail_pending()
+
+    async def aclose(self) -> None:
+        """close() from a coroutine: on an AioLoop (transport/aioloop.py) its flush waits without
+        blocking the event loop; another transport is stopped on a worker thread."""
+        astop = getattr(self.loop, "astop", None)
+        if astop is not None:
+            await astop()
+        else:
+            await asyncio.to_thread(self.loop.stop)
+        self._fail_pending()
+
+    def _fail_pending(self) -> None:
         with self._lock:
             jobs = list(self._jobs.values())
             self._jobs.clear()

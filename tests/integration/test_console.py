@@ -124,16 +124,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         f.broker()
         f.worker("demo-1")
         f.worker("demo-2")
+        f.start("secrets-1", "worker", "--worker", "tests.integration.declared_workers:Secrets", "--name", "secrets-1")
         port = free_port()
         f.start("api", "api", "--port", str(port), env={"ZFAB_API_TOKENS": TOKEN})
         base = f"http://127.0.0.1:{port}"
         http = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
 
-        def two_workers() -> bool:
+        def three_workers() -> bool:
             assert http is not None
-            return sum(1 for w in http.get("/mmi/workers").json() if w["alive"]) == 2
+            return sum(1 for w in http.get("/mmi/workers").json() if w["alive"]) == 3
 
-        wait_for(two_workers, 30, what="the API and two demo workers")
+        wait_for(three_workers, 30, what="the API, two demo workers and a secrets worker")
         opts = Options()
         opts.binary_location = chromium
         for arg in (
@@ -267,6 +268,24 @@ def test_the_job_view_streams_events_answers_input_and_submits_again(console: St
     c.find("#input-form button").click()
     c.until(lambda: c.text("#state") == "completed", "the answered job completed")
     assert '"answer": "Ada"' in c.text("#results")
+
+
+def test_a_secret_argument_is_never_in_the_page_nor_sent_again(console: Stack) -> None:
+    c = console
+    body = {"service": "secrets", "task": "login", "kwargs": {"user": "ada", "password": "hunter2"}}
+    job = c.post_job(body, wait=10)
+    c.open(f"/ui/jobs/{job['uuid']}")
+    c.ready()
+    c.until(lambda: "***" in c.text("#args"), "the arguments, redacted")
+    assert "password: secret" in c.text("#args")
+    assert "hunter2" not in c.driver.page_source
+    assert not c.find("#again").is_enabled()  # what it would send again has no password
+    asked = c.http.get(f"/ui/api/jobs/{job['uuid']}/request").json()
+    assert asked["redacted"] == ["password"] and "hunter2" not in json.dumps(asked)
+    c.find("#edit").click()
+    user = "return (document.querySelector('[data-field=\"kwargs.user\"]') || {}).value"
+    c.until(lambda: c.js(user) == "ada", "the form filled but for the secret")
+    assert c.js("return document.querySelector('[data-field=\"kwargs.password\"]').value") == ""
 
 
 def test_a_long_job_is_cancelled_from_its_page(console: Stack) -> None:

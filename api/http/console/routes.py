@@ -1,5 +1,5 @@
-"""The console's routes: `/` (to the console), its five pages, their assets, and the one datum the
-REST API does not show (what a job was submitted with, for "submit again").
+"""The console's routes: `/` (to the console), its five pages, their assets, and what a job was
+submitted with (for "submit again": GET /jobs/{uuid} shows its arguments, not the rest of its request).
 
 Who is served follows the API's own rule (api/http/auth.py). With no token configured only loopback
 peers get anything, the pages and assets included. With tokens the pages and assets are public, for
@@ -17,6 +17,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from service import MAX_JOB_UUID
 
 from ...errors import ProblemError
+from ...jobs.arguments import arguments_of
 from ...jobs.operations import known_job
 from ..auth import Principal, require_auth
 from ..state import api_state
@@ -119,13 +120,17 @@ async def asset(request: Request, name: Annotated[str, Path(max_length=64)]) -> 
 
 @shell.get("/api/jobs/{uuid}/request")
 async def job_request(request: Request, uuid: JobUuid, _: Principal) -> JSONResponse:
-    """What the job was submitted with (the body of POST /jobs), for "submit again"; 404 when the API
-    no longer knows it (a job from before its table kept requests)."""
+    """What the job was submitted with (the body of POST /jobs), for "submit again": its arguments as
+    GET /jobs/{uuid} shows them, so a secret one (`@task(redact=...)`) is `***` here too and `redacted`
+    names it, and none past GET's byte bound (`omitted` says why). 404 when the API does not hold it."""
     st = api_state(request)
     rec = await known_job(st, uuid)
-    if rec.request is None:
+    shown = await arguments_of(st, rec)
+    if rec.request is None or shown is None:
         raise ProblemError(404, "request-unknown", "Request not known", f"the API does not hold what job {uuid} asked")
-    return JSONResponse(rec.request.model_dump(mode="json"), headers={"Cache-Control": "no-store"})
+    body = rec.request.model_dump(mode="json")
+    body.update(args=shown.args, kwargs=shown.kwargs, redacted=shown.redacted, omitted=shown.omitted)
+    return JSONResponse(body, headers={"Cache-Control": "no-store"})
 
 
 router.include_router(shell)

@@ -185,13 +185,15 @@
       const t = await api(`/mmi/services/${enc(req.service)}/tasks`).catch(() => []);
       const names = Object.keys(((t.find((x) => x.name === req.task) || {}).inputSchema || {}).properties || {});
       const values = Object.assign({}, ...(req.args || []).map((v, i) => ({ [names[i]]: v })), req.kwargs || {});
+      for (const name of req.redacted || []) delete values[name]; // secret: shown as *** and asked for again
       await loadTasks(req.service, req.task, values);
       const opts = {
         workers: req.workers === 'any' ? '' : typeof req.workers === 'string' ? req.workers : JSON.stringify(req.workers),
         timeout: req.timeout === 60 ? '' : req.timeout,
         priority: req.priority === 5 ? '' : req.priority,
         delay: req.delay || '',
-        retries: req.retries || '',
+        retries: req.retries ?? '',
+        backoff: req.backoff ?? '',
       };
       for (const [k, v] of Object.entries(opts)) form.elements[k].value = v === undefined ? '' : String(v);
     }
@@ -215,7 +217,7 @@
       if (w) {
         try { req.workers = w.startsWith('[') ? JSON.parse(w) : w; } catch (e) { fieldError(form, 'workers', 'not a JSON list'); bad = true; }
       }
-      for (const name of ['timeout', 'priority', 'delay', 'retries']) {
+      for (const name of ['timeout', 'priority', 'delay', 'retries', 'backoff']) {
         const input = form.elements[name];
         if (input.validity.badInput) { fieldError(form, name, 'not a number'); bad = true; } else if (input.value !== '') req[name] = Number(input.value);
       }

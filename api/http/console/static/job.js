@@ -32,7 +32,8 @@
         ...(ran.length ? fact('ran on', ran.join(', ')) : []),
         ...fact('state', [badge(job.state), job.cancel_requested && !FINAL.has(job.state) ? ' cancel requested' : '']),
         ...(job.reason ? fact('reason', job.reason) : []),
-        ...fact('priority · retries', `${job.priority} · ${job.retries}`),
+        ...fact('priority · retries', `${job.priority} · ${job.retries ?? 'as its task declares'}`),
+        ...(job.attempt > 1 ? fact('attempt', `${job.attempt}, after ${(job.attempts || []).length} that failed (see the history)`) : []),
         ...(request ? fact('timeout · delay', `${request.timeout} s · ${request.delay} s`) : []),
         ...(job.schedule ? fact('schedule', h('a', { href: `${ROOT}/ui/schedules#s-${enc(job.schedule)}`, class: 'mono' }, job.schedule)) : []),
         ...fact('submitted', h('span', { title: job.submitted_at }, fmtTime(sub, true))),
@@ -69,6 +70,10 @@
       for (const e of events) {
         if (e.event_type === 'input_request') add('waiting', e.timestamp, `${e.worker || 'the worker'} asked: ${e.message}`);
         else if (e.event_type === 'input_response') add('running', e.timestamp || null, `${e.worker || 'the worker'}: ${e.message}`);
+      }
+      for (const a of job.attempts || []) {
+        const next = typeof a.retry_after === 'number' ? `; the next attempt waited ${fmtDur(a.retry_after)}` : '';
+        add(a.status === 'lost' ? 'lost' : 'failed', a.finished_at || a.started_at, `attempt ${a.attempt}${a.worker ? ` on ${a.worker}` : ''}: ${a.error || a.status}${next}`);
       }
       if (job.cancel_requested) items.push({ state: 'cancelled', t: null, what: 'cancel requested (DELETE)' });
       if (FINAL.has(job.state)) add(job.state, job.finished_at, job.reason || (job.state === 'completed' ? 'every worker returned' : ''));
@@ -198,8 +203,9 @@
 
     $('#again').addEventListener('click', async () => {
       if (!request) return;
+      const { redacted, omitted, ...body } = request; // the body of POST /jobs, as it was
       try {
-        const fresh = await api('/jobs', { method: 'POST', body: request });
+        const fresh = await api('/jobs', { method: 'POST', body });
         location.assign(`${ROOT}/ui/jobs/${enc(fresh.uuid)}`);
       } catch (e) { report(e); }
     });
@@ -246,9 +252,15 @@
       });
       try {
         request = await api(`/ui/api/jobs/${enc(uuid)}/request`);
-        $('#args').textContent = pretty(Object.assign({ args: request.args, kwargs: request.kwargs },
-          request.workers !== 'any' ? { workers: request.workers } : {}));
-        $('#again').disabled = false;
+        const secret = request.redacted || [];
+        $('#args').replaceChildren(
+          request.omitted ? request.omitted : pretty(Object.assign({ args: request.args, kwargs: request.kwargs },
+            request.workers !== 'any' ? { workers: request.workers } : {})),
+          secret.length ? `\n\n*** ${secret.join(', ')}: secret (its task redacts them)` : '');
+        // A secret or withheld argument is not in the page to send again: the form asks for it instead.
+        const whole = !secret.length && !request.omitted;
+        $('#again').disabled = !whole;
+        if (!whole) $('#again').title = 'Some arguments are not shown here (secret, or too large): use Edit and submit';
         $('#edit').hidden = false;
         renderSummary();
       } catch (e) {

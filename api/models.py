@@ -222,6 +222,13 @@ class Job(BaseModel):
     arguments: JobArguments | None = Field(
         None, description="What the job was asked (GET /jobs/{uuid}; redacted as its task declares)"
     )
+    dead: bool = Field(
+        False,
+        description="A dead letter: it ended failed, expired or lost after the fabric took it, and was not "
+        "submitted again yet (POST /jobs/{uuid}/retry; GET /jobs?dead=true lists them)",
+    )
+    retry_of: str | None = Field(None, description="The job this one submitted again (POST /jobs/{uuid}/retry)")
+    retried_as: str | None = Field(None, description="The job that submitted this one again")
     schedule: str | None = Field(None, description="The schedule that fired it, if one did")
     submitted_at: datetime
     queued_at: datetime | None = Field(None, description="When the broker admitted it to its queue")
@@ -266,6 +273,9 @@ class JobSummary(BaseModel):
     priority: int = 5
     cancel_requested: bool = False
     schedule: str | None = None
+    dead: bool = False
+    retry_of: str | None = None
+    retried_as: str | None = None
 
     @classmethod
     def of(cls, job: Job) -> JobSummary:
@@ -283,6 +293,9 @@ class JobSummary(BaseModel):
             priority=job.priority,
             cancel_requested=job.cancel_requested,
             schedule=job.schedule,
+            dead=job.dead,
+            retry_of=job.retry_of,
+            retried_as=job.retried_as,
         )
 
 

@@ -153,6 +153,9 @@ def show_job(job: dict[str, Any], out: TextIO) -> None:
         ("took", took(job) if _finished_at(job) else None),
         ("cancel requested", "yes" if job.get("cancel_requested") else None),
         ("attempt", job.get("attempt") if (job.get("attempt") or 1) > 1 else None),
+        ("dead letter", "yes (zfab retry submits it again)" if job.get("dead") else None),
+        ("retry of", job.get("retry_of")),
+        ("retried as", job.get("retried_as")),
     ]
     for earlier in job.get("attempts") or []:
         if isinstance(earlier, dict):
@@ -215,6 +218,18 @@ def cmd_result(ns: argparse.Namespace) -> int:
         return 0
     print(f"zfab result: job {ns.uuid} {job.get('state')}" + (f": {why(job)}" if why(job) else ""), file=sys.stderr)
     return EXIT_FAILED
+
+
+def cmd_retry(ns: argparse.Namespace) -> int:
+    """POST /jobs/{uuid}/retry: the dead job again, as a new job; prints the new job's uuid."""
+    if ns.wait is not None and ns.wait < 0:
+        raise UsageError(f"--wait must be 0 or more seconds, got {ns.wait:g}")
+    query = {"wait": f"{ns.wait:g}"} if ns.wait else None
+    job = client_of(ns).call("POST", f"/jobs/{ns.uuid}/retry", query=query, timeout=(ns.wait or 0) + 30)
+    print(job["uuid"])
+    if ns.wait and is_final(job):
+        return 0 if job.get("state") in SUCCESS else EXIT_FAILED
+    return 0
 
 
 def cmd_cancel(ns: argparse.Namespace) -> int:
@@ -317,6 +332,8 @@ def cmd_jobs(ns: argparse.Namespace) -> int:
     if ns.limit < 1:
         raise UsageError(f"--limit must be 1 or more, got {ns.limit}")
     query = {"limit": ns.limit, "state": ns.state, "service": ns.service, "task": ns.task}
+    if ns.dead:
+        query["dead"] = "true"
     items = items_of(client_of(ns).call("GET", "/jobs", query=query))
     # Filtered here as well, so the table is right against an API that does not filter yet.
     items = [
@@ -325,6 +342,7 @@ def cmd_jobs(ns: argparse.Namespace) -> int:
         if (ns.state is None or i.get("state") == ns.state)
         and (ns.service is None or i.get("service") == ns.service)
         and (ns.task is None or i.get("task") == ns.task)
+        and (not ns.dead or i.get("dead"))
     ]
     if ns.json:
         print(json.dumps(items, indent=2))
@@ -380,6 +398,12 @@ def register(sub: Any) -> None:
     r.add_argument("--wait", type=float, default=0.0, help="seconds to wait for it to finish (default 0)")
     r.set_defaults(fn=guarded("result", cmd_result))
 
+    rt = sub.add_parser("retry", help="submit a dead job again (same request) as a new job; prints its uuid")
+    add_api_flags(rt)
+    rt.add_argument("uuid")
+    rt.add_argument("--wait", type=float, help="seconds to wait for the new job (exit 1 if it does not complete)")
+    rt.set_defaults(fn=guarded("retry", cmd_retry))
+
     c = sub.add_parser("cancel", help="cancel a job (through the API)")
     add_api_flags(c)
     c.add_argument("uuid")
@@ -396,6 +420,7 @@ def register(sub: Any) -> None:
     j.add_argument("--state", help="only jobs in this state (completed, failed, running...)")
     j.add_argument("--service", help="only jobs of this service")
     j.add_argument("--task", help="only jobs of this task")
+    j.add_argument("--dead", action="store_true", help="only dead letters: failed, expired or lost, not retried")
     j.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     j.add_argument("--json", action="store_true", help="print the items as JSON")
     j.set_defaults(fn=guarded("jobs", cmd_jobs))

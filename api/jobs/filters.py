@@ -27,6 +27,7 @@ class JobFilter:
     since: datetime | None = None  # submitted at or after
     until: datetime | None = None  # submitted before
     schedule: str | None = None  # jobs this schedule fired
+    dead: bool | None = None  # dead letters only (True), or none of them (False)
 
     def matches(self, view: Job, rec: JobRecord) -> bool:
         """Every field but `schedule`, which the caller resolves through the scheduler or the store."""
@@ -40,6 +41,8 @@ class JobFilter:
             return False
         if self.since is not None and view.submitted_at < aware(self.since):
             return False
+        if self.dead is not None and view.dead != self.dead:
+            return False
         return self.until is None or view.submitted_at < aware(self.until)
 
     def sql(self, params: dict[str, Any]) -> list[LiteralString]:
@@ -52,6 +55,7 @@ class JobFilter:
             ("j.submitted_at >= %(since)s", "since", aware(self.since).timestamp() if self.since else None),
             ("j.submitted_at < %(until)s", "until", aware(self.until).timestamp() if self.until else None),
             ("s.schedule_id = %(schedule)s", "schedule", self.schedule),
+            ("coalesce((j.job::jsonb->>'dead')::boolean, false) = %(dead)s", "dead", self.dead),
         ]
         where: list[LiteralString] = []
         for cond, key, value in fields:

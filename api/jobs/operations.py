@@ -15,7 +15,7 @@ from service.errors import BadRequestError, JobNotFoundError, JobTimeoutError, Z
 
 from ..errors import ProblemError, admission_problem, database_unavailable, from_fabric_error, unavailable
 from ..fabric import wait_done
-from ..models import InputAnswer, Job, JobRequest
+from ..models import InputAnswer, Job, JobRequest, JobState
 from ..state import ApiState
 from .admission import check_job
 from .recovery import ensure_live
@@ -29,7 +29,7 @@ INPUT_TIMEOUT = 10.0
 
 
 async def submit(
-    st: ApiState, req: JobRequest, uuid: str | None, fp: str, bound: float | None
+    st: ApiState, req: JobRequest, uuid: str | None, fp: str, bound: float | None, *, retry_of: str | None = None
 ) -> tuple[JobRecord, bool]:
     """POST /jobs: submit the job (or find the one its Idempotency-Key names: `uuid` and the request's
     fingerprint `fp`), wait until the broker admitted it and, with a `bound`, up to that long for its
@@ -62,7 +62,7 @@ async def submit(
     if rec is None or fresh:
         try:
             await check_job(st.schemas, st.client, req)
-            rec = submit_record(st, req, uuid, fp, persist=not deferred)
+            rec = submit_record(st, req, uuid, fp, persist=not deferred, retry_of=retry_of)
         except Exception:
             if claimed and uuid is not None and cluster is not None:
                 await cluster.release(uuid)
@@ -171,6 +171,40 @@ def _conflict(uuid: str, slug: str, title: str, detail: str) -> ProblemError:
     return ProblemError(409, slug, title, detail, job=uuid)
 
 
+async def retry_job(st: ApiState, rec: JobRecord, bound: float | None) -> JobRecord:
+    """POST /jobs/{uuid}/retry: submit a finished job that did not complete again, with the same
+    request, as a new job linked to it (`retry_of`, and the old one's `retried_as`). The new job
+    as it stands once admitted, or once it ended within `bound` seconds."""
+    uuid = rec.uuid
+    view = rec.view()
+    if not view.state.finished:
+        raise _conflict(
+            uuid, "job-not-finished", "Job not finished", f"job {uuid} is {view.state.value}: it may still end well"
+        )
+    if view.state is JobState.completed:
+        raise _conflict(
+            uuid, "job-completed", "Job completed", f"job {uuid} completed: submit a new job to run it again"
+        )
+    again = rec.retried_as or view.retried_as
+    if again is not None or rec.retrying:
+        detail = f"job {uuid} was submitted again already" + (f", as job {again}" if again else "")
+        raise ProblemError(409, "job-retried", "Job retried already", detail, job=again or uuid)
+    if rec.request is None:
+        raise _conflict(
+            uuid, "no-request", "Request not kept", f"the API does not hold what job {uuid} was submitted with"
+        )
+    rec.retrying = True  # a second retry arriving while this one awaits the broker is refused, not run twice
+    try:
+        new, _ = await submit(st, rec.request, None, "", None, retry_of=uuid)
+    finally:
+        rec.retrying = False
+    rec.retried_as = new.uuid
+    st.jobs.touch(uuid)  # its row now says who took over (and that it is no dead letter any more)
+    if bound is not None:
+        new = await await_job(st, new, bound)
+    return new
+
+
 async def input_local(st: ApiState, rec: JobRecord, answer: InputAnswer) -> Job:
     """Answer the input request of a job this replica holds (its own POST, or one another replica forwarded)."""
     uuid = rec.uuid
@@ -212,6 +246,7 @@ __all__ = [
     "cancel_local",
     "input_local",
     "known_job",
+    "retry_job",
     "submit",
     "submit_record",
     "wait_for_job",

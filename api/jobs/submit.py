@@ -15,11 +15,19 @@ from .table import JobRecord
 
 
 def submit_record(
-    st: ApiState, req: JobRequest, uuid: str | None, fp: str, *, resubmit: bool = False, persist: bool = True
+    st: ApiState,
+    req: JobRequest,
+    uuid: str | None,
+    fp: str,
+    *,
+    resubmit: bool = False,
+    persist: bool = True,
+    retry_of: str | None = None,
 ) -> JobRecord:
     """Submit a job to the fabric and remember it in the table (POST /jobs, schedules, recovery).
 
-    `persist=False`: not written until it changes (an event, its end) or the caller touches it."""
+    `persist=False`: not written until it changes (an event, its end) or the caller touches it.
+    `retry_of`: the dead job this one submits again (POST /jobs/{uuid}/retry)."""
     if not st.client.broker_alive:
         raise unavailable(f"the broker at {st.client.broker} is not answering; retry shortly")
     juuid = uuid or new_job_uuid()
@@ -42,6 +50,6 @@ def submit_record(
         )
     except ZfabError as exc:
         raise from_fabric_error(exc) from None
-    rec = JobRecord(fut.uuid, req.service, req.task, req.workers, fut, fp, req.timeout, request=req)
+    rec = JobRecord(fut.uuid, req.service, req.task, req.workers, fut, fp, req.timeout, request=req, retry_of=retry_of)
     table.add(rec, persist=persist)
     return rec

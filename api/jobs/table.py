@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import threading
 import uuid as uuidlib
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterator
@@ -95,6 +96,9 @@ class JobRecord:
     events_written: int = 0  # events written so far (the seq of the last one)
     event_bytes: int = 0
     final_written: bool = False  # its finished state is committed to the shared store
+    retry_of: str | None = None  # the dead job this one submitted again
+    retried_as: str | None = None  # the job that submitted this one again
+    retrying: bool = False  # POST /jobs/{uuid}/retry is submitting it again right now
     _input: tuple[int, dict[str, Any] | None] = (0, None)  # (events scanned, pending request)
 
     @property
@@ -165,7 +169,14 @@ class JobRecord:
         fut = self.live
         if fut is None:
             assert self.stored is not None, "a job has a future or a stored view"
-            stored = self.stored.model_copy(update={"cancel_requested": self.cancel_requested})
+            retried_as = self.retried_as or self.stored.retried_as
+            stored = self.stored.model_copy(
+                update={
+                    "cancel_requested": self.cancel_requested,
+                    "retried_as": retried_as,
+                    "dead": self.stored.dead and retried_as is None,
+                }
+            )
             if not tracebacks and stored.results:
                 stored.results = without_tracebacks(stored.results)
             return stored
@@ -205,7 +216,20 @@ class JobRecord:
             retries=req.retries if req is not None else None,
             attempt=fut.attempt,
             attempts=[attempt_of(a, tracebacks=tracebacks) for a in fut.attempts],
+            dead=state in DEAD_STATES and self.retried_as is None and not refused_at_admission(fut),
+            retry_of=self.retry_of,
+            retried_as=self.retried_as,
         )
+
+
+DEAD_STATES = frozenset((JobState.failed, JobState.expired, JobState.lost))
+
+
+def refused_at_admission(fut: JobFuture) -> bool:
+    """The broker refused the job before it took it: its POST answered 4xx/503, so the caller knows,
+    and it is no dead letter (a job is one when it ended failed, expired or lost after that)."""
+    admission = fut.admission
+    return admission.done() and admission.exception() is not None
 
 
 def attempt_of(record: dict[str, Any], *, tracebacks: bool) -> Attempt:
@@ -274,6 +298,9 @@ class JobTable:
         self.max_bytes = max_bytes
         self.bytes = 0  # results and events of finished jobs held in memory
         self.loop = loop
+        # The loop's thread (the table is made on it), where the API's client finishes its jobs: a wake-up
+        # from there is a call_soon, not a call_soon_threadsafe and its self-pipe write.
+        self._loop_thread = threading.get_ident()
         self._jobs: OrderedDict[str, JobRecord] = OrderedDict()
         self._seq = 0
         # Reads a job the table let go of from the API's database (set by the persister); None: memory only.
@@ -387,6 +414,9 @@ class JobTable:
         if self.loop is None:
             return
         try:
+            if threading.get_ident() == self._loop_thread:
+                self.loop.call_soon(fn)
+                return
             self.loop.call_soon_threadsafe(fn)
         except RuntimeError:
             pass  # the loop has closed: nobody is left to wake

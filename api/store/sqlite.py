@@ -117,6 +117,8 @@ def record_of(
         stored=stored,
         ran_on=json.loads(workers),
         request=asked,
+        retry_of=stored.retry_of,
+        retried_as=stored.retried_as,
     )
 
 

@@ -3,6 +3,8 @@ tests.integration.declared_workers:Secrets`): not a test module, a service the t
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from service import Worker, task
 
 
@@ -15,3 +17,14 @@ class Secrets(Worker):
     def login(self, user: str, password: str, site: str = "lab") -> dict[str, str]:
         """Pretend to log in; return who and where (never the password)."""
         return {"user": user, "site": site}
+
+
+class Fixable(Worker):
+    """A task that fails until its fault is fixed (the test creates the file it needs)."""
+
+    service = "fixable"
+
+    @task
+    def needs(self, path: str) -> str:
+        """Return the text of the file at `path`; FileNotFoundError until it exists."""
+        return Path(path).read_text()

@@ -161,6 +161,28 @@ def test_submit_prints_a_uuid_and_result_status_and_jobs_read_it_back(stack: Sta
     assert r.rc == 0 and uuid not in r.out
 
 
+def test_jobs_dead_lists_a_failed_job_and_retry_submits_it_again_linked_to_it(stack: Stack) -> None:
+    # Given a job that fails its only attempt
+    old = zfab(["submit", "demo", "flaky", "--kwargs", '{"failures": 1}', "--retries", "0"], stack.env).out.strip()
+    assert zfab(["result", old, "--wait", "10"], stack.env).rc == 1
+    # Then `jobs --dead` lists it, and `status` calls it a dead letter
+    r = zfab(["jobs", "--dead"], stack.env)
+    assert r.rc == 0 and any(line.startswith(old) for line in r.out.splitlines()), r.out
+    assert re.search(r"^dead letter:\s+yes", zfab(["status", old], stack.env).out, re.M)
+    # When `retry` submits it again (the same request: it fails again, so --wait exits 1)
+    r = zfab(["retry", old, "--wait", "10"], stack.env)
+    new = r.out.strip()
+    assert r.rc == 1 and re.fullmatch(r"[0-9a-f]{32}", new) and new != old, r
+    # Then each names the other, and the old one is no dead letter any more
+    assert re.search(rf"^retry of:\s+{old}$", zfab(["status", new], stack.env).out, re.M)
+    assert re.search(rf"^retried as:\s+{new}$", zfab(["status", old], stack.env).out, re.M)
+    listed = zfab(["jobs", "--dead"], stack.env).out
+    assert new in listed and old not in listed
+    # And a second retry of the old one is refused, naming the new one
+    r = zfab(["retry", old], stack.env)
+    assert r.rc == 1 and new in r.err, r
+
+
 def test_result_of_an_unfinished_job_exits_3_and_cancel_stops_it(stack: Stack) -> None:
     uuid = zfab(["submit", "demo", "sleep", "--kwargs", '{"seconds": 30}'], stack.env).out.strip()
     r = zfab(["result", uuid], stack.env)

@@ -17,7 +17,7 @@ from service import MAX_JOB_UUID
 from ...errors import ProblemError
 from ...jobs.arguments import arguments_of
 from ...jobs.filters import JobFilter
-from ...jobs.operations import await_job, cancel_local, known_job, submit
+from ...jobs.operations import await_job, cancel_local, known_job, retry_job, submit
 from ...jobs.recovery import ensure_live
 from ...jobs.table import JobRecord, fingerprint, job_uuid_for_key
 from ...models import Job, JobPage, JobRequest, JobState, JobSummary
@@ -185,6 +185,34 @@ async def cancel_job(uuid: JobUuid, request: Request, _: Principal) -> Job:
     return await cancel_local(st, rec)
 
 
+@router.post(
+    "/{uuid}/retry",
+    operation_id="retry_job",
+    summary="Submit a dead job again, as a new job linked to it",
+    status_code=202,
+    response_model=Job,
+    responses={
+        200: {"model": Job, "description": "The new job finished within the wait bound (any final state)"},
+        202: {"description": "The new job, admitted (queued or running); its `retry_of` names the old one"},
+        **responses(400, 401, 403, 404, 409, 422, 503),
+    },
+)
+async def retry_dead_job(
+    uuid: JobUuid, request: Request, _: Principal, wait: WaitQuery = None, prefer: PreferHeader = None
+) -> Response:
+    """Submit a job that ended failed, expired, lost or cancelled again, with the same request
+    (service, task, arguments, target, timeout, priority, retries), as a new job: 202 with it and
+    its `Location` (200 with `?wait=N` when it ends in time). The new job's `retry_of` names the old
+    one, whose `retried_as` names the new one, and the old one is a dead letter no more
+    (`GET /jobs?dead=true`). 409 when the job has not finished, completed, or was retried already
+    (the problem's `job` names the job that took over)."""
+    st = api_state(request)
+    rec = await known_job(st, uuid)
+    bound = wait_bound(wait, prefer, st.settings.default_wait_max)
+    new = await retry_job(st, rec, bound)
+    return submitted(st, new, True, bound, request.scope.get("root_path", ""), wait is None)
+
+
 StateFilter = Annotated[list[JobState] | None, Query(description="Only jobs in these states (repeat the parameter)")]
 
 
@@ -212,13 +240,17 @@ async def list_jobs(
     until: Annotated[datetime | None, Query(description="Submitted before (ISO 8601)")] = None,
     include: Annotated[Literal["results"] | None, Query(description="`results`: whole jobs, not summaries")] = None,
     schedule: Annotated[str | None, Query(max_length=64, description="Jobs a schedule fired")] = None,
+    dead: Annotated[
+        bool | None,
+        Query(description="`true`: dead letters only (ended failed, expired or lost, not retried); `false`: none"),
+    ] = None,
 ) -> JobPage:
     """The jobs this API submitted (up to ZFAB_JOB_HISTORY of them; across restarts with ZFAB_API_DB),
     newest first, as summaries (no results, no events) unless `include=results`. Pages follow
     `next` (cursor pagination: a page is not shifted by jobs submitted meanwhile)."""
     st = api_state(request)
     before = int(cursor) if cursor is not None else None
-    flt = JobFilter(frozenset(state) if state else None, service, task, worker, since, until, schedule)
+    flt = JobFilter(frozenset(state) if state else None, service, task, worker, since, until, schedule, dead)
     scheduler = getattr(request.app.state, "schedules", None)
     rows: Iterable[tuple[int, JobRecord, str | None]]
     if st.cluster is not None:

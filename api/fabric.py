@@ -9,10 +9,9 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import Future
-from contextlib import suppress
 from typing import Any
 
-from service import Client, JobFuture
+from service import Client, JobFuture, wait_future
 from service.errors import BrokerUnavailableError
 
 MMI_TIMEOUT = 2.0
@@ -20,35 +19,12 @@ METRICS_MMI_TIMEOUT = 1.0
 
 
 async def wait_done(future: Future[Any], timeout: float) -> bool:
-    """Wait up to `timeout` seconds for a future of the client's (a job's, its admission: they
-    complete on the client's owner thread); True when it is done. Never cancels it: a wait that
-    times out, or a caller that hangs up, leaves the future to everyone else.
-
-    One `call_soon_threadsafe` when it completes and an `asyncio.timeout`, instead of
-    `wait_for(shield(wrap_future(...)))`: that made a chained asyncio future, a shield future and a
-    task per wait, and woke the event loop through its self-pipe even for a future already done.
+    """Wait up to `timeout` seconds for a future of the client's (a job's, its admission); True when it
+    is done. Never cancels it: a wait that times out, or a caller that hangs up, leaves the future to
+    everyone else. The API's client runs on this event loop, so its futures complete on this thread
+    and wake their waiter directly (service.transport.wait_future), without call_soon_threadsafe.
     """
-    if future.done():
-        return True
-    if timeout <= 0:
-        return False
-    loop = asyncio.get_running_loop()
-    waiter: asyncio.Future[None] = loop.create_future()
-
-    def wake(_: Future[Any]) -> None:
-        with suppress(RuntimeError):  # the loop has closed: nobody waits any more
-            loop.call_soon_threadsafe(_release, waiter)
-
-    future.add_done_callback(wake)
-    with suppress(TimeoutError):
-        async with asyncio.timeout(timeout):
-            await waiter
-    return future.done()
-
-
-def _release(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():  # (cancelled when the wait timed out or its caller went away)
-        waiter.set_result(None)
+    return await wait_future(future, timeout)
 
 
 async def await_result(future: JobFuture, timeout: float) -> Any:

@@ -19,6 +19,7 @@ from .core.states import State, final_state
 from .core.tuning import tune as tune_process
 from .errors import *  # noqa: F403 - every error class is part of the face
 from .settings import Settings
+from .transport.aioloop import AioTransport, wait_future
 from .worker.job import Job
 from .worker.task import task
 from .worker.worker import Worker
@@ -26,6 +27,7 @@ from .worker.worker import Worker
 __all__ = [
     "MAX_JOB_UUID",
     "MAX_NAME_BYTES",
+    "AioTransport",
     "Backoff",
     "Broker",
     "Client",
@@ -40,5 +42,6 @@ __all__ = [
     "new_job_uuid",
     "task",
     "tune_process",
+    "wait_future",
     *errors.__all__,
 ]

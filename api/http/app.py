@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from service import Client
+from service import AioTransport, Client
 from service.metrics import ClientMetrics, FabricCollector, version
 
 from ..fabric import FabricView
@@ -102,7 +102,12 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             log.info("zfab api: %d jobs from %s", len(table), store.label)
         client_settings = s.model_copy(update={"submit_timeout": min(s.submit_timeout, API_SUBMIT_TIMEOUT)})
         # queued_notice=0: a POST answers with the job's state, so the broker says "queued" at once.
-        client = Client(broker=s.broker, name="api", settings=client_settings, queued_notice=0)
+        # The client's socket is owned by this event loop (service/transport/aioloop.py): a job is
+        # queued from its handler and sent in one pass at the end of the loop's iteration, its replies
+        # read here, so no thread is handed over to and no future bridged between threads.
+        client = Client(
+            broker=s.broker, name="api", settings=client_settings, queued_notice=0, transport=AioTransport()
+        )
         client.start()
         # Merged with the fabric's families: both export zfab_queue_depth, and a family may appear once.
         client_metrics = ClientMetrics(client, registry, register=False)
@@ -156,7 +161,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             if stores.replicas is not None:
                 # After the last write: once deregistered, the other replicas adopt our unfinished jobs.
                 await stores.replicas.stop()
-            await asyncio.to_thread(client.close)  # flushes within the loop's linger bound
+            await client.aclose()  # flushes within the loop's linger bound, without blocking the loop
             await stores.close()
             log.info("zfab api: fabric client closed")
 

@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from collections import Counter, OrderedDict
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -30,6 +31,7 @@ from .dispatcher import Dispatcher
 from .jobqueue import NAMED, Spot
 from .memory import MemoryKeeper, glibc_trim
 from .mmi import MmiService
+from .paused import PausedServices
 from .registry import Registry, ServiceRecord, WorkerRecord
 from .workerside import WorkerSide
 
@@ -92,6 +94,9 @@ class Broker(WorkerSide):
             self, name="broker", outbound_size=s.outbound_queue_size, submit_timeout=s.submit_timeout, linger=1.0
         )
         self.dispatch = Dispatcher(self.registry, s, reply=self.reply, send=self.send, counts=self.counts, clock=clock)
+        # Paused service queues: kept in the data directory, read by start() (paused.py).
+        self.paused = PausedServices(Path(s.data_dir) / "broker", s.max_services)
+        self.dispatch.paused = self.paused
         self.mmi = MmiService(self)
 
     # ---- lifecycle (any thread) ------------------------------------------------
@@ -110,6 +115,7 @@ class Broker(WorkerSide):
             assert s.curve_clients is not None
             self.zap = ZapHandler(self.loop.context, s.curve_clients)
             self.zap.start()
+        self.paused.load()
         self.loop.start()
         log.debug("broker listening on %s%s", self.bound_endpoint, " (CURVE)" if curve else "")
         return self

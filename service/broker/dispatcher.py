@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import TYPE_CHECKING, Any
 
 from ..core import payloads
@@ -63,6 +63,8 @@ class Dispatcher:
         # "queued" notices a client asked to have only if its job still waits by then: (due, seq,
         # job). Entries of jobs dispatched meanwhile go when due; past MAX_NOTICES, told at once.
         self.notices: list[tuple[float, int, QueuedJob]] = []
+        # Services whose queue is paused (paused.py): their jobs are admitted and queued, never sent.
+        self.paused: Container[bytes] = frozenset()
 
     # ---- admission ---------------------------------------------------------------
 
@@ -78,7 +80,7 @@ class Dispatcher:
                 f"request bodies, of {self.s.broker_queue_bytes}; retry later",
                 retry_after=self._retry_hint(svc),
             )
-        if job.not_before <= now and len(self.reg.routes) < self.reg.max_routes:
+        if job.not_before <= now and len(self.reg.routes) < self.reg.max_routes and svc.name not in self.paused:
             if job.kind == ANY:
                 if svc.queue.peek_ready() is None:
                     w = self.reg.least_loaded(svc)
@@ -230,6 +232,8 @@ class Dispatcher:
                 self._pump(svc, now)
 
     def _pump(self, svc: ServiceRecord, now: float) -> None:
+        if svc.name in self.paused:
+            return  # resume() marks it dirty (and its parked jobs as free to go) again
         # Parts for named workers go first: they can go nowhere else.
         for ident in [i for i in self.directed if i in svc.workers]:
             named = svc.workers[ident]
@@ -255,6 +259,13 @@ class Dispatcher:
             q.pop_ready()
             self._leave(svc, job)
             self._send_any(svc, job, w, now)
+
+    def resumed(self, name: bytes) -> None:
+        """A paused queue resumes: its jobs go as credits allow, from the next pump."""
+        svc = self.reg.services.get(name)
+        if svc is not None:
+            svc.roster_changed = True  # jobs parked for named workers (or `all`) are looked at again
+            self.dirty.add(name)
 
     def unpark(self, svc: ServiceRecord, job: QueuedJob, now: float) -> None:
         workers = self.reg.resolve(svc, job.names)

@@ -20,6 +20,7 @@ from ..settings import Settings
 from ..transport.base import Transport
 from .dispatcher import MAX_NOTICES, Dispatcher
 from .memory import MemoryKeeper
+from .paused import PausedServices
 from .registry import Registry
 
 
@@ -48,6 +49,7 @@ class BrokerFacts(Protocol):
     gone: OrderedDict[bytes, dict[str, Any]]
     keys: OrderedDict[bytes, bytes]
     memory: MemoryKeeper
+    paused: PausedServices
     TOLD_TO_LEAVE_MAX: int
     GONE_MAX: int
     KEYS_MAX: int
@@ -69,9 +71,38 @@ class MmiService:
                 raise ValueError("kwargs must be a JSON object")
         except (ValueError, RecursionError) as exc:
             raise ProtocolError("json", f"MMI request: {exc}") from None
+        if task in self.CONTROLS:
+            return self.control(task, kwargs)
         if task not in self.TASKS:
             return nfp.ST_BAD_REQUEST, nfp.dumps(f"Unsupported task '{task}'")
         return nfp.ST_OK, nfp.dumps(self.run(task, kwargs))
+
+    CONTROLS = ("pause_service", "resume_service")
+
+    def control(self, task: str, kwargs: dict[str, Any]) -> tuple[bytes, bytes]:
+        """pause_service / resume_service {"service": name}: (status, JSON payload). A paused
+        service's jobs are admitted and queued, and none is sent until it resumes (paused.py)."""
+        b = self.broker
+        name = kwargs.get("service")
+        raw = name.encode() if isinstance(name, str) else b""
+        if not raw or len(raw) > nfp.MAX_NAME_BYTES:
+            why = f"{task} needs kwargs {{'service': name}} with a service name of 1..{nfp.MAX_NAME_BYTES} bytes"
+            return nfp.ST_BAD_REQUEST, nfp.dumps({"error": "bad-request", "detail": why})
+        if raw not in b.registry.services and raw not in b.paused:
+            why = f"service {name!r} is unknown: no worker has registered it with this broker"
+            return nfp.ST_NOT_FOUND, nfp.dumps({"error": "unknown-service", "detail": why})
+        try:
+            changed = b.paused.pause(raw) if task == "pause_service" else b.paused.resume(raw)
+        except ValueError as exc:
+            return nfp.ST_BAD_REQUEST, nfp.dumps({"error": "too-many", "detail": str(exc)})
+        if task == "resume_service" and changed:
+            b.dispatch.resumed(raw)
+        b.counts[task] += 1
+        svc = b.registry.services.get(raw)
+        depth = svc.queue.depth if svc is not None else 0
+        return nfp.ST_OK, nfp.dumps(
+            {"service": name, "paused": raw in b.paused, "changed": changed, "queue_depth": depth}
+        )
 
     TASKS = (
         "show_workers",
@@ -181,6 +212,7 @@ class MmiService:
                     "queued_seconds": h.snapshot() if h is not None else None,
                     "tasks": sorted(s.tasks) if s.tasks is not None else None,
                     "tentative": s.tentative,
+                    "paused": s.name in b.paused,
                 }
             )
         return out
@@ -254,6 +286,9 @@ class MmiService:
             "frames_rejected": dict(b.rejected),
             "counts": dict(b.counts),
             "workers_purged": {svc.label: svc.purged for svc in reg.services.values() if svc.purged},
+            "paused_services": b.paused.labels(),
+            "paused_services_capacity": b.paused.capacity,
+            "paused_write_errors": b.paused.write_errors,
             **b.memory.facts(b.clock()),
         }
 

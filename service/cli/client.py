@@ -82,6 +82,26 @@ def cmd_mmi(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pause(ns: argparse.Namespace) -> int:
+    """`zfab pause SERVICE` / `zfab resume SERVICE`: the broker's pause_service / resume_service."""
+    from ..client.client import Client
+    from ..errors import ZfabError
+
+    s = settings_of(ns)
+    setup_logging(s.log_level if ns.log_level else "WARNING")
+    task = "pause_service" if ns.cmd == "pause" else "resume_service"
+    with Client(settings=s, name="cli-mmi") as c:
+        try:
+            got = c.mmi(task, timeout=ns.timeout, service=ns.service)
+        except ZfabError as exc:
+            print(f"zfab {ns.cmd}: {exc}", file=sys.stderr)
+            return 1
+    state = "paused" if got.get("paused") else "running"
+    already = "" if got.get("changed") else " (it was already)"
+    print(f"service {ns.service}: {state}{already}; {got.get('queue_depth', 0)} jobs queued")
+    return 0
+
+
 def cmd_healthcheck(ns: argparse.Namespace) -> int:
     """Exit 0 when healthy: for container HEALTHCHECKs (slim images have no curl)."""
     if ns.url:

@@ -9,7 +9,7 @@ import importlib.metadata
 import logging
 import sys
 
-from .client import cmd_healthcheck, cmd_keys, cmd_mmi, cmd_run
+from .client import cmd_healthcheck, cmd_keys, cmd_mmi, cmd_pause, cmd_run
 from .common import EXIT_USAGE, UsageError, common_flags, curve_flags, metrics_flags, setting_error, version
 from .local import cmd_up
 from .roles import cmd_broker, cmd_worker
@@ -56,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--args", help="JSON list")
     r.add_argument("--workers", default="any", help="any, all, a worker name, or a JSON list of names")
     r.add_argument("--timeout", type=float, default=60.0, help="seconds the job may take (default 60)")
-    r.add_argument("--retries", type=int, default=0, help="run again on another worker if its worker is lost")
+    r.add_argument(
+        "--retries", type=int, help="run again if it fails or its worker is lost (default: as its task declares)"
+    )
     curve_flags(r)
     r.set_defaults(fn=cmd_run)
 
@@ -67,6 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--timeout", type=float, default=5.0)
     curve_flags(m)
     m.set_defaults(fn=cmd_mmi)
+
+    for verb, what in (("pause", "pause a service's queue: jobs are queued, none is sent"), ("resume", "resume it")):
+        pr = sub.add_parser(verb, help=what)
+        common_flags(pr)
+        pr.add_argument("service")
+        pr.add_argument("--timeout", type=float, default=5.0)
+        curve_flags(pr)
+        pr.set_defaults(fn=cmd_pause)
 
     # Commands from other installed packages (the HTTP API registers `zfab api` this way), so
     # the fabric never imports them: entry points of group "zfab.commands", each a

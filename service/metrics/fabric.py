@@ -37,6 +37,7 @@ QUEUE_FIGURES = [
     ("queue_capacity", "zfab_service_queue_capacity", "Bound of the service's queue (ZFAB_SERVICE_QUEUE_SIZE)"),
     ("queue_bytes", "zfab_service_queue_bytes", "Bytes of the request bodies queued for the service"),
     ("queue_oldest_age_s", "zfab_service_queue_oldest_age_seconds", "Age of the oldest queued job (0: none)"),
+    ("paused", "zfab_service_paused", "1 while the service's queue is paused: jobs are queued, none is sent"),
 ]
 
 

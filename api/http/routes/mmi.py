@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Path, Query, Request
 
 from service import MAX_NAME_BYTES
-from service.errors import NoWorkersError, ZfabError
+from service.errors import BadRequestError, NoWorkersError, ZfabError
 
 from ...errors import ProblemError, from_fabric_error, unavailable
 from ...fabric import MMI_TIMEOUT, mmi, wait_done
@@ -143,6 +143,56 @@ async def list_tasks(
         raise ProblemError(502, "worker-error", "The worker could not list its tasks", detail)
     tasks: list[dict[str, Any]] = entry["result"]
     return tasks
+
+
+ServicePath = Annotated[str, Path(min_length=1, max_length=MAX_NAME_BYTES, description="Service name")]
+_PAUSE_EXAMPLE = {"service": "demo", "paused": True, "changed": True, "queue_depth": 0}
+
+
+@router.post(
+    "/services/{service}/pause",
+    operation_id="mmi_pause_service",
+    summary="Pause a service's queue: jobs are admitted and queued, none is sent",
+    response_model=dict[str, Any],
+    responses={
+        200: {"content": {"application/json": {"example": _PAUSE_EXAMPLE}}},
+        **responses(401, 403, 404, 422, 503, 504),
+    },
+)
+async def pause_service(request: Request, _: Principal, service: ServicePath) -> dict[str, Any]:
+    """The broker keeps admitting the service's jobs into its queue (bounded as ever, and each still
+    expires at its deadline) and sends none to a worker until the queue is resumed. Paused services
+    survive a broker restart (its data directory). `changed` is false when it was paused already."""
+    return await _control(request, "pause_service", service)
+
+
+@router.post(
+    "/services/{service}/resume",
+    operation_id="mmi_resume_service",
+    summary="Resume a paused service's queue",
+    response_model=dict[str, Any],
+    responses={
+        200: {"content": {"application/json": {"example": {**_PAUSE_EXAMPLE, "paused": False, "queue_depth": 1000}}}},
+        **responses(401, 403, 404, 422, 503, 504),
+    },
+)
+async def resume_service(request: Request, _: Principal, service: ServicePath) -> dict[str, Any]:
+    """The queued jobs go to the service's workers as their credits allow, in queue order."""
+    return await _control(request, "resume_service", service)
+
+
+async def _control(request: Request, task: str, service: str) -> dict[str, Any]:
+    if service == MMI_SERVICE or len(service.encode()) > MAX_NAME_BYTES:
+        raise _no_service(f"'{service}' is not a worker service")
+    try:
+        result: dict[str, Any] = await mmi(api_state(request).client, task, MMI_TIMEOUT, service=service)
+    except BadRequestError as exc:
+        if "unknown-service" in str(exc):
+            raise _no_service(f"service '{service}' is unknown: no worker has registered it with the broker") from None
+        raise from_fabric_error(exc) from None
+    except ZfabError as exc:
+        raise from_fabric_error(exc) from None
+    return result
 
 
 def _no_service(detail: str) -> ProblemError:

@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from contextlib import suppress
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.exceptions import HTTPException
@@ -39,13 +40,22 @@ class HttpMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
+        self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
     def observe(self, scope: Scope, status: int, seconds: float) -> None:
         # The route template ("/jobs/{uuid}"), never the raw path: labels must stay bounded.
         route = getattr(scope.get("route"), "path", None) or UNMATCHED
         method = scope["method"] if scope["method"] in METHODS else "OTHER"
-        self.requests.labels(route, method, str(status)).inc()
-        self.duration.labels(route, method).observe(seconds)
+        key = (route, method, status)
+        children = self._children.get(key)
+        if children is None:
+            # Looked up once per (route, method, status), all bounded: labels() locks and builds a key.
+            children = self._children[key] = (
+                self.requests.labels(route, method, str(status)),
+                self.duration.labels(route, method),
+            )
+        children[0].inc()
+        children[1].observe(seconds)
 
 
 class MetricsMiddleware:
@@ -139,10 +149,19 @@ class ContentTypeMiddleware:
         if scope["type"] != "http" or scope["method"] not in BODY_METHODS:
             await self.app(scope, receive, send)
             return
-        headers = dict(scope["headers"])
-        length = headers.get(b"content-length", b"")
-        has_body = b"transfer-encoding" in headers or (length.isdigit() and int(length) > 0)
-        ctype = headers.get(b"content-type", b"").decode("latin-1")
+        length, ctype_raw, chunked = b"", b"", False
+        for name, value in scope["headers"]:  # one pass, no dict: every POST /jobs comes through here
+            if name == b"content-type":
+                ctype_raw = value
+            elif name == b"content-length":
+                length = value
+            elif name == b"transfer-encoding":
+                chunked = True
+        if ctype_raw == b"application/json":
+            await self.app(scope, receive, send)
+            return
+        has_body = chunked or (length.isdigit() and int(length) > 0)
+        ctype = ctype_raw.decode("latin-1")
         if has_body and not is_json(ctype) and self._takes_json(scope):  # route lookup only when not JSON
             method = scope["method"]
             got = f"Content-Type {ctype}" if ctype else "no Content-Type"

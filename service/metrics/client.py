@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 MAX_SERVICE_LABELS = 1000
 
 
+HOPS = ("client_to_broker", "broker_to_worker", "worker_queue", "worker_run", "worker_to_client")
+
+
 class ClientMetrics(Collector):
     def __init__(self, client: Client, registry: CollectorRegistry, *, register: bool = True) -> None:
         """`register=False` leaves this collector out of `registry` (the histograms still go in), for a
@@ -40,6 +43,10 @@ class ClientMetrics(Collector):
         # Services the broker admitted a job for: only these become label values (a request may
         # name anything; the broker refuses names no worker registered), bounded.
         self.services: set[str] = set()
+        # The histograms' children, looked up once: `labels()` takes a lock and builds a key on every
+        # call, five to six times per finished job. Bounded like the label values themselves.
+        self._hops = {h: self.hop.labels(h) for h in HOPS}
+        self._durations: dict[tuple[str, str], Any] = {}
         if register:
             registry.register(self)
         client.on_complete = self.observe
@@ -56,20 +63,24 @@ class ClientMetrics(Collector):
     def observe(self, fut: JobFuture, service: str, outcome: str, results: dict[str, Any] | None) -> None:
         t = fut.timings
         if "submitted" in t and "completed" in t:
-            label = self.service_label(fut, service)
-            self.duration.labels(label, outcome).observe(max(0.0, t["completed"] - t["submitted"]))
+            key = (self.service_label(fut, service), outcome)
+            child = self._durations.get(key)
+            if child is None:
+                child = self._durations[key] = self.duration.labels(*key)
+            child.observe(max(0.0, t["completed"] - t["submitted"]))
+        hops = self._hops
         for entry in (results or {}).values():
             ts = entry.get("timestamps") if isinstance(entry, dict) else None
             if not ts or not all(ts.get(k) for k in ("received", "started", "completed")):
                 continue
             sub, disp = t.get("submitted"), t.get("dispatched")
             if sub is not None and disp is not None:
-                self.hop.labels("client_to_broker").observe(max(0.0, disp - sub))
-                self.hop.labels("broker_to_worker").observe(max(0.0, ts["received"] - disp))
-            self.hop.labels("worker_queue").observe(max(0.0, ts["started"] - ts["received"]))
-            self.hop.labels("worker_run").observe(max(0.0, ts["completed"] - ts["started"]))
+                hops["client_to_broker"].observe(max(0.0, disp - sub))
+                hops["broker_to_worker"].observe(max(0.0, ts["received"] - disp))
+            hops["worker_queue"].observe(max(0.0, ts["started"] - ts["received"]))
+            hops["worker_run"].observe(max(0.0, ts["completed"] - ts["started"]))
             if "completed" in t:
-                self.hop.labels("worker_to_client").observe(max(0.0, t["completed"] - ts["completed"]))
+                hops["worker_to_client"].observe(max(0.0, t["completed"] - ts["completed"]))
 
     def collect(self) -> Iterator[Metric]:
         c = self.client

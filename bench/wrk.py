@@ -101,6 +101,14 @@ def hide_uvloop(where: Path) -> str:
     return str(where)
 
 
+def children_of(pid: int) -> list[int]:
+    """The child processes of `pid` (Linux /proc), e.g. the REST floor's broker and worker."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
 def run_wrk(wrk: str, url: str, seconds: float, script: Path) -> dict[str, Any]:
     cmd = [wrk, f"-t{THREADS}", f"-c{CONNECTIONS}", f"-d{int(seconds)}s", "--timeout", "15s", "--latency",
            "-s", str(script), url]
@@ -129,7 +137,8 @@ def _measure(wrk: str, script: Path, seconds: float, warm: float, extra_path: st
         targets = [("bare", bare_url + "/jobs", bare)]
         if HTTP_FLOOR.exists():
             floor_port = free_port()
-            # Its broker and worker are child processes of this one (multiprocessing): counted with it.
+            # Its broker and worker are child processes of this one (multiprocessing): their CPU is
+            # read from them (children_of), beside the API process's own, as zfab's broker and worker.
             floor = fab.spawn([sys.executable, str(HTTP_FLOOR), str(floor_port)], env)
             floor_url = f"http://127.0.0.1:{floor_port}"
             if not wait_for(lambda: http_json(floor_url + "/docs")[0] == 200, 30):
@@ -151,7 +160,11 @@ def _measure(wrk: str, script: Path, seconds: float, warm: float, extra_path: st
             for tag, url, proc in targets:
                 time.sleep(1.0)
                 c0 = cpu_seconds(proc.pid)
-                fab_pids = [p.pid for p in (fab.broker, *fab.workers.values()) if p is not None]
+                fab_pids = (
+                    children_of(proc.pid)
+                    if tag == "floor"
+                    else [p.pid for p in (fab.broker, *fab.workers.values()) if p is not None] if tag == "api" else []
+                )
                 f0 = sum(cpu_seconds(p) for p in fab_pids)
                 res = run_wrk(wrk, url, seconds, script)
                 res["cpu_ms"] = (cpu_seconds(proc.pid) - c0) / max(1, res["requests"]) * 1000
@@ -213,6 +226,7 @@ def run(quick: bool = False, try_asyncio: bool = True) -> dict[str, Any]:
         report(f"bare server cpu/req ({label})", b["cpu_ms"], "ms")
         if fl is not None:
             report(f"REST floor server cpu/job ({label})", fl["cpu_ms"], "ms", b["cpu_ms"], False, vs="bare")
+            print(f"   REST floor's broker + worker {fl['fabric_cpu_ms']:.2f} ms CPU per job", flush=True)
         report(f"api server cpu/job ({label})", a["cpu_ms"], "ms", b["cpu_ms"], False, vs="bare")
         print(f"   api process {a['cpu_pct']:.0f} % of a core; broker + worker {a['fabric_cpu_ms']:.2f} ms CPU per job",
               flush=True)

@@ -12,6 +12,7 @@ from service import MAX_NAME_BYTES
 
 # The broker drops frames whose service or worker name is longer than MAX_NAME_BYTES; checking
 # here turns a job that would silently time out into a 422.
+MIN_JOB_TIMEOUT = 0.001  # the broker refuses a shorter one (service/broker/admission.py)
 MAX_JOB_TIMEOUT = 86_400.0
 MAX_DELAY = 7 * 86_400.0
 MAX_RETRIES = 10
@@ -104,7 +105,7 @@ class JobRequest(BaseModel):
     )
     timeout: float = Field(
         60.0,
-        gt=0,
+        ge=MIN_JOB_TIMEOUT,
         le=MAX_JOB_TIMEOUT,
         allow_inf_nan=False,
         description="Seconds the job may take, end to end (default 60); counted from the end of its `delay`. "

@@ -132,6 +132,23 @@ class JobRequest(BaseModel):
     )
 
 
+class TaskLimits(BaseModel):
+    """A task's rate and concurrency limits, set at run time (they replace what it declares)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"rate_limit": "5/s"}, {"concurrency": 2, "limit_key": "site"}]},
+    )
+
+    rate_limit: str | None = Field(
+        None, max_length=64, description="At most this many start, evenly spaced: `5/s`, `100/m`, `10 per hour`"
+    )
+    concurrency: int | None = Field(None, ge=1, le=1_000_000, description="At most this many at once, fabric-wide")
+    limit_key: str | None = Field(
+        None, min_length=1, max_length=128, description="Apply both per value of this argument of the job"
+    )
+
+
 class JobErrorInfo(BaseModel):
     """The fabric error that ended a job (expired, lost, cancelled, refused), as the Python client raises it."""
 

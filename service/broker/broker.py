@@ -116,6 +116,7 @@ class Broker(WorkerSide):
             self.zap = ZapHandler(self.loop.context, s.curve_clients)
             self.zap.start()
         self.paused.load()
+        self.dispatch.limits.load()
         self.loop.start()
         log.debug("broker listening on %s%s", self.bound_endpoint, " (CURVE)" if curve else "")
         return self
@@ -451,6 +452,7 @@ class Broker(WorkerSide):
         """Forget what peers chose names for and nobody used for a while (bounded tables stay small)."""
         self._next_housekeeping = now + HOUSEKEEPING
         self.registry.forget_idle_services()
+        self.dispatch.limits.sweep(now)  # limit buckets with nothing running or waiting
         keep = self.settings.gone_worker_seconds
         while self.gone and now - next(iter(self.gone.values()))["at"] > keep:
             self.gone.popitem(last=False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Callable, Container
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core import payloads
@@ -19,6 +20,7 @@ from ..core.payloads import Word
 from ..settings import Settings
 from .admission import Refusal, answer
 from .jobqueue import ANY, QueuedJob, Spot
+from .limits import Bucket, Limiter
 from .registry import Registry, Route, ServiceRecord, WorkerRecord
 
 MAX_NOTICES = 100_000  # "queued" notices held for later; beyond it a client is told at once
@@ -65,6 +67,9 @@ class Dispatcher:
         self.notices: list[tuple[float, int, QueuedJob]] = []
         # Services whose queue is paused (paused.py): their jobs are admitted and queued, never sent.
         self.paused: Container[bytes] = frozenset()
+        # Tasks' rate and concurrency limits (limits.py); a route's end frees its job's slot.
+        self.limits = Limiter(Path(settings.data_dir) / "broker")
+        registry.on_drop = self._route_ended
 
     # ---- admission ---------------------------------------------------------------
 
@@ -80,9 +85,14 @@ class Dispatcher:
                 f"request bodies, of {self.s.broker_queue_bytes}; retry later",
                 retry_after=self._retry_hint(svc),
             )
+        if job.kind == ANY:
+            rule = self.limits.rule(svc.name, job.task, svc.tasks)
+            if rule is not None:
+                job.limit = self.limits.bucket_for(job, rule, (svc.tasks or {}).get(job.task))
         if job.not_before <= now and len(self.reg.routes) < self.reg.max_routes and svc.name not in self.paused:
             if job.kind == ANY:
-                if svc.queue.peek_ready() is None:
+                b = job.limit
+                if svc.queue.peek_ready() is None and (b is None or (b.top() is None and b.open(now))):
                     w = self.reg.least_loaded(svc)
                     if w is not None:
                         self._send_any(svc, job, w, now)
@@ -120,6 +130,8 @@ class Dispatcher:
 
     def _enqueue(self, svc: ServiceRecord, job: QueuedJob, now: float) -> None:
         svc.queue.add(job, now)
+        if job.limit is not None:
+            self.limits.arm(job.limit, now)  # its rate lets the next start then: wake for it
         self.queued[job.uuid] = job
         self.queued_bytes += job.size
         heapq.heappush(self.expiry, (job.deadline, job.seq, job))
@@ -179,6 +191,8 @@ class Dispatcher:
         return self.reg.add_route(job, workers, deadline)
 
     def _send_any(self, svc: ServiceRecord, job: QueuedJob, w: WorkerRecord, now: float) -> None:
+        if job.limit is not None:
+            job.limit.started(now)
         self._route(job, [w])
         # Without a 202 a client can only wait for one worker, so ack=false skips it; a client told
         # "queued" learns the dispatch either way.
@@ -249,16 +263,84 @@ class Dispatcher:
             for parked in list(svc.queue.parked.values()):
                 self.unpark(svc, parked, now)
         q = svc.queue
+        opened = self._open_buckets(svc.name, now)
         while len(self.reg.routes) < self.reg.max_routes:
             job = q.peek_ready()
+            b = None
+            while opened:  # the best open bucket's first job, if it goes before the ready heap's
+                top = opened[0][1].top()
+                if top is None:
+                    heapq.heappop(opened)  # its jobs left (expired, cancelled) meanwhile
+                elif top.key() != opened[0][0]:
+                    heapq.heapreplace(opened, (top.key(), opened[0][1]))
+                else:
+                    if job is None or top.key() < job.key():
+                        b, job = opened[0][1], top
+                    break
             if job is None:
                 break
             w = self.reg.least_loaded(svc)
             if w is None:
                 break
-            q.pop_ready()
+            if b is None:
+                q.pop_ready()
+            else:
+                b.pop()
             self._leave(svc, job)
             self._send_any(svc, job, w, now)
+            if b is not None:
+                top = b.top()
+                if top is not None and b.open(now):
+                    heapq.heapreplace(opened, (top.key(), b))
+                else:
+                    heapq.heappop(opened)
+                    if top is not None:
+                        self.limits.arm(b, now)
+
+    def _open_buckets(self, service: bytes, now: float) -> list[tuple[tuple[int, int], Bucket]]:
+        """The service's limit buckets that have a job waiting and may start one now, as a heap by
+        their first job's order; those the rate closes are armed to be looked at when it opens."""
+        out: list[tuple[tuple[int, int], Bucket]] = []
+        for b in self.limits.of_service(service):
+            top = b.top()
+            if top is None:
+                continue
+            if b.open(now):
+                out.append((top.key(), b))
+            else:
+                self.limits.arm(b, now)
+        heapq.heapify(out)
+        return out
+
+    def _route_ended(self, route: Route) -> None:
+        """A dispatched job ended (or went back to the queue): its limit's slot is free again."""
+        job = route.job
+        if job is not None and job.limit is not None:
+            self.limits.finished(job.limit)
+            if job.limit.top() is not None:
+                self.dirty.add(job.service)
+
+    def relimit(self, service: bytes, task: str) -> None:
+        """A task's limit was set or cleared: buckets with the same key take the new numbers; the
+        jobs waiting in others are placed again, under the new rule or none."""
+        svc = self.reg.services.get(service)
+        rule = self.limits.rule(service, task, svc.tasks if svc is not None else None)
+        waiting: list[QueuedJob] = []
+        for b in self.limits.of_task(service, task):
+            if rule is not None and rule.key == b.rule.key:
+                b.rule = rule
+                continue
+            while (job := b.pop()) is not None:
+                waiting.append(job)
+        now = self.clock()
+        for job in waiting:
+            job.limit = None
+            if rule is not None:
+                job.limit = self.limits.bucket_for(job, rule, (svc.tasks or {}).get(task) if svc else None)
+            if svc is not None:
+                svc.queue.place(job, now)
+        if svc is not None:
+            self.dirty.add(service)
 
     def resumed(self, name: bytes) -> None:
         """A paused queue resumes: its jobs go as credits allow, from the next pump."""
@@ -453,6 +535,10 @@ class Dispatcher:
                 out = heap[0][0] if out is None else min(out, heap[0][0])
         if self.route_expiry:
             out = self.route_expiry[0][0] if out is None else min(out, self.route_expiry[0][0])
+        if self.limits.timers:
+            opens = self.limits.next_deadline()
+            if opens is not None:
+                out = opens if out is None else min(out, opens)
         return out
 
     def due(self, now: float) -> None:
@@ -461,3 +547,5 @@ class Dispatcher:
             job = heapq.heappop(self.delays)[2]
             if job.spot is Spot.DELAYED:
                 self.dirty.add(job.service)
+        if self.limits.timers:
+            self.dirty |= self.limits.due(now)

@@ -13,6 +13,7 @@ import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from ..core.protocol import Frame
 
@@ -24,6 +25,7 @@ class Spot(Enum):
     DELAYED = "delayed"  #: waits for its not_before time
     PARKED = "parked"  #: waits for the workers it names (or, for `all`, any worker) to register
     DIRECTED = "directed"  #: fanned out: some of its parts wait for credits of the workers named
+    HELD = "held"  #: its task's rate or concurrency limit holds it (in its bucket: limits.py)
     GONE = "gone"  #: left the queue
 
 
@@ -54,6 +56,7 @@ class QueuedJob:
     notice: float = 0.0  # seconds it may wait before the client is told "queued" (flags "notice")
     client_key: bytes | None = None  # CURVE: the key of the client that submitted it
     workers: list[bytes] = field(default_factory=list)  # names it was fanned out to
+    limit: Any = None  # the limits.Bucket of its task's rate/concurrency limit (None: not limited)
 
     @property
     def size(self) -> int:
@@ -104,6 +107,8 @@ class ServiceQueue:
         if job.not_before > now:
             job.spot = Spot.DELAYED
             heapq.heappush(self.delayed, (job.not_before, job.seq, job))
+        elif job.kind == ANY and job.limit is not None:
+            job.limit.hold(job)  # waits for its limit, apart from the service's other jobs
         elif job.kind == ANY:
             job.spot = Spot.READY
             heapq.heappush(self.ready, (-job.priority, job.seq, job))

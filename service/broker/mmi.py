@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from ..core import protocol as nfp
 from ..core.errors import ProtocolError
 from ..core.keepalive import Clock
+from ..core.limits import read_rule
 from ..settings import Settings
 from ..transport.base import Transport
 from .dispatcher import MAX_NOTICES, Dispatcher
@@ -77,7 +78,7 @@ class MmiService:
             return nfp.ST_BAD_REQUEST, nfp.dumps(f"Unsupported task '{task}'")
         return nfp.ST_OK, nfp.dumps(self.run(task, kwargs))
 
-    CONTROLS = ("pause_service", "resume_service")
+    CONTROLS = ("pause_service", "resume_service", "set_limit", "clear_limit")
 
     def control(self, task: str, kwargs: dict[str, Any]) -> tuple[bytes, bytes]:
         """pause_service / resume_service {"service": name}: (status, JSON payload). A paused
@@ -91,6 +92,8 @@ class MmiService:
         if raw not in b.registry.services and raw not in b.paused:
             why = f"service {name!r} is unknown: no worker has registered it with this broker"
             return nfp.ST_NOT_FOUND, nfp.dumps({"error": "unknown-service", "detail": why})
+        if task in ("set_limit", "clear_limit"):
+            return self.limit(task, raw, kwargs)
         try:
             changed = b.paused.pause(raw) if task == "pause_service" else b.paused.resume(raw)
         except ValueError as exc:
@@ -109,6 +112,7 @@ class MmiService:
         "show_broker",
         "show_services",
         "show_tasks",
+        "show_limits",
         "show_clients",
         "get_status",
         "show_broker_version",
@@ -125,6 +129,8 @@ class MmiService:
             return self.show_tasks(str(kwargs.get("service", "")))
         if task == "show_clients":
             return self.show_clients()
+        if task == "show_limits":
+            return self.show_limits()
         if task == "get_status":
             return self.get_status()
         if task == "show_broker_version":
@@ -189,6 +195,7 @@ class MmiService:
         b = self.broker
         now = b.clock()
         out = []
+        limited = b.dispatch.limits.facts()
         for s in b.registry.services.values():
             q = s.queue
             h = s.queued_seconds
@@ -213,9 +220,69 @@ class MmiService:
                     "tasks": sorted(s.tasks) if s.tasks is not None else None,
                     "tentative": s.tentative,
                     "paused": s.name in b.paused,
+                    # jobs running and waiting on each limited task's rate or concurrency limit
+                    "limits": {
+                        task: {"running": row["running"], "held": row["held"]}
+                        for (svc_name, task), row in limited.items()
+                        if svc_name == s.name
+                    },
                 }
             )
         return out
+
+    def limit(self, task: str, service: bytes, kwargs: dict[str, Any]) -> tuple[bytes, bytes]:
+        """set_limit {service, task_name, rate_limit, concurrency, limit_key} / clear_limit {service, task_name}:
+        a task's limit set at run time (it replaces the declaration until cleared; limits.py)."""
+        d = self.broker.dispatch
+        svc = self.broker.registry.services.get(service)
+        name = kwargs.get("task_name")  # not "task": that names the MMI request itself
+        tasks = svc.tasks if svc is not None else None
+        if not isinstance(name, str) or tasks is None or name not in tasks:
+            known = ", ".join(sorted(tasks or {})) or "none announced"
+            why = f"{task} needs the name of a task its workers announced in kwargs 'task_name' (its tasks: {known})"
+            return nfp.ST_NOT_FOUND, nfp.dumps({"error": "unknown-task", "detail": why})
+        if task == "clear_limit":
+            changed = d.limits.clear_rule(service, name)
+        else:
+            try:
+                rule = read_rule({k: kwargs.get(k) for k in ("rate_limit", "concurrency", "limit_key")})
+                if rule is not None and rule.key is not None and rule.key not in (tasks[name].get("properties") or {}):
+                    raise ValueError(f"limit_key {rule.key!r} is not an argument of task {name!r}")
+                d.limits.set_rule(service, name, rule)
+            except ValueError as exc:
+                return nfp.ST_BAD_REQUEST, nfp.dumps({"error": "bad-request", "detail": str(exc)})
+            changed = True
+        d.relimit(service, name)
+        self.broker.counts[task] += 1
+        return nfp.ST_OK, nfp.dumps(
+            {"service": service.decode(), "task": name, "changed": changed, **self._limit_of(service, name)}
+        )
+
+    def _limit_of(self, service: bytes, task: str) -> dict[str, Any]:
+        d = self.broker.dispatch
+        svc = self.broker.registry.services.get(service)
+        rule = d.limits.rule(service, task, svc.tasks if svc is not None else None)
+        row = d.limits.facts().get((service, task), {})
+        return {
+            **(rule.as_dict() if rule is not None else {"rate_limit": None, "concurrency": None, "limit_key": None}),
+            "source": row.get("source", "declared"),
+            "running": row.get("running", 0),
+            "held": row.get("held", 0),
+        }
+
+    def show_limits(self) -> list[dict[str, Any]]:
+        """Every limited task: its rule and where it comes from, jobs running and waiting on it."""
+        b = self.broker
+        rows = []
+        facts = b.dispatch.limits.facts()
+        names = set(facts)
+        for svc in b.registry.services.values():
+            for task in svc.tasks or {}:
+                if b.dispatch.limits.rule(svc.name, task, svc.tasks) is not None:
+                    names.add((svc.name, task))
+        for service, task in sorted(names):
+            rows.append({"service": service.decode(errors="replace"), "task": task, **self._limit_of(service, task)})
+        return rows
 
     def show_tasks(self, service: str) -> dict[str, Any] | None:
         """The tasks a service's workers announced, with the JSON schema of their arguments (None:

@@ -136,6 +136,7 @@ class Registry:
         # they get the workers' keepalive wave and answer it. Bounded like the clients table.
         self.client_keepalives: OrderedDict[bytes, KeepAlive] = OrderedDict()
         self.routes: dict[bytes, Route] = {}
+        self.on_drop: Callable[[Route], None] | None = None  # a route ended (the dispatcher's limits)
         # Bytes of the request bodies the routes keep (for a busy answer's requeue), counted with
         # the queued ones against ZFAB_BROKER_QUEUE_BYTES: always changed by add_route, let_go and
         # drop_route, never by a bare `del routes[...]`.
@@ -340,6 +341,8 @@ class Registry:
         if route is not None:
             self.held_bytes -= route.held
             route.held = 0
+            if self.on_drop is not None:
+                self.on_drop(route)
         return route
 
     def let_go(self, route: Route) -> None:

@@ -102,6 +102,40 @@ def cmd_pause(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_limit(ns: argparse.Namespace) -> int:
+    """`zfab limit SERVICE TASK --rate 5/s --concurrency 2 [--key ARG]` / `--clear`: the broker's
+    set_limit / clear_limit; prints the limit now in force."""
+    from ..client.client import Client
+    from ..errors import ZfabError
+
+    s = settings_of(ns)
+    setup_logging(s.log_level if ns.log_level else "WARNING")
+    if ns.clear and (ns.rate or ns.concurrency or ns.key):
+        raise UsageError("--clear takes no --rate, --concurrency or --key")
+    kwargs: dict[str, Any] = {"service": ns.service, "task_name": ns.task}
+    if not ns.clear:
+        kwargs.update(rate_limit=ns.rate, concurrency=ns.concurrency, limit_key=ns.key)
+    with Client(settings=s, name="cli-mmi") as c:
+        try:
+            got = c.mmi("clear_limit" if ns.clear else "set_limit", timeout=ns.timeout, **kwargs)
+        except ZfabError as exc:
+            said = getattr(exc, "results", None)  # a refusal's {"error", "detail"} (a JobError's)
+            detail = said.get("detail") if isinstance(said, dict) else None
+            print(f"zfab limit: {detail or exc}", file=sys.stderr)
+            return 1
+    parts = [
+        p
+        for p in (
+            f"rate {got['rate_limit']}" if got.get("rate_limit") else "",
+            f"at most {got['concurrency']} at once" if got.get("concurrency") else "",
+            f"per {got['limit_key']}" if got.get("limit_key") else "",
+        )
+        if p
+    ]
+    print(f"{ns.service}.{ns.task}: {', '.join(parts) or 'no limit'} ({got.get('source')})")
+    return 0
+
+
 def cmd_healthcheck(ns: argparse.Namespace) -> int:
     """Exit 0 when healthy: for container HEALTHCHECKs (slim images have no curl)."""
     if ns.url:

@@ -9,7 +9,7 @@ import importlib.metadata
 import logging
 import sys
 
-from .client import cmd_healthcheck, cmd_keys, cmd_mmi, cmd_pause, cmd_run
+from .client import cmd_healthcheck, cmd_keys, cmd_limit, cmd_mmi, cmd_pause, cmd_run
 from .common import EXIT_USAGE, UsageError, common_flags, curve_flags, metrics_flags, setting_error, version
 from .local import cmd_up
 from .roles import cmd_broker, cmd_worker
@@ -77,6 +77,18 @@ def build_parser() -> argparse.ArgumentParser:
         pr.add_argument("--timeout", type=float, default=5.0)
         curve_flags(pr)
         pr.set_defaults(fn=cmd_pause)
+
+    li = sub.add_parser("limit", help="set a task's rate and concurrency limits at run time (or --clear them)")
+    common_flags(li)
+    li.add_argument("service")
+    li.add_argument("task")
+    li.add_argument("--rate", help="at most this many start, evenly spaced: 5/s, 100/m, 10 per hour")
+    li.add_argument("--concurrency", type=int, help="at most this many at once, across all workers")
+    li.add_argument("--key", help="apply both per value of this argument of the job")
+    li.add_argument("--clear", action="store_true", help="back to what the task declares")
+    li.add_argument("--timeout", type=float, default=5.0)
+    curve_flags(li)
+    li.set_defaults(fn=cmd_limit)
 
     # Commands from other installed packages (the HTTP API registers `zfab api` this way), so
     # the fabric never imports them: entry points of group "zfab.commands", each a

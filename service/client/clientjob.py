@@ -282,7 +282,9 @@ class ClientJob:
                 if reply.status == nfp.ST_OK:
                     self.results = {"result": payload}
                 else:
-                    self.refused = BadRequestError(f"MMI request refused: {payload}", uuid=self.uuid)
+                    # The broker's reason as it gave it: a control's {"error": slug, "detail": why}.
+                    said = payload if isinstance(payload, dict) else None
+                    self.refused = BadRequestError(f"MMI request refused: {payload}", uuid=self.uuid, results=said)
                 return True
             return False
         status = reply.status

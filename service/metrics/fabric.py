@@ -110,6 +110,16 @@ def _queues(broker: dict[str, Any], services: list[dict[str, Any]]) -> list[Metr
     queued = HistogramMetricFamily(
         "zfab_job_queued_seconds", "Time from admission to dispatch at the broker", labels=["service"]
     )
+    limit_waiting = GaugeMetricFamily(
+        "zfab_task_limit_waiting",
+        "Jobs waiting in the broker's queue for their task's rate or concurrency limit",
+        labels=["service", "task"],
+    )
+    limit_running = GaugeMetricFamily(
+        "zfab_task_limit_running",
+        "Jobs of a limited task dispatched and not yet ended (what its concurrency limit counts)",
+        labels=["service", "task"],
+    )
     for s in services:
         svc = str(s.get("service", ""))
         for key, *_ in QUEUE_FIGURES:
@@ -118,6 +128,11 @@ def _queues(broker: dict[str, Any], services: list[dict[str, Any]]) -> list[Metr
         expired.add_metric([svc, "worker"], float(s.get("expired_in_flight", 0) or 0))
         dispatched.add_metric([svc], float(s.get("jobs_dispatched", 0) or 0))
         add_histogram(queued, [svc], s.get("queued_seconds") or {"buckets": [["+Inf", 0]], "sum": 0, "count": 0})
+        limits = s.get("limits")
+        for task, row in (limits if isinstance(limits, dict) else {}).items():
+            if isinstance(row, dict):
+                limit_waiting.add_metric([svc, str(task)], float(row.get("held", 0) or 0))
+                limit_running.add_metric([svc, str(task)], float(row.get("running", 0) or 0))
     total = GaugeMetricFamily("zfab_broker_queue_bytes", "Bytes of request bodies queued at the broker, in all")
     total.add_metric([], float(broker.get("queue_bytes", 0) or 0))
     held = GaugeMetricFamily(
@@ -130,7 +145,7 @@ def _queues(broker: dict[str, Any], services: list[dict[str, Any]]) -> list[Metr
         "Bound of the request bodies the broker holds, queued and dispatched (ZFAB_BROKER_QUEUE_BYTES)",
     )
     bound.add_metric([], float(broker.get("queue_bytes_capacity", 0) or 0))
-    return [*fams.values(), expired, dispatched, queued, total, held, bound]
+    return [*fams.values(), expired, dispatched, queued, limit_waiting, limit_running, total, held, bound]
 
 
 def _broker(broker: dict[str, Any], depth: GaugeMetricFamily, cap: GaugeMetricFamily) -> list[Metric]:

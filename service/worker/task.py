@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
+from ..core.limits import Rule, read_rule
 from ..core.retries import MAX_RETRIES, Backoff, read_backoff
 from ..errors import JobCancelledError, JobTimeoutError
 
@@ -48,6 +49,7 @@ class Declaration:
 
     retry: RetryPolicy | None = None
     redact: tuple[str, ...] = ()
+    limits: Rule | None = None  # rate and concurrency, enforced by the broker across the workers
 
 
 class TaskArgumentsError(ValueError):
@@ -120,6 +122,8 @@ class TaskSpec:
             out["retry_on"] = [t.__name__ for t in decl.retry.retry_on]
         if decl.redact:
             out["redact"] = list(decl.redact)
+        if decl.limits is not None:
+            out.update({k: v for k, v in decl.limits.as_dict().items() if v is not None})
         return out
 
 
@@ -134,6 +138,9 @@ def task(
     backoff: float | Backoff | None = None,
     retry_on: type[BaseException] | Sequence[type[BaseException]] = (Exception,),
     redact: Sequence[str] = (),
+    rate_limit: str | None = None,
+    concurrency: int | None = None,
+    limit_key: str | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -145,6 +152,9 @@ def task(
     backoff: float | Backoff | None = None,
     retry_on: type[BaseException] | Sequence[type[BaseException]] = (Exception,),
     redact: Sequence[str] = (),
+    rate_limit: str | None = None,
+    concurrency: int | None = None,
+    limit_key: str | None = None,
 ) -> F | Callable[[F], F]:
     """Mark a Worker method as a task. Parameters annotated `Job` receive the running job.
 
@@ -154,8 +164,17 @@ def task(
     `@task(retries=3, backoff=Backoff(base=1, factor=2, cap=60), retry_on=(OSError,))`: an attempt
     that raises one of `retry_on` runs again, up to `retries` more times, after the backoff's wait
     (seconds: the base of a doubling schedule). `redact=("password",)`: the API shows those
-    arguments as "***" (GET /jobs/{uuid})."""
+    arguments as "***" (GET /jobs/{uuid}). `rate_limit="5/s"` (or "100/m", "10 per hour"): at most
+    that many of its jobs start, evenly spaced; `concurrency=2`: at most 2 run at once; `limit_key=
+    "site"`: both per value of that argument. The broker enforces them across all the service's
+    workers; jobs over a limit wait in its queue."""
     declaration = _declaration(retries, backoff, retry_on, redact)
+    try:
+        limits = read_rule({"rate_limit": rate_limit, "concurrency": concurrency, "limit_key": limit_key})
+    except ValueError as exc:
+        raise ValueError(f"@task {exc}") from None
+    if limits is not None:
+        declaration = replace(declaration, limits=limits)
 
     def mark(f: F) -> F:
         setattr(f, _TASK_ATTR, True)
@@ -220,4 +239,7 @@ def build_spec(name: str, fn: Callable[..., Any], job_type: type) -> TaskSpec:
     unknown = [n for n in declaration.redact if n not in fields]
     if unknown:
         raise TypeError(f"task '{name}': redact names {unknown[0]!r}, which is not one of its arguments")
+    key = declaration.limits.key if declaration.limits is not None else None
+    if key is not None and key not in fields:
+        raise TypeError(f"task '{name}': limit_key names {key!r}, which is not one of its arguments")
     return TaskSpec(name, fn, model, positional, job_param, doc.split("\n\n")[0], is_async, declaration)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service import Worker, task
+from service import Job, Worker, task
 
 
 class Secrets(Worker):
@@ -28,3 +28,20 @@ class Fixable(Worker):
     def needs(self, path: str) -> str:
         """Return the text of the file at `path`; FileNotFoundError until it exists."""
         return Path(path).read_text()
+
+
+class Limited(Worker):
+    """Tasks with a rate and a concurrency limit, which the broker enforces across all workers."""
+
+    service = "limited"
+
+    @task(rate_limit="5/s")
+    def paced(self, n: int = 0) -> int:
+        """Return n; at most 5 start a second, fabric-wide."""
+        return n
+
+    @task(concurrency=2)
+    def slow(self, job: Job, seconds: float = 0.5) -> float:
+        """Wait `seconds` (cancellable); at most 2 run at once, fabric-wide."""
+        job.cancel_event.wait(seconds)
+        return seconds

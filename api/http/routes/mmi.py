@@ -11,7 +11,7 @@ from service.errors import BadRequestError, NoWorkersError, ZfabError
 
 from ...errors import ProblemError, from_fabric_error, unavailable
 from ...fabric import MMI_TIMEOUT, mmi, wait_done
-from ...models import MMI_SERVICE
+from ...models import MMI_SERVICE, TaskLimits
 from ..auth import Principal
 from ..problems import responses
 from ..state import api_state
@@ -181,14 +181,78 @@ async def resume_service(request: Request, _: Principal, service: ServicePath) -
     return await _control(request, "resume_service", service)
 
 
-async def _control(request: Request, task: str, service: str) -> dict[str, Any]:
+TaskPath = Annotated[str, Path(min_length=1, max_length=MAX_NAME_BYTES, description="Task name")]
+_LIMIT_EXAMPLE = {
+    "service": "demo",
+    "task": "echo",
+    "rate_limit": "5/s",
+    "concurrency": None,
+    "limit_key": None,
+    "source": "set",
+    "running": 0,
+    "held": 0,
+}
+
+
+@router.get(
+    "/limits",
+    operation_id="mmi_show_limits",
+    summary="Tasks with a rate or concurrency limit, and the jobs running and waiting on each",
+    response_model=list[dict[str, Any]],
+    responses={200: {"content": {"application/json": {"example": [_LIMIT_EXAMPLE]}}}, **responses(401, 403, 503, 504)},
+)
+async def show_limits(request: Request, _: Principal) -> list[dict[str, Any]]:
+    result: list[dict[str, Any]] = await _ask(request, "show_limits")
+    return result
+
+
+@router.put(
+    "/services/{service}/tasks/{task}/limits",
+    operation_id="mmi_set_limit",
+    summary="Set a task's rate and concurrency limits at run time",
+    response_model=dict[str, Any],
+    responses={
+        200: {"content": {"application/json": {"example": {**_LIMIT_EXAMPLE, "changed": True}}}},
+        **responses(400, 401, 403, 404, 415, 422, 503, 504),
+    },
+)
+async def set_limit(
+    request: Request, _: Principal, service: ServicePath, task: TaskPath, limits: TaskLimits
+) -> dict[str, Any]:
+    """The broker enforces them across all the service's workers from now on, in place of what the
+    task declares (all fields null: no limit at all), until DELETE; they survive a broker restart.
+    Jobs over a limit wait in the broker's queue (`queued`), never fail."""
+    return await _control(request, "set_limit", service, task_name=task, **limits.model_dump())
+
+
+@router.delete(
+    "/services/{service}/tasks/{task}/limits",
+    operation_id="mmi_clear_limit",
+    summary="Clear a task's limits set at run time (back to what it declares)",
+    response_model=dict[str, Any],
+    responses={
+        200: {"content": {"application/json": {"example": _LIMIT_EXAMPLE}}},
+        **responses(401, 403, 404, 422, 503, 504),
+    },
+)
+async def clear_limit(request: Request, _: Principal, service: ServicePath, task: TaskPath) -> dict[str, Any]:
+    return await _control(request, "clear_limit", service, task_name=task)
+
+
+async def _control(request: Request, command: str, service: str, **kwargs: Any) -> dict[str, Any]:
     if service == MMI_SERVICE or len(service.encode()) > MAX_NAME_BYTES:
         raise _no_service(f"'{service}' is not a worker service")
     try:
-        result: dict[str, Any] = await mmi(api_state(request).client, task, MMI_TIMEOUT, service=service)
+        result: dict[str, Any] = await mmi(api_state(request).client, command, MMI_TIMEOUT, service=service, **kwargs)
     except BadRequestError as exc:
-        if "unknown-service" in str(exc):
+        why = exc.results or {}  # the broker's {"error": slug, "detail": why}
+        slug, detail = why.get("error"), str(why.get("detail") or exc)
+        if slug == "unknown-service":
             raise _no_service(f"service '{service}' is unknown: no worker has registered it with the broker") from None
+        if slug == "unknown-task":
+            raise ProblemError(404, "task-not-found", "Task not found", detail) from None
+        if slug in ("bad-request", "too-many"):
+            raise ProblemError(400, "bad-control", "Refused by the broker", detail) from None
         raise from_fabric_error(exc) from None
     except ZfabError as exc:
         raise from_fabric_error(exc) from None

@@ -1,0 +1,284 @@
+"""Rate and concurrency limits per task, enforced by the broker across all of a service's workers.
+
+Pure state on the dispatcher's clock. A task's rule (core/limits.py) comes from its workers'
+declaration (READY's schema, `x-zfab`) or is set at run time (MMI `set_limit`, which replaces the
+declaration until `clear_limit`; kept in `$ZFAB_DATA_DIR/broker/limits.json` across a restart).
+
+A job of a limited task (target `any`) belongs to a **bucket**: one per task, or per task and value
+of the rule's `key` argument (read from the job's body: the only case in which the broker parses a
+body). The bucket counts the jobs dispatched and not yet ended (concurrency) and when the next may
+start (rate: evenly spaced, no burst). A job its bucket does not let go waits there (Spot.HELD),
+still in its service's queue for depth, bytes, expiry and cancel; the dispatcher takes the best job
+of the ready heap and of the open buckets (priority, then arrival), so a limited task never holds
+back the service's other tasks. Buckets are bounded (MAX_BUCKETS): past it, new key values share
+one overflow bucket per task, which only makes the limit stricter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ..core import protocol as nfp
+from ..core.limits import Rule, read_rule
+from .jobqueue import QueuedJob, Spot
+
+log = logging.getLogger(__name__)
+
+MAX_BUCKETS = 10_000
+MAX_RULES = 10_000  # tasks with a limit set at run time
+MAX_KEY_BYTES = 200  # a key value longer than this (as JSON) is known by its hash
+OVERFLOW = "\x00overflow"  # the key of the bucket new values share once the table is full
+DECLARATION_KEY = "x-zfab"
+FILE_NAME = "limits.json"
+
+
+class Bucket:
+    """One task's (and key value's) share of its rule: jobs running, when the next may start, and
+    the jobs waiting for it in priority then arrival order (lazily pruned, like the queue's heaps)."""
+
+    __slots__ = ("armed", "held", "key", "next_at", "rule", "running", "service", "task")
+
+    def __init__(self, service: bytes, task: str, key: str | None, rule: Rule) -> None:
+        self.service = service
+        self.task = task
+        self.key = key
+        self.rule = rule
+        self.running = 0
+        self.next_at = 0.0  # monotonic: the next start the rate allows
+        self.armed = -1.0  # the next_at a timer was set for (one timer per opening)
+        self.held: list[tuple[int, int, QueuedJob]] = []
+
+    def hold(self, job: QueuedJob) -> None:
+        job.spot = Spot.HELD
+        heapq.heappush(self.held, (-job.priority, job.seq, job))
+
+    def top(self) -> QueuedJob | None:
+        held = self.held
+        while held:
+            job = held[0][2]
+            if job.spot is Spot.HELD and job.limit is self:
+                return job
+            heapq.heappop(held)
+        return None
+
+    def pop(self) -> QueuedJob | None:
+        job = self.top()
+        if job is not None:
+            heapq.heappop(self.held)
+        return job
+
+    def open(self, now: float) -> bool:
+        """May one more job start now?"""
+        rule = self.rule
+        if rule.concurrency is not None and self.running >= rule.concurrency:
+            return False
+        return rule.rate is None or self.next_at <= now
+
+    def started(self, now: float) -> None:
+        self.running += 1
+        interval = self.rule.interval
+        if interval:
+            # Evenly spaced; a start a little late keeps the schedule, one late by a whole interval
+            # or more starts it again from now (no burst to catch up).
+            base = self.next_at if self.next_at > now - interval else now
+            self.next_at = base + interval
+
+    @property
+    def idle(self) -> bool:
+        return self.running <= 0 and not self.held
+
+
+class Limiter:
+    """Every bucket, and the rules set at run time (`overrides`), bounded."""
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self.path = directory / FILE_NAME if directory is not None else None
+        self.overrides: dict[tuple[bytes, str], Rule | None] = {}  # None: set to no limit
+        self.buckets: dict[tuple[bytes, str, str | None], Bucket] = {}
+        self.by_service: dict[bytes, dict[tuple[bytes, str, str | None], Bucket]] = {}
+        self.timers: list[tuple[float, int, Bucket]] = []  # when a rate-closed bucket with jobs opens
+        self._declared: dict[tuple[bytes, str], tuple[int, Rule | None]] = {}  # by id of the declaration
+        self._seq = 0
+        self.write_errors = 0
+
+    # ---- rules --------------------------------------------------------------------------------
+
+    def rule(self, service: bytes, task: str, tasks: dict[str, Any] | None) -> Rule | None:
+        """The task's rule: set at run time, else declared by its workers (cached per declaration)."""
+        key = (service, task)
+        if key in self.overrides:
+            return self.overrides[key]
+        schema = tasks.get(task) if tasks else None
+        decl = schema.get(DECLARATION_KEY) if isinstance(schema, dict) else None
+        if decl is None:
+            return None
+        cached = self._declared.get(key)
+        if cached is not None and cached[0] == id(decl):
+            return cached[1]
+        try:
+            rule = read_rule(decl)
+        except ValueError as exc:
+            log.warning("broker: task %s of %r declares a bad limit (%s); not limited", task, service, exc)
+            rule = None
+        if len(self._declared) >= MAX_RULES:
+            self._declared.clear()  # a cache: it fills again from the declarations
+        self._declared[key] = (id(decl), rule)
+        return rule
+
+    def set_rule(self, service: bytes, task: str, rule: Rule | None) -> None:
+        """Set a task's rule at run time (None: no limit, whatever it declares). ValueError when full."""
+        if (service, task) not in self.overrides and len(self.overrides) >= MAX_RULES:
+            raise ValueError(f"{MAX_RULES} tasks have limits set already; clear some first")
+        self.overrides[(service, task)] = rule
+        self._save()
+
+    def clear_rule(self, service: bytes, task: str) -> bool:
+        """Back to the declaration; False when nothing was set."""
+        if self.overrides.pop((service, task), 0) == 0:
+            return False
+        self._save()
+        return True
+
+    # ---- buckets ------------------------------------------------------------------------------
+
+    def bucket_for(self, job: QueuedJob, rule: Rule, schema: Any) -> Bucket:
+        """The bucket a job of a limited task belongs to (made when new)."""
+        value = key_value(job.body, rule.key, schema) if rule.key else None
+        ident = (job.service, job.task, value)
+        b = self.buckets.get(ident)
+        if b is None:
+            if len(self.buckets) >= MAX_BUCKETS:
+                self.sweep(float("inf"))
+            if len(self.buckets) >= MAX_BUCKETS:
+                ident = (job.service, job.task, OVERFLOW)
+                b = self.buckets.get(ident)
+            if b is None:
+                b = self.buckets[ident] = Bucket(job.service, job.task, ident[2], rule)
+                self.by_service.setdefault(job.service, {})[ident] = b
+        b.rule = rule
+        return b
+
+    def of_service(self, service: bytes) -> Iterator[Bucket]:
+        return iter(list(self.by_service.get(service, {}).values()))
+
+    def of_task(self, service: bytes, task: str) -> Iterator[Bucket]:
+        return (b for b in self.of_service(service) if b.task == task)
+
+    def finished(self, b: Bucket) -> None:
+        """A job of the bucket ended (its route went): a slot is free."""
+        b.running = max(0, b.running - 1)
+
+    def arm(self, b: Bucket, now: float) -> None:
+        """A bucket with jobs waiting that the rate closes: look again when it opens."""
+        if b.rule.rate is not None and b.next_at > now and b.armed != b.next_at:
+            b.armed = b.next_at
+            self._seq += 1
+            heapq.heappush(self.timers, (b.next_at, self._seq, b))
+
+    def next_deadline(self) -> float | None:
+        timers = self.timers
+        while timers and (timers[0][2].top() is None or timers[0][0] < timers[0][2].next_at):
+            heapq.heappop(timers)
+        return timers[0][0] if timers else None
+
+    def due(self, now: float) -> set[bytes]:
+        """Services with a bucket the rate opened by now."""
+        out: set[bytes] = set()
+        while self.timers and self.timers[0][0] <= now:
+            b = heapq.heappop(self.timers)[2]
+            if b.top() is not None:
+                out.add(b.service)
+        return out
+
+    def sweep(self, now: float) -> None:
+        """Forget buckets with nothing running or waiting whose rate would let a job start now."""
+        for ident, b in list(self.buckets.items()):
+            if b.idle and b.next_at <= now:
+                del self.buckets[ident]
+                mine = self.by_service.get(ident[0])
+                if mine is not None:
+                    mine.pop(ident, None)
+                    if not mine:
+                        del self.by_service[ident[0]]
+
+    def facts(self) -> dict[tuple[bytes, str], dict[str, Any]]:
+        """Per limited task: its rule, where it comes from, jobs running and waiting, buckets."""
+        out: dict[tuple[bytes, str], dict[str, Any]] = {}
+        for b in self.buckets.values():
+            row = out.setdefault((b.service, b.task), {**b.rule.as_dict(), "running": 0, "held": 0, "buckets": 0})
+            row["running"] += b.running
+            row["held"] += sum(1 for _, _, j in b.held if j.spot is Spot.HELD and j.limit is b)
+            row["buckets"] += 1
+        for (service, task), rule in self.overrides.items():
+            row = out.setdefault((service, task), {"running": 0, "held": 0, "buckets": 0})
+            row.update(rule.as_dict() if rule is not None else {"rate_limit": None, "concurrency": None})
+        for (service, task), row in out.items():
+            row["source"] = "set" if (service, task) in self.overrides else "declared"
+        return out
+
+    # ---- persistence (rules set at run time) ----------------------------------------------------
+
+    def load(self) -> None:
+        if self.path is None or not self.path.exists():
+            return
+        try:
+            rows = json.loads(self.path.read_text())
+            if not isinstance(rows, list):
+                raise ValueError("not a JSON list")
+            for row in rows[:MAX_RULES]:
+                service, task = row["service"].encode(), str(row["task"])
+                self.overrides[(service, task)] = read_rule(row)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("broker: cannot read the limits in %s (%s); only declared limits apply", self.path, exc)
+            self.overrides.clear()
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        rows = [
+            {"service": s.decode(errors="replace"), "task": t, **(r.as_dict() if r is not None else {})}
+            for (s, t), r in self.overrides.items()
+        ]
+        tmp = self.path.with_suffix(".tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with tmp.open("w") as f:
+                json.dump(rows, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            self.write_errors += 1
+            log.error("broker: cannot write the limits to %s (%s); a restart forgets the change", self.path, exc)
+
+
+def key_value(body: nfp.Frame, name: str | None, schema: Any) -> str | None:
+    """The value of the job's `name` argument, as a bounded string (None: the job does not give it).
+    A positional argument is found by the order of the task's schema's properties."""
+    if name is None:
+        return None
+    try:
+        req = nfp.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(req, dict):
+        return None
+    kwargs, args = req.get("kwargs"), req.get("args")
+    if isinstance(kwargs, dict) and name in kwargs:
+        value = kwargs[name]
+    else:
+        props = schema.get("properties") if isinstance(schema, dict) else None
+        names = list(props) if isinstance(props, dict) else []
+        index = names.index(name) if name in names else -1
+        if not isinstance(args, list) or not 0 <= index < len(args):
+            return None
+        value = args[index]
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return text if len(text) <= MAX_KEY_BYTES else "sha256:" + hashlib.sha256(text.encode()).hexdigest()

@@ -1,0 +1,179 @@
+"""Rate and concurrency limits on the stub broker: enforced across workers, jobs over a limit held in
+the queue (never refused), other tasks not held back, per key, set and cleared at run time, kept on
+disk. No sockets; a fake clock."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_broker_handlers import finish, jobs_sent, make_broker, replies, stub
+
+from service import Broker
+from service.core import protocol as nfp
+from service.core.limits import parse_rate, read_rule
+from service.transport import FakeClock
+
+SITE = {"type": "object", "properties": {"site": {"type": "string"}, "n": {"type": "integer"}}}
+TASKS: dict[str, Any] = {
+    "echo": {"type": "object"},
+    "slow": {"type": "object", "x-zfab": {"concurrency": 2}},
+    "paced": {"type": "object", "x-zfab": {"rate_limit": "5/s"}},
+    "per_site": {**SITE, "x-zfab": {"concurrency": 1, "limit_key": "site"}},
+}
+
+
+def ready(b: Broker, ident: bytes, credits: int = 4) -> None:
+    ann = nfp.dumps({"v": 2, "name": ident.decode(), "credits": credits, "tasks": TASKS})
+    stub(b).feed([ident, b"", nfp.WORKER, nfp.READY, b"demo", ann])
+
+
+def post(b: Broker, uuid: bytes, task: str, timeout: float = 30, **kwargs: Any) -> None:
+    body = nfp.dumps({"task": task, "args": [], "kwargs": kwargs})
+    flags = nfp.dumps({"push": True, "ack": True, "task": task, "timeout": timeout})
+    stub(b).feed([b"c1", b"", nfp.CLIENT, nfp.POST, b"demo", b"any", uuid, body, flags])
+
+
+LEFT: list[list[bytes]] = []  # frames an MMI call took along with its answer
+
+
+def sent(b: Broker) -> list[tuple[bytes, bytes]]:
+    """(worker, uuid) of the jobs the broker sent since the last look."""
+    frames = [*LEFT, *stub(b).take()]
+    LEFT.clear()
+    return [(w, u) for w, cmd, u in jobs_sent(frames) if cmd == nfp.POST]
+
+
+def mmi(b: Broker, command: str, /, **kwargs: Any) -> tuple[bytes, Any]:
+    body = nfp.dumps({"task": command, "kwargs": kwargs})
+    stub(b).feed([b"c1", b"", nfp.CLIENT, nfp.MMI, nfp.MMI_SERVICE, b"any", b"m1", body])
+    frames = stub(b).take()
+    LEFT.extend(frames)
+    got = [(st, a) for cmd, u, st, a in replies(frames) if cmd == nfp.RESPONSE and u == b"m1"]
+    return got[-1]
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def broker(clock: FakeClock, tmp_path: Path) -> Broker:
+    b = make_broker(clock, data_dir=str(tmp_path), service_queue_size=100)
+    for w in (b"w1", b"w2", b"w3"):
+        ready(b, w)
+    return b
+
+
+def test_a_rate_reads_as_jobs_per_second_and_a_rule_refuses_nonsense() -> None:
+    assert parse_rate("5/s") == 5 and parse_rate("120 per minute") == 2 and parse_rate("36/h") == 0.01
+    assert read_rule({"concurrency": 2, "limit_key": "site"}) is not None
+    assert read_rule({}) is None
+    for bad in (
+        {"rate_limit": "fast"},
+        {"rate_limit": "0/s"},
+        {"concurrency": 0},
+        {"concurrency": 1.5},
+        {"limit_key": "site"},
+    ):
+        with pytest.raises(ValueError):
+            read_rule(bad)
+
+
+def test_a_concurrency_limit_holds_its_jobs_across_workers_and_lets_other_tasks_pass(broker: Broker) -> None:
+    for i in range(6):
+        post(broker, f"s{i}".encode(), "slow")
+    first = sent(broker)
+    assert len(first) == 2  # 3 workers with 12 credits between them, 2 at once for the task
+    post(broker, b"e1", "echo")
+    assert [u for _, u in sent(broker)] == [b"e1"]  # the held jobs do not hold back another task
+    replies_ = replies(stub(broker).take())
+    assert not any(st in (nfp.ST_BUSY, nfp.ST_BAD_REQUEST) for _, _, st, _ in replies_)  # held, never refused
+    worker, uuid = first[0]
+    finish(broker, worker, uuid)
+    assert [u for _, u in sent(broker)] == [b"s2"]  # the next in arrival order, as one slot frees
+    (row,) = [r for r in broker.mmi.show_limits() if r["task"] == "slow"]
+    assert (row["concurrency"], row["source"], row["running"], row["held"]) == (2, "declared", 2, 3)
+    svc = next(s for s in broker.mmi.show_services() if s["service"] == "demo")
+    assert svc["limits"]["slow"] == {"running": 2, "held": 3} and svc["queue_depth"] == 3
+
+
+def test_a_rate_limit_spaces_starts_evenly_on_the_brokers_clock(broker: Broker, clock: FakeClock) -> None:
+    for i in range(5):
+        post(broker, f"p{i}".encode(), "paced")
+    starts = [(clock(), len(sent(broker)))]
+    for _ in range(10):
+        clock.advance(0.1)
+        stub(broker).tick()
+        starts.append((clock(), len(sent(broker))))
+    # one at once, then one every 0.2 s: the loop wakes for each (next_deadline), no burst
+    assert [n for _, n in starts] == [1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 0]
+
+
+def test_a_keyed_limit_applies_to_each_value_of_the_argument(broker: Broker) -> None:
+    post(broker, b"a1", "per_site", site="a")
+    post(broker, b"a2", "per_site", site="a")
+    post(broker, b"b1", "per_site", site="b")
+    assert sorted(u for _, u in sent(broker)) == [b"a1", b"b1"]
+    (row,) = [r for r in broker.mmi.show_limits() if r["task"] == "per_site"]
+    assert (row["running"], row["held"]) == (2, 1)
+
+
+def test_a_held_job_still_expires_at_its_deadline(broker: Broker, clock: FakeClock) -> None:
+    post(broker, b"s1", "slow")
+    post(broker, b"s2", "slow")
+    post(broker, b"late", "slow", timeout=1)
+    sent(broker)
+    clock.advance(1.5)
+    stub(broker).tick()
+    assert (b"late", nfp.ST_EXPIRED) in [(u, st) for _, u, st, _ in replies(stub(broker).take())]
+
+
+def test_a_limit_set_at_run_time_replaces_the_declaration_until_cleared(broker: Broker, tmp_path: Path) -> None:
+    status, answer = mmi(broker, "set_limit", service="demo", task_name="echo", concurrency=1)
+    assert status == nfp.ST_OK and answer["concurrency"] == 1 and answer["source"] == "set", answer
+    for i in range(3):
+        post(broker, f"e{i}".encode(), "echo")
+    assert len(sent(broker)) == 1
+    assert json.loads((tmp_path / "broker" / "limits.json").read_text()) == [
+        {"service": "demo", "task": "echo", "rate_limit": None, "concurrency": 1, "limit_key": None}
+    ]
+    # cleared: back to the declaration (none for echo), and the held jobs go at once
+    status, answer = mmi(broker, "clear_limit", service="demo", task_name="echo")
+    assert status == nfp.ST_OK and answer["concurrency"] is None
+    assert len([u for _, u in sent(broker) if u.startswith(b"e")]) == 2
+    # a declared limit lifted at run time (all values null)
+    assert mmi(broker, "set_limit", service="demo", task_name="slow")[1]["source"] == "set"
+    for i in range(4):
+        post(broker, f"s{i}".encode(), "slow")
+    assert len(sent(broker)) == 4
+
+
+def test_a_limit_set_at_run_time_survives_a_restart(clock: FakeClock, tmp_path: Path) -> None:
+    b = make_broker(clock, data_dir=str(tmp_path))
+    ready(b, b"w1")
+    mmi(b, "set_limit", service="demo", task_name="echo", rate_limit="1/m")
+    again = make_broker(clock, data_dir=str(tmp_path))
+    again.dispatch.limits.load()
+    ready(again, b"w1")
+    stub(again).take()
+    post(again, b"e1", "echo")
+    post(again, b"e2", "echo")
+    assert [u for _, u in sent(again)] == [b"e1"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "status"),
+    [
+        ({"task_name": "nosuch", "concurrency": 1}, nfp.ST_NOT_FOUND),
+        ({"task_name": "echo", "concurrency": 0}, nfp.ST_BAD_REQUEST),
+        ({"task_name": "echo", "rate_limit": "often"}, nfp.ST_BAD_REQUEST),
+        ({"task_name": "per_site", "concurrency": 1, "limit_key": "nosuch"}, nfp.ST_BAD_REQUEST),
+    ],
+)
+def test_a_bad_limit_is_refused_with_its_reason(broker: Broker, kwargs: dict[str, Any], status: bytes) -> None:
+    got, answer = mmi(broker, "set_limit", service="demo", **kwargs)
+    assert got == status and answer["detail"], answer

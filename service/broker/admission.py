@@ -79,6 +79,11 @@ def read_job(sender: bytes, req: nfp.ClientRequest, *, now: float, seq: int, def
         delay = max(delay, min(MAX_DELAY, not_before - time.time()))
     task = flags.get("task")
     notice = _number(flags, "notice", 0.0, MAX_NOTICE) or 0.0
+    try:
+        # W3C trace context: passed on to the worker untouched (service/tracing.py)
+        trace = payloads.trace_context(flags) if "traceparent" in flags else None
+    except ValueError as exc:
+        raise bad(str(exc)) from None
     return QueuedJob(
         uuid=req.uuid,
         client=sender,
@@ -99,6 +104,7 @@ def read_job(sender: bytes, req: nfp.ClientRequest, *, now: float, seq: int, def
         deadline=now + delay + timeout,
         timeout=timeout,
         notice=notice,
+        trace=trace,
     )
 
 

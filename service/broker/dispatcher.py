@@ -169,10 +169,14 @@ class Dispatcher:
         frames = nfp.broker_job(w.ident, nfp.POST, job.client, job.uuid, job.body)
         if w.v2:
             # zfab workers learn what is left of the deadline (time queued is spent) and how long
-            # the job waited here (their wait-time histogram).
-            frames.append(
-                nfp.dumps({"deadline": round(max(0.0, job.deadline - now), 3), "queued": round(now - job.queued_at, 6)})
-            )
+            # the job waited here (their wait-time histogram), and the submitter's trace context.
+            meta: dict[str, Any] = {
+                "deadline": round(max(0.0, job.deadline - now), 3),
+                "queued": round(now - job.queued_at, 6),
+            }
+            if job.trace is not None:
+                meta.update(job.trace)
+            frames.append(nfp.dumps(meta))
         self.send(frames)
 
     def _dispatched(self, job: QueuedJob, workers: list[WorkerRecord]) -> None:

@@ -57,6 +57,7 @@ class QueuedJob:
     client_key: bytes | None = None  # CURVE: the key of the client that submitted it
     workers: list[bytes] = field(default_factory=list)  # names it was fanned out to
     limit: Any = None  # the limits.Bucket of its task's rate/concurrency limit (None: not limited)
+    trace: dict[str, str] | None = None  # the submitter's W3C trace context, for the worker's meta frame
 
     @property
     def size(self) -> int:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from .. import tracing
 from ..core import ids, payloads
 from ..core import protocol as nfp
 from ..core.keepalive import Clock, KeepAlive
@@ -214,6 +215,9 @@ class Client(ClientSession):
             fields["not_before"] = not_before
         if resubmit:
             fields["known"] = True
+        if (traced := tracing.produce(service, task, uuid)) is not None:
+            uuid, context = traced  # a PRODUCER span; each attempt's CONSUMER span continues its trace
+            fields.update(context)  # W3C traceparent/tracestate, in the flags frame (never the arguments)
         fut = self._submit(
             service.encode(),
             target,

@@ -10,6 +10,7 @@ place. Pure: no sockets, no threads. `docs/protocol.md` documents each shape.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -182,6 +183,28 @@ def flags(*, push: bool, ack: bool) -> bytes:
 
 
 NO_ACK: Final = b'{"ack":false}'
+
+TRACEPARENT: Final = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+MAX_TRACESTATE: Final = 512  # characters: W3C allows 32 members of up to 256 each; more is not carried
+
+
+def trace_context(fields: dict[str, Any]) -> dict[str, str] | None:
+    """The W3C trace context (`traceparent`, `tracestate`) among a flags frame's or meta frame's
+    fields, or None; ValueError naming what is malformed (service/tracing.py makes and reads it)."""
+    parent = fields.get("traceparent")
+    if parent is None:
+        return None
+    if not isinstance(parent, str) or not TRACEPARENT.match(parent):
+        raise ValueError("traceparent must be a W3C trace context: 00-<32 hex>-<16 hex>-<2 hex>")
+    out = {"traceparent": parent}
+    state = fields.get("tracestate")
+    if state is not None:
+        if not isinstance(state, str) or len(state) > MAX_TRACESTATE or not state.isascii():
+            raise ValueError(f"tracestate must be ASCII text of at most {MAX_TRACESTATE} characters")
+        out["tracestate"] = state
+    return out
+
+
 """Flags of GETs and PUTs a zfab client sends: no 202 from the broker (it knows its workers)."""
 
 

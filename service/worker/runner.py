@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from .. import tracing
 from ..core import payloads
 from ..core import protocol as nfp
 from ..core.histogram import Histogram
@@ -193,17 +194,39 @@ class JobRunner:
         result: Any = None
         outcome: tuple[str, list[str], list[str]] = (Outcome.COMPLETED, [], [])
         retry: dict[str, Any] | None = None
+        error: Exception | None = None
+        span = self._span(job) if tracing.enabled() else None
         t0 = time.monotonic()
         try:
-            result = spec.fn(**kwargs)
+            if span is None:
+                result = spec.fn(**kwargs)
+            else:
+                with tracing.use(span):
+                    result = spec.fn(**kwargs)
         except Exception as exc:
-            outcome = self._failed(job, exc)
+            outcome, error = self._failed(job, exc), exc
             retry = self._retry(job, exc)
         took = time.monotonic() - t0
         self.task_stats[job.task].run.observe(took)
         # Each pool thread writes it; a lost update between two of them costs nothing.
         self.run_time = took if not self.run_time else 0.9 * self.run_time + 0.1 * took
         self.complete(job, nfp.ST_OK, result, *outcome, retry=retry)
+        if span is not None:
+            tracing.finish(span, outcome[0], error)
+
+    def _span(self, job: Job) -> Any:
+        """The attempt's CONSUMER span (service/tracing.py): child of its submitter's, with its waits."""
+        waited = job.queued_s + max(0.0, (job.started_at or job.received_at) - job.received_at)
+        return tracing.consume(
+            job.trace,
+            service=self.service,
+            task=job.task,
+            uuid=payloads.split_wire_uuid(job.uuid)[0],
+            attempt=job.attempt,
+            queued=job.queued_s,
+            waited=waited,
+            worker=self.name,
+        )
 
     async def run_async(self, job: Job) -> None:
         """Event loop: the same for an `async def` task; its deadline and DELETE cancel the coroutine."""
@@ -216,6 +239,8 @@ class JobRunner:
         result: Any = None
         outcome: tuple[str, list[str], list[str]] = (Outcome.COMPLETED, [], [])
         retry: dict[str, Any] | None = None
+        error: BaseException | None = None
+        span = self._span(job) if tracing.enabled() else None
         t0 = time.monotonic()
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
@@ -228,18 +253,24 @@ class JobRunner:
         deadline = job.deadline
         try:
             async with asyncio.timeout_at(None if deadline is None else loop.time() + deadline - time.monotonic()):
-                result = await spec.fn(**kwargs)
+                if span is None:
+                    result = await spec.fn(**kwargs)
+                else:
+                    with tracing.use(span):
+                        result = await spec.fn(**kwargs)
         except asyncio.CancelledError:
             outcome = (Outcome.CANCELLED, ["cancelled while running"], [])
         except TimeoutError:
             outcome = (Outcome.TIMEOUT, [f"job {job.uuid} ran past its {job.timeout} s deadline"], [])
         except Exception as exc:
-            outcome = self._failed(job, exc)
+            outcome, error = self._failed(job, exc), exc
             retry = self._retry(job, exc)
         finally:
             job.on_cancel = None
         self.task_stats[job.task].run.observe(time.monotonic() - t0)
         self.complete(job, nfp.ST_OK, result, *outcome, retry=retry)
+        if span is not None:
+            tracing.finish(span, outcome[0], error)
 
     async def _contact_async(self, job: Job) -> bool:
         # The event loop must not block on the contact event: look again every 50 ms (rare path).

@@ -379,7 +379,7 @@ class Worker:
             self.counts["busy"] += 1
             self._reply(msg, nfp.ST_BUSY, self.runner.status(uuid, Word.BUSY, errors=["worker job queue is full"]))
             return
-        timeout, queued = body.timeout, 0.0
+        timeout, queued, trace = body.timeout, 0.0, None
         if msg.meta is not None:
             # The broker held the job a while: what is left of its deadline is the worker's deadline.
             left, held = msg.meta.get("deadline"), msg.meta.get("queued")
@@ -387,6 +387,11 @@ class Worker:
                 timeout = max(1e-3, float(left))
             if is_number(held) and held >= 0:
                 queued = float(held)
+            if "traceparent" in msg.meta:
+                try:
+                    trace = payloads.trace_context(msg.meta)  # the submitter's, for the attempt's span
+                except ValueError:
+                    self.counts["rejected_frames"] += 1  # the job runs, untraced
         # A body over the store's bound is never written, so the job keeps no copy of it: a 10 MB
         # job then holds its decoded arguments, not the raw body as well, for as long as it is
         # remembered.
@@ -405,6 +410,7 @@ class Worker:
             queued_s=queued,
             attempt=body.attempt,
             retry=self.tasks[task_name].retry_policy(body.retries, body.backoff),
+            trace=trace,
             emit=self.runner.emit,
             stream_out=self.runner.stream_out,
         )

@@ -19,6 +19,7 @@ WORKDIR /src
 COPY pyproject.toml README* ./
 COPY service ./service
 COPY api ./api
+COPY apiclient ./apiclient
 RUN pip install --no-cache-dir . \
     && zfab --help > /dev/null
 

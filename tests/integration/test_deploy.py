@@ -317,8 +317,25 @@ def test_dockerignore_keeps_git_venv_and_tests_out_of_the_build_context() -> Non
     for path in (".git", ".venv", "tests"):
         excluded = allow_list and f"!{path}" not in patterns and f"!{path}/" not in patterns
         assert excluded or path in patterns or f"{path}/" in patterns, f"{path} is sent to the build"
-    for needed in ("pyproject.toml", "service", "api"):
+    for needed in ("pyproject.toml", *PACKAGES):
         assert not allow_list or f"!{needed}" in patterns or f"!{needed}/" in patterns, f"{needed} is not sent"
+
+
+# Every package the distribution installs (pyproject's packages.find include list), so a new one
+# (apiclient/ was) reaches the image: sent to the build and copied before `pip install .`.
+PACKAGES = tuple(
+    p.rstrip("*")
+    for p in re.findall(
+        r'"([a-z_]+\*)"', re.search(r"include = \[(.*?)\]", (ROOT / "pyproject.toml").read_text()).group(1)
+    )
+)
+
+
+def test_the_image_gets_every_package_of_the_distribution() -> None:
+    assert {"service", "api", "apiclient"} <= set(PACKAGES), PACKAGES
+    copies = re.findall(r"^COPY (\S+) \./(\S+)$", (ROOT / "Dockerfile").read_text(), re.M)
+    for pkg in PACKAGES:
+        assert (pkg, pkg) in copies, f"the Dockerfile does not COPY {pkg} before pip install"
 
 
 # ---- Prometheus ----------------------------------------------------------------------------------

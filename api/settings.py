@@ -50,6 +50,13 @@ class ApiSettings(Settings):
         "are adopted by another",
     )
     sse_ping_seconds: float = Field(15.0, gt=0, le=3600, description="Keep-alive comment interval of idle SSE streams")
+    api_events_buffer: int = Field(
+        10_000, ge=1, description="Broker events the API holds for GET /events (and Last-Event-ID resumes)"
+    )
+    api_events_buffer_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, description="Bytes of broker events the API holds for GET /events"
+    )
+    api_event_streams: int = Field(100, ge=1, description="GET /events streams open at once (503 beyond)")
     max_schedules: int = Field(1000, ge=1, description="Most periodic schedules the API keeps (POST /schedules)")
 
     def default_api_db(self) -> str:

@@ -70,6 +70,7 @@ SECTIONS = {
     "idle": "a whole idle fabric (bench/idle.py)",
     "queue": "the job queue: head-of-line, a deep queue, the prefetch sweep (bench/queue.py)",
     "console": "the web console over a table of 100,000 jobs (bench/console.py)",
+    "topics": "a slow event subscriber: pipelined jobs/s beside none (bench/topics.py)",
 }
 
 

@@ -10,6 +10,7 @@ from .broker.broker import Broker
 from .client.client import Client
 from .client.clientjob import JobFuture
 from .client.filestream import FileStream
+from .client.subscriber import Subscriber, SubscriptionError
 from .core.ids import new_uuid as new_job_uuid
 from .core.payloads import MAX_JOB_UUID
 from .core.protocol import MAX_NAME_BYTES
@@ -36,6 +37,8 @@ __all__ = [
     "JobFuture",
     "Settings",
     "State",
+    "Subscriber",
+    "SubscriptionError",
     "Worker",
     "check_arguments",
     "final_state",

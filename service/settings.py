@@ -94,6 +94,18 @@ class Settings(BaseSettings):
     curve_server_key: str | None = Field(None, description="Clients/workers: the broker's public certificate")
     curve_clients: str | None = Field(None, description="Broker: directory of accepted public certificates")
     insecure: bool = Field(False, description="Broker: allow a non-loopback endpoint without CURVE")
+    broker_events: str | None = Field(
+        None,
+        description="Endpoint of the broker's event publisher (XPUB, topics job.<service>.<task>.<state>): the "
+        "broker binds it, subscribers and the API connect to it; unset: no events are published",
+    )
+    broker_events_hwm: int = Field(10_000, ge=1, description="Events one subscriber's pipe holds before it drops")
+    broker_events_queue: int = Field(
+        10_000, ge=1, description="Events the broker's loop hands its publisher thread before it drops them"
+    )
+    broker_events_subscriptions: int = Field(
+        1000, ge=1, description="Subscriptions the broker's event publisher accepts at once"
+    )
 
     @property
     def bind_endpoint(self) -> str:

@@ -28,7 +28,7 @@ from ..stores import open_stores
 from . import console, docs, lean, problems
 from .auth import TokenSet
 from .middleware import BodyLimitMiddleware, ContentTypeMiddleware, HeadMiddleware, HttpMetrics, MetricsMiddleware
-from .routes import events, files, jobs, mmi, ops, schedules
+from .routes import events, files, jobs, mmi, ops, schedules, topics
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +188,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.include_router(mmi.router)
     app.include_router(ops.router)
     app.include_router(schedules.router)  # its lifespan (the scheduler) runs inside the one above
+    app.include_router(topics.router)  # GET /events?topic=PREFIX; its lifespan closes the hub
     app.include_router(console.router)  # /ui, and / leading to it (api/http/console/)
     lean.install(app)  # in front of the documented POST /jobs: its common request, without FastAPI's per-request work
     # The last middleware added is the outermost: metrics see every answer, 413s and 415s included.

@@ -28,7 +28,8 @@ from ..transport.loop import OwnerLoop
 from ..transport.security import ZapHandler, curve_server, is_loopback
 from .admission import Refusal, answer, bad, read_job, unknown_task
 from .dispatcher import Dispatcher
-from .jobqueue import NAMED, Spot
+from .events import EventPublisher
+from .jobqueue import ANY, NAMED, Spot
 from .memory import MemoryKeeper, glibc_trim
 from .mmi import MmiService
 from .paused import PausedServices
@@ -98,6 +99,16 @@ class Broker(WorkerSide):
         self.paused = PausedServices(Path(s.data_dir) / "broker", s.max_services)
         self.dispatch.paused = self.paused
         self.mmi = MmiService(self)
+        self.events: EventPublisher | None = None  # job state changes by topic (events.py); off unless set
+        if s.broker_events:
+            self.events = EventPublisher(
+                s.broker_events,
+                hwm=s.broker_events_hwm,
+                queue_size=s.broker_events_queue,
+                max_subscriptions=s.broker_events_subscriptions,
+                curve_secret=s.curve_secret,
+                context=self.loop.context,
+            )
 
     # ---- lifecycle (any thread) ------------------------------------------------
 
@@ -117,6 +128,10 @@ class Broker(WorkerSide):
             self.zap.start()
         self.paused.load()
         self.dispatch.limits.load()
+        if self.events is not None:
+            if not curve and not s.insecure and not is_loopback(self.events.endpoint):
+                raise SecurityError(f"refusing to bind the events endpoint {self.events.endpoint} without CURVE")
+            self.events.start()
         self.loop.start()
         log.debug("broker listening on %s%s", self.bound_endpoint, " (CURVE)" if curve else "")
         return self
@@ -124,6 +139,8 @@ class Broker(WorkerSide):
     def stop(self) -> None:
         if self.zap is not None:
             self.zap.stop()  # first: the context cannot terminate while the ZAP socket is open
+        if self.events is not None:
+            self.events.stop()  # before the loop: its context cannot terminate while the XPUB is open
         self.loop.stop()
 
     def __enter__(self) -> Broker:
@@ -230,6 +247,8 @@ class Broker(WorkerSide):
             log.warning("broker dropped a message (%s, %d so far): %s", reason, n, detail)
 
     def reply(self, client: bytes, service: bytes, uuid: bytes, status: bytes, payload: Any) -> None:
+        if self.events is not None:
+            self.events.reply(uuid, status)
         self.send(nfp.broker_reply(client, nfp.RESPONSE, service, uuid, status, nfp.dumps(payload)))
 
     def _refuse(self, sender: bytes, req: nfp.ClientRequest, r: Refusal) -> None:
@@ -353,6 +372,9 @@ class Broker(WorkerSide):
                     nfp.ST_NOT_FOUND, Word.FAILED, f"no worker named {names} has registered for service '{svc.label}'"
                 )
         d.admit(svc, job, announce_now=not svc.tentative)
+        if self.events is not None:  # admitted (queued or sent): its worker's replies come on later frames
+            task = job.task if svc.tasks and job.task in svc.tasks else None
+            self.events.admitted(req.uuid, svc.name, task, single=job.kind == ANY)
 
     def _resend(self, sender: bytes, req: nfp.ClientRequest, workers: list[WorkerRecord]) -> None:
         self.reply(

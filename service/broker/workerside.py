@@ -18,6 +18,7 @@ from ..settings import Settings
 from ..transport.base import Frames, Transport
 from ..transport.security import ZapHandler
 from .dispatcher import Dispatcher
+from .events import EventPublisher
 from .registry import PROTOCOL_V2, Registry, WorkerRecord
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ class WorkerSide:
     dispatch: Dispatcher
     loop: Transport
     zap: ZapHandler | None
+    events: EventPublisher | None
     clock: Clock
     counts: Counter[str]
     gone: OrderedDict[bytes, dict[str, Any]]
@@ -139,6 +141,8 @@ class WorkerSide:
         route_now = self.registry.routes.get(msg.uuid)
         # The route knows the job's client as it is now (it may have reconnected since the POST).
         client = route_now.client if route_now is not None else msg.client
+        if self.events is not None and msg.command == nfp.RESPONSE:
+            self.events.forwarded(msg.uuid, worker.service, msg.status, worker.name, msg.payload)
         if msg.command == nfp.RESPONSE:
             if msg.status in nfp.FINAL_STATUSES:
                 route = self.registry.complete(worker, msg.uuid)

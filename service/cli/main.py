@@ -26,6 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     common_flags(b)
     metrics_flags(b)
     b.add_argument("--endpoint", help="endpoint to bind (ZFAB_ENDPOINT; default ZFAB_BROKER)")
+    b.add_argument(
+        "--events-endpoint", dest="broker_events", help="bind an event publisher here (ZFAB_BROKER_EVENTS; off)"
+    )
     curve_flags(b, broker=True)
     b.set_defaults(fn=cmd_broker)
 

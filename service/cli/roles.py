@@ -75,6 +75,8 @@ def cmd_broker(ns: argparse.Namespace) -> int:
     tune_process()
     curve = " (CURVE)" if s.curve_secret else ""
     print(f"zfab broker ready on {broker.bound_endpoint}{curve}", flush=True)
+    if broker.events is not None:
+        print(f"zfab broker events on {broker.events.bound_endpoint}", flush=True)
     try:
         wait_for_signal(stop)
     finally:

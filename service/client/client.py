@@ -39,6 +39,7 @@ from .clientjob import ClientJob, JobFuture
 from .filestream import FileStream, download, resume_offset, stream_request
 from .interaction import answer_input, iter_events
 from .session import ClientSession, EventCallback, settle_future
+from .subscriber import Subscriber
 
 log = logging.getLogger(__name__)
 
@@ -259,6 +260,14 @@ class Client(ClientSession):
         return self._submit(
             service.encode(), nfp.dumps(sorted(workers)), payloads.EMPTY_BODY, timeout, uuid=uuid, expected=set(workers)
         )
+
+    def subscribe(self, prefix: str = "", *, endpoint: str | None = None, queue_size: int = 10_000) -> Subscriber:
+        """The broker's events whose topic starts with `prefix` (e.g. "job.demo."), started and confirmed:
+        iterate it, close it (or use it in a with block). Its endpoint is ZFAB_BROKER_EVENTS unless given."""
+        where = endpoint or self.settings.broker_events
+        if not where:
+            raise ValueError("no events endpoint: set ZFAB_BROKER_EVENTS (the broker's --events-endpoint)")
+        return Subscriber(where, prefix, queue_size=queue_size, settings=self.settings).start()
 
     def mmi(self, task: str, timeout: float = 5.0, **kwargs: Any) -> Any:
         """Ask the broker's management interface, e.g. mmi("show_workers")."""

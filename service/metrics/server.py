@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, generate_latest
 
 from .base import CONTENT_TYPE, version
+from .events import EventsCollector
 from .fabric import broker_collector
 from .worker import WorkerCollector
 
@@ -75,6 +76,7 @@ def serve_metrics(
     if broker is not None:
         b = broker
         registry.register(broker_collector(b))
+        registry.register(EventsCollector(b))
         role = "broker"
 
         def alive() -> dict[str, bool]:

@@ -1,0 +1,340 @@
+"""The broker's event publisher (issue 30, part 1): every job state change under a topic.
+
+Topics (docs/protocol.md, "Event subscriptions"): `job.<service>.<task>.<state>`, where service
+and task are names the broker already accepted (a registered service; a task its workers
+declared, else `_`), each reduced to `[A-Za-z0-9_:-]` (anything else becomes `_`, so a part never
+holds a dot) and cut to TOPIC_PART_MAX characters; state is one of core/states.py's words.
+
+Single owner: the XPUB socket is created, polled, sent on and closed by this publisher's own
+thread, never by the broker's loop. The loop hands an event over with `offer()`: a tuple appended
+to a bounded deque, no lock and no wait; a full deque drops the event and counts it
+(zfab_broker_events_dropped_total). The thread wakes on an eventfd only when it sleeps, and then
+gathers for GATHER seconds before it sends. A worker's result of at most SMALL_RESULT bytes rides
+along to be parsed there (completed or failed), QUEUE_BYTES of them at most; past that, or for a
+larger result, the loop tells the two apart by a byte search instead.
+
+Subscriptions are bounded: XPUB_MANUAL, so a subscription takes effect only when this thread
+accepts it: a prefix of at most MAX_PREFIX bytes, at most `max_subscriptions` at once (others are
+refused and counted); MAXMSGSIZE closes a peer that sends a longer subscription frame at all.
+Each subscriber's pipe holds at most `hwm` messages; past it libzmq drops that subscriber's
+messages (not the others'), which the subscriber sees as gaps in the per-topic `tseq`.
+While nobody is subscribed the loop's cost per event is one attribute read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import Counter, deque
+from typing import Any
+
+import zmq
+
+from ..core import protocol as nfp
+from ..transport.security import curve_server
+from ..transport.waker import Waker
+
+log = logging.getLogger(__name__)
+
+MAX_PREFIX = 256  # bytes of a subscription prefix
+TOPIC_PART_MAX = 64  # characters of a topic part (service, task)
+MAX_NAMES = 100_000  # jobs whose (service, task) the publisher remembers between their events
+MAX_TOPICS = 10_000  # per-topic sequence counters kept
+BATCH = 512  # events sent per turn before the thread looks at subscriptions again
+GATHER = 0.005  # seconds a woken publisher waits for more events before it sends (the most it delays one)
+SMALL_RESULT = 64 * 1024  # results parsed (on the publisher's thread) to tell completed from failed
+QUEUE_BYTES = 8 * 1024 * 1024  # bytes of such results the hand-off queue holds at most
+_NOBLOCK = int(zmq.NOBLOCK)
+_PLAIN = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_:.~-"
+_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_:-")
+
+# Broker-side statuses and what state they end a job in.
+_BY_STATUS = {
+    nfp.ST_WORKER_ACCEPTED: "running",
+    nfp.ST_WAITING_INPUT: "waiting",
+    nfp.ST_EXPIRED: "expired",
+    nfp.ST_CANCELLED: "cancelled",
+    nfp.ST_WORKER_LOST: "lost",
+    nfp.ST_ERROR: "failed",
+    nfp.ST_BAD_REQUEST: "failed",
+    nfp.ST_NOT_FOUND: "failed",
+}
+FINAL = frozenset({"completed", "failed", "cancelled", "expired", "lost"})
+
+
+def _json_str(raw: bytes) -> bytes:
+    """A peer's bytes as a JSON string (uuids and worker names are short and nearly always plain)."""
+    if not raw.translate(None, _PLAIN):  # nothing but plain characters: nothing to escape
+        return b'"%s"' % raw
+    return json.dumps(raw.decode(errors="replace")).encode()
+
+
+def topic_part(name: str) -> str:
+    """A name as a topic part: safe characters only (no dot), bounded, never empty."""
+    part = "".join(c if c in _SAFE else "_" for c in name[:TOPIC_PART_MAX])
+    return part or "_"
+
+
+def result_state(payload: bytes | None) -> str:
+    """completed or failed, from a worker's 200 (a small one is parsed; a large one is a result)."""
+    if payload is None:
+        return "completed"
+    try:
+        entries = json.loads(payload)
+    except ValueError:
+        return "completed"
+    if isinstance(entries, dict) and any(isinstance(e, dict) and e.get("failed") for e in entries.values()):
+        return "failed"
+    return "completed"
+
+
+class EventPublisher:
+    """Publishes job state changes on its own XPUB socket, owned by its own thread."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        hwm: int = 10_000,
+        queue_size: int = 10_000,
+        max_subscriptions: int = 1000,
+        curve_secret: str | None = None,
+        context: zmq.Context[zmq.Socket[bytes]] | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.hwm = hwm
+        self.queue_size = queue_size
+        self.max_subscriptions = max_subscriptions
+        self.curve_secret = curve_secret
+        self.bound_endpoint = ""
+        self.active = False  # someone is subscribed (written by the thread, read by the loop)
+        # Counters (each written by one thread only; read for metrics).
+        self.offered = 0  # broker loop: events offered while someone was subscribed (the `seq`)
+        self.dropped = 0  # broker loop: offered to a full queue
+        self.published = 0  # thread: sent to the socket
+        self.refused: Counter[str] = Counter()  # thread: subscriptions refused, by reason
+        self.subscriptions: Counter[bytes] = Counter()  # thread only: accepted prefixes and their count
+        self.subscribed = 0  # thread: accepted subscriptions at once (the sum of the above)
+        self._queue: deque[tuple[Any, ...]] = deque()
+        self._names: dict[bytes, tuple[str, str, bool]] = {}  # broker loop only: uuid -> service, task, single
+        self._parts: dict[tuple[bytes, str | None], tuple[str, str]] = {}  # broker loop only: names as topic parts
+        self._bytes_in = 0  # broker loop: result bytes handed over (to tell completed from failed)
+        self._bytes_out = 0  # thread: of those, taken
+        self._tseq: dict[str, int] = {}  # thread only
+        self._ctx = context if context is not None else zmq.Context.instance()
+        self._waker = Waker()
+        self._sleeping = False
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+
+    # ---- any thread ---------------------------------------------------------------
+
+    def start(self, timeout: float = 10.0) -> None:
+        self._thread = threading.Thread(target=self._run, name="zfab-broker-events", daemon=True)
+        self._thread.start()
+        if not self._started.wait(timeout):
+            raise TimeoutError("the broker's event publisher did not start")
+        if self._error is not None:
+            raise self._error
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._closing = True
+        self._waker.wake()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    def queue_bytes(self) -> int:
+        """Bytes of results waiting in the hand-off queue (to be parsed), at most QUEUE_BYTES."""
+        return max(0, self._bytes_in - self._bytes_out)
+
+    # ---- the broker's loop --------------------------------------------------------------
+
+    def admitted(self, uuid: bytes, service: bytes, task: str | None, *, single: bool) -> None:
+        """A job the broker took: remember its topic names, publish `queued`."""
+        names = self._names
+        if len(names) >= MAX_NAMES:
+            del names[next(iter(names))]  # the oldest: its later events are published with `_` names
+        parts = self._parts.get((service, task))
+        if parts is None:
+            if len(self._parts) >= MAX_TOPICS:
+                self._parts.clear()
+            parts = self._parts[(service, task)] = (
+                topic_part(service.decode(errors="replace")),
+                topic_part(task) if task else "_",
+            )
+        entry = (parts[0], parts[1], single)
+        names[uuid] = entry
+        if self.active:
+            self._offer(entry, "queued", uuid, b"", None)
+
+    def reply(self, uuid: bytes, status: bytes) -> None:
+        """A reply the broker made itself (expired, cancelled, lost...): published for admitted jobs only,
+        so a refusal of a name the broker never accepted publishes nothing."""
+        state = _BY_STATUS.get(status)
+        entry = self._names.get(uuid) if state is not None else None
+        if entry is not None:
+            self._state(entry, uuid, state, b"", None, status)
+
+    def forwarded(self, uuid: bytes, service: bytes, status: bytes, worker: bytes, payload: Any) -> None:
+        """A worker's reply (the service is the worker's, registered)."""
+        entry = self._names.get(uuid)
+        if entry is None:
+            entry = (topic_part(service.decode(errors="replace")), "_", True)
+        if status == nfp.ST_OK:
+            # completed or failed: told by the result entries, on the publisher's thread
+            if not isinstance(payload, bytes) or len(payload) > SMALL_RESULT:
+                self._state(entry, uuid, None, worker, None, status)
+            elif self._bytes_in - self._bytes_out + len(payload) > QUEUE_BYTES:
+                # The hand-off holds its bound of results already: a cheaper look here instead.
+                failed = b'"failed": true' in payload or b'"failed":true' in payload
+                self._state(entry, uuid, "failed" if failed else "completed", worker, None, status)
+            else:
+                self._state(entry, uuid, None, worker, payload, status)
+        else:
+            self._state(entry, uuid, _BY_STATUS.get(status), worker, None, status)
+
+    def _state(
+        self, entry: tuple[str, str, bool], uuid: bytes, state: str | None, worker: bytes, payload: Any, status: bytes
+    ) -> None:
+        if state is None and status != nfp.ST_OK:
+            return  # 202, 301, 300, a worker's busy: no change of state
+        if (state is None or state in FINAL) and entry[2]:
+            self._names.pop(uuid, None)  # a job for one worker ends once
+        if self.active:
+            self._offer(entry, state, uuid, worker, payload)
+
+    def _offer(self, entry: tuple[str, str, bool], state: str | None, uuid: bytes, worker: bytes, payload: Any) -> None:
+        self.offered += 1
+        if len(self._queue) >= self.queue_size:
+            self.dropped += 1
+            return
+        if payload is not None:
+            self._bytes_in += len(payload)
+        self._queue.append((entry[0], entry[1], state, uuid, worker, payload, time.time(), self.offered))
+        if self._sleeping:
+            self._waker.wake()
+
+    # ---- the publisher's thread ------------------------------------------------------------
+
+    def _open(self) -> zmq.Socket[bytes]:
+        sock = self._ctx.socket(zmq.XPUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, self.hwm)
+        sock.setsockopt(zmq.XPUB_MANUAL, 1)
+        sock.setsockopt(zmq.MAXMSGSIZE, 1 + MAX_PREFIX)
+        if self.curve_secret:
+            curve_server(sock, self.curve_secret)
+        sock.bind(self.endpoint)
+        self.bound_endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        return sock
+
+    def _run(self) -> None:
+        try:
+            sock = self._open()
+        except BaseException as exc:
+            self._error = exc
+            self._started.set()
+            self._waker.close()
+            return
+        self._started.set()
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(self._waker.fd, zmq.POLLIN)
+        try:
+            while not self._closing:
+                try:
+                    more = self._send_batch(sock)
+                    if not more:
+                        self._sleeping = True
+                        more = bool(self._queue)  # one offered between the batch and the flag
+                    events = dict(poller.poll(0 if more else None))
+                    self._sleeping = False
+                    if self._waker.fd in events:
+                        self._waker.clear()
+                        # Woken by the first event after a quiet spell: let a batch gather, so a busy
+                        # broker wakes this thread (and hands it the GIL) at most 1/GATHER times a second.
+                        time.sleep(GATHER)
+                    if sock in events:
+                        self._read_subscriptions(sock)
+                except Exception:  # nothing a peer sends ends the publisher
+                    self._sleeping = False
+                    log.exception("broker event publisher: a turn failed")
+                    time.sleep(0.01)
+        finally:
+            sock.close(0)
+            self._waker.close()
+
+    def _send_batch(self, sock: zmq.Socket[bytes]) -> bool:
+        q = self._queue
+        tseq = self._tseq
+        send = sock.send_multipart
+        for _ in range(BATCH):
+            if not q:
+                return False
+            service, task, state, uuid, worker, payload, at, seq = q.popleft()
+            if state is None:
+                state = result_state(payload)
+                if payload is not None:
+                    self._bytes_out += len(payload)
+            topic = f"job.{service}.{task}.{state}"
+            n = tseq.get(topic, 0) + 1
+            if n == 1 and len(tseq) >= MAX_TOPICS:
+                tseq.clear()  # subscribers see a counter restart at 1, not a gap
+            tseq[topic] = n
+            who = b',"worker":%s' % _json_str(worker) if worker else b""
+            body = (
+                b'{"seq":%d,"tseq":%d,"topic":"%s","uuid":%s,"service":"%s","task":"%s","state":"%s","at":%.6f%s}'
+                % (seq, n, topic.encode(), _json_str(uuid), service.encode(), task.encode(), state.encode(), at, who)
+            )
+            try:
+                send([topic.encode(), body], _NOBLOCK)
+                self.published += 1
+            except zmq.ZMQError:
+                self.refused["send_failed"] += 1
+        return bool(q)
+
+    def _read_subscriptions(self, sock: zmq.Socket[bytes]) -> None:
+        for _ in range(BATCH):
+            try:
+                msg = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if not msg or msg[0] not in (0, 1):
+                self.refused["malformed"] += 1
+                continue
+            prefix = msg[1:]
+            if msg[0] == 1:
+                if len(prefix) > MAX_PREFIX:
+                    self.refused["too_long"] += 1
+                elif self.subscribed >= self.max_subscriptions:
+                    self.refused["too_many"] += 1
+                else:
+                    sock.setsockopt(zmq.SUBSCRIBE, prefix)
+                    self.subscriptions[prefix] += 1
+                    self.subscribed += 1
+                    self._welcome(sock, prefix)
+            elif self.subscriptions.get(prefix):
+                # A subscriber's UNSUBSCRIBE, or its pipe closing (libzmq then removed it already;
+                # the call is a no-op for it).
+                sock.setsockopt(zmq.UNSUBSCRIBE, prefix)
+                self.subscriptions[prefix] -= 1
+                self.subscribed -= 1
+                if self.subscriptions[prefix] <= 0:
+                    del self.subscriptions[prefix]
+            self.active = bool(self.subscriptions)
+
+    def _welcome(self, sock: zmq.Socket[bytes], prefix: bytes) -> None:
+        """Tell a new subscription it is live: a message on its own prefix (so it matches)."""
+        self.active = True
+        body = json.dumps({"subscribed": prefix.decode(errors="replace"), "seq": self.offered}).encode()
+        try:
+            sock.send_multipart([prefix, body], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass

@@ -1,0 +1,169 @@
+"""Event subscriptions by topic prefix (issue 30, part 1): the broker's XPUB publisher, real processes.
+
+A subscriber to `job.demo.` sees every demo job's state changes in order and nothing of another
+service; one that reads nothing stalls no job and its losses are counted; prefixes and
+subscriptions are bounded.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import httpx
+import pytest
+import zmq
+from fabric import Fabric, fabric, free_port, wait_for, wait_workers
+from prometheus_client.parser import text_string_to_metric_families
+
+from service import Settings, Subscriber
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+FINAL = {"completed", "failed", "cancelled", "expired", "lost"}
+
+
+def _start(f: Fabric) -> tuple[str, int]:
+    """Broker (events on, metrics on a port), a demo worker and one of demo-async (a longer name, same start)."""
+    events, mport = f"tcp://127.0.0.1:{free_port()}", free_port()
+    f.env["ZFAB_BROKER_EVENTS"] = events
+    f.broker("broker", "--metrics-port", str(mport))
+    f.worker("w1", "demo")
+    f.worker("o1", "demo-async")
+    return events, mport
+
+
+def _metrics(port: int) -> dict[str, float]:
+    """The broker's zfab_broker_event* samples by name (labels joined in)."""
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text):
+        for s in fam.samples:
+            if s.name.startswith("zfab_broker_event"):
+                out[s.name + "".join(f".{v}" for v in s.labels.values())] = s.value
+    return out
+
+
+def _drain(sub: Subscriber, until: int, timeout: float) -> list[dict[str, object]]:
+    """Events until `until` jobs have a final one (or the deadline)."""
+    got: list[dict[str, object]] = []
+    finals = 0
+    deadline = time.monotonic() + timeout
+    while finals < until and time.monotonic() < deadline:
+        ev = sub.get(timeout=max(0.0, deadline - time.monotonic()))
+        if ev is None:
+            break
+        got.append(ev)
+        finals += ev["state"] in FINAL
+    return got
+
+
+def test_a_demo_subscriber_sees_every_demo_job_in_order_and_nothing_else(tmp_path: Path) -> None:
+    with fabric(tmp_path) as f:
+        events, mport = _start(f)
+        with f.client() as c:
+            wait_workers(c, {"w1", "o1"})
+            with c.subscribe("job.demo.", endpoint=events) as sub:
+                n = 1000
+                futures = [c.submit("demo", "echo", kwargs={"data": i}, timeout=60) for i in range(n)]
+                futures += [c.submit("demo", "fail", timeout=60)]
+                others = [c.submit("demo-async", "nap", kwargs={"seconds": 0}, timeout=60) for i in range(50)]
+                for fut in futures + others:
+                    fut.result(60)
+                got = _drain(sub, n + 1, 30)
+        assert {e["service"] for e in got} == {"demo"}
+        assert all(str(e["topic"]).startswith("job.demo.") for e in got)
+        by_job: dict[str, list[str]] = defaultdict(list)
+        for e in got:
+            by_job[str(e["uuid"])].append(str(e["state"]))
+        assert len(by_job) == n + 1
+        for states in by_job.values():
+            assert states[0] == "queued" and states[-1] in FINAL, states
+            assert states.count(states[-1]) == 1 and all(s in ("queued", "running") for s in states[:-1]), states
+        ends = [str(e["state"]) for e in got if e["state"] in FINAL]
+        assert ends.count("completed") == n and ends.count("failed") == 1
+        assert {str(e["topic"]) for e in got if e["state"] == "failed"} == {"job.demo.fail.failed"}
+        seqs = [int(str(e["seq"])) for e in got]
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)  # in the order the broker saw them
+        assert sub.missed == 0 and sub.dropped == 0
+        m = _metrics(mport)
+        assert m["zfab_broker_events_published_total"] >= len(got) and m["zfab_broker_events_dropped_total"] == 0
+
+
+def test_a_subscriber_that_reads_nothing_stalls_no_job_and_its_losses_are_counted(tmp_path: Path) -> None:
+    with fabric(tmp_path) as f:
+        f.env["ZFAB_BROKER_EVENTS_HWM"] = "100"
+        events, mport = _start(f)
+        with f.client() as c:
+            wait_workers(c, {"w1"})
+            ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+            idle = ctx.socket(zmq.SUB)  # owned by this thread; never read
+            idle.setsockopt(zmq.RCVHWM, 10)
+            idle.setsockopt(zmq.RCVBUF, 4096)
+            idle.setsockopt(zmq.LINGER, 0)
+            idle.connect(events)
+            idle.setsockopt(zmq.SUBSCRIBE, b"")
+            try:
+                # A confirmed subscriber beside it that reads only at the end.
+                sub = Subscriber(events, "job.", queue_size=50).start()
+                t0 = time.monotonic()
+                n = 3000
+                window = []
+                for i in range(n):
+                    window.append(c.submit("demo", "echo", kwargs={"data": f"{i:05d}" + "x" * 200}, timeout=60))
+                    if len(window) >= 200:
+                        window.pop(0).result(30)
+                for fut in window:
+                    fut.result(30)
+                took = time.monotonic() - t0
+                assert took < 60, f"{n} jobs took {took:.1f} s with a subscriber that reads nothing"
+                wait_for(lambda: sub.dropped + sub.missed > 0, 10, what="the slow subscriber's losses counted")
+                sub.close()
+                m = _metrics(mport)
+                assert m["zfab_broker_events_published_total"] >= n and m["zfab_broker_event_subscriptions"] >= 1
+            finally:
+                idle.close(0)
+
+
+def test_prefixes_and_subscriptions_are_bounded(tmp_path: Path) -> None:
+    with fabric(tmp_path) as f:
+        f.env["ZFAB_BROKER_EVENTS_SUBSCRIPTIONS"] = "20"
+        events, mport = _start(f)
+        with f.client() as c:
+            wait_workers(c, {"w1"})
+            with pytest.raises(ValueError, match="at most 256"):
+                Subscriber(events, "j" * 10_000)
+            ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+            raw = ctx.socket(zmq.SUB)
+            raw.setsockopt(zmq.LINGER, 0)
+            raw.connect(events)
+            try:
+                raw.setsockopt(zmq.SUBSCRIBE, b"j" * 10_000)  # the broker closes this peer (MAXMSGSIZE)
+                flood = ctx.socket(zmq.XSUB)
+                flood.setsockopt(zmq.LINGER, 0)
+                flood.connect(events)
+                for i in range(5000):  # (libzmq's pipe itself passes about 2,000 of them: its HWM)
+                    flood.send(b"\x01job.flood." + str(i).encode())
+                # The publisher goes on: a bounded count accepted, the rest refused, and it still publishes.
+
+                def bounded() -> bool:
+                    m = _metrics(mport)
+                    return m["zfab_broker_event_subscriptions"] == 20 and (
+                        m["zfab_broker_event_subscriptions_refused_total.too_many"] >= 900
+                    )
+
+                wait_for(bounded, 20, what="the flood refused past the bound")
+                flood.close(0)
+                wait_for(lambda: _metrics(mport)["zfab_broker_event_subscriptions"] == 0, 20, what="unsubscribed")
+                with c.subscribe("job.demo.", endpoint=events) as sub:
+                    c.run_job("demo", "echo", kwargs={"data": 1}, timeout=30)
+                    assert _drain(sub, 1, 10)[-1]["state"] == "completed"
+            finally:
+                raw.close(0)
+
+
+def test_events_off_by_default_and_subscribe_needs_an_endpoint(tmp_path: Path) -> None:
+    s = Settings()
+    assert s.broker_events is None
+    with pytest.raises(Exception, match="did not confirm"):
+        Subscriber(f"tcp://127.0.0.1:{free_port()}", "job.").start(timeout=0.5)

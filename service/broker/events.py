@@ -3,7 +3,8 @@
 Topics (docs/protocol.md, "Event subscriptions"): `job.<service>.<task>.<state>`, where service
 and task are names the broker already accepted (a registered service; a task its workers
 declared, else `_`), each reduced to `[A-Za-z0-9_:-]` (anything else becomes `_`, so a part never
-holds a dot) and cut to TOPIC_PART_MAX characters; state is one of core/states.py's words.
+holds a dot) and cut to TOPIC_PART_MAX characters; state is one of core/states.py's words. Workers
+that register or leave: `worker.<service>.<worker>.ready|lost`.
 
 Single owner: the XPUB socket is created, polled, sent on and closed by this publisher's own
 thread, never by the broker's loop. The loop hands an event over with `offer()`: a tuple appended
@@ -210,14 +211,28 @@ class EventPublisher:
         if self.active:
             self._offer(entry, state, uuid, worker, payload)
 
-    def _offer(self, entry: tuple[str, str, bool], state: str | None, uuid: bytes, worker: bytes, payload: Any) -> None:
+    def worker(self, service: bytes, name: bytes, state: str, why: str = "") -> None:
+        """A worker registered (`ready`) or left (`lost`, with why): worker.<service>.<worker>.<state>."""
+        if self.active:
+            parts = (topic_part(service.decode(errors="replace")), topic_part(name.decode(errors="replace")), False)
+            self._offer(parts, state, b"", name, why, kind="worker")
+
+    def _offer(
+        self,
+        entry: tuple[str, str, bool],
+        state: str | None,
+        uuid: bytes,
+        worker: bytes,
+        payload: Any,
+        kind: str = "job",
+    ) -> None:
         self.offered += 1
         if len(self._queue) >= self.queue_size:
             self.dropped += 1
             return
-        if payload is not None:
+        if payload is not None and kind == "job":
             self._bytes_in += len(payload)
-        self._queue.append((entry[0], entry[1], state, uuid, worker, payload, time.time(), self.offered))
+        self._queue.append((kind, entry[0], entry[1], state, uuid, worker, payload, time.time(), self.offered))
         if self._sleeping:
             self._waker.wake()
 
@@ -273,21 +288,20 @@ class EventPublisher:
 
     def _send_batch(self, sock: zmq.Socket[bytes]) -> bool:
         q = self._queue
-        tseq = self._tseq
         send = sock.send_multipart
         for _ in range(BATCH):
             if not q:
                 return False
-            service, task, state, uuid, worker, payload, at, seq = q.popleft()
+            kind, service, task, state, uuid, worker, payload, at, seq = q.popleft()
+            if kind != "job":
+                self._send_worker(send, service, task, state, worker, payload, at, seq)
+                continue
             if state is None:
                 state = result_state(payload)
                 if payload is not None:
                     self._bytes_out += len(payload)
             topic = f"job.{service}.{task}.{state}"
-            n = tseq.get(topic, 0) + 1
-            if n == 1 and len(tseq) >= MAX_TOPICS:
-                tseq.clear()  # subscribers see a counter restart at 1, not a gap
-            tseq[topic] = n
+            n = self._next_tseq(topic)
             who = b',"worker":%s' % _json_str(worker) if worker else b""
             body = (
                 b'{"seq":%d,"tseq":%d,"topic":"%s","uuid":%s,"service":"%s","task":"%s","state":"%s","at":%.6f%s}'
@@ -299,6 +313,29 @@ class EventPublisher:
             except zmq.ZMQError:
                 self.refused["send_failed"] += 1
         return bool(q)
+
+    def _next_tseq(self, topic: str) -> int:
+        tseq = self._tseq
+        n = tseq.get(topic, 0) + 1
+        if n == 1 and len(tseq) >= MAX_TOPICS:
+            tseq.clear()  # subscribers see a counter restart at 1, not a gap
+        tseq[topic] = n
+        return n
+
+    def _send_worker(
+        self, send: Any, service: str, name: str, state: str, worker: bytes, why: str, at: float, seq: int
+    ) -> None:
+        topic = f"worker.{service}.{name}.{state}"
+        n = self._next_tseq(topic)
+        body = {"seq": seq, "tseq": n, "topic": topic, "service": service, "state": state, "at": round(at, 6)}
+        body["worker"] = worker.decode(errors="replace")
+        if why:
+            body["why"] = why
+        try:
+            send([topic.encode(), json.dumps(body, separators=(",", ":")).encode()], _NOBLOCK)
+            self.published += 1
+        except zmq.ZMQError:
+            self.refused["send_failed"] += 1
 
     def _read_subscriptions(self, sock: zmq.Socket[bytes]) -> None:
         for _ in range(BATCH):

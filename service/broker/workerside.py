@@ -133,6 +133,8 @@ class WorkerSide:
         if was_tentative:
             self.dispatch.pump()
             self.dispatch.announce_waiting(svc)
+        if self.events is not None:
+            self.events.worker(svc.name, name_b, "ready")
         log.debug("worker %s ready for service %s (%d credits)", rec.label, svc.label, rec.credits)
 
     def forward(self, worker: WorkerRecord, msg: nfp.WorkerReply) -> None:
@@ -204,6 +206,8 @@ class WorkerSide:
         self.gone.move_to_end(worker.name)
         while len(self.gone) > self.GONE_MAX:
             self.gone.popitem(last=False)
+        if self.events is not None:
+            self.events.worker(worker.service, worker.name, "lost", why_lost)
         why = f"worker '{worker.label}' was lost ({why_lost}) before it answered"
         for uuid, client in lost.items():
             self.counts["jobs_lost"] += 1

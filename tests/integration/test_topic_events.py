@@ -167,3 +167,18 @@ def test_events_off_by_default_and_subscribe_needs_an_endpoint(tmp_path: Path) -
     assert s.broker_events is None
     with pytest.raises(Exception, match="did not confirm"):
         Subscriber(f"tcp://127.0.0.1:{free_port()}", "job.").start(timeout=0.5)
+
+
+def test_workers_that_come_and_go_are_published_under_worker_topics(tmp_path: Path) -> None:
+    with fabric(tmp_path) as f:
+        events, _ = _start(f)
+        with f.client() as c:
+            wait_workers(c, {"w1", "o1"})
+            with c.subscribe("worker.demo.", endpoint=events) as sub:
+                f.worker("w2", "demo")
+                first = sub.get(timeout=20)
+                assert first is not None and (first["topic"], first["worker"]) == ("worker.demo.w2.ready", "w2")
+                f.kill("w2")  # SIGKILL: no DISCONNECT; the broker purges it after its hold time
+                gone = sub.get(timeout=20)
+                assert gone is not None and gone["topic"] == "worker.demo.w2.lost" and gone["why"]
+                assert sub.get(timeout=0.5) is None  # nothing of demo-async's worker, nor of any job

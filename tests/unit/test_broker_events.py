@@ -30,7 +30,9 @@ def published(p: EventPublisher) -> list[tuple[str, str | None, bytes, bytes]]:
     """(service.task topic names, state, uuid, worker) of what the loop handed over, taken."""
     out = []
     while p._queue:
-        service, task, state, uuid, worker, payload, _at, _seq = p._queue.popleft()
+        kind, service, task, state, uuid, worker, payload, _at, _seq = p._queue.popleft()
+        if kind != "job":
+            continue
         out.append((f"{service}.{task}", state if state is not None else result_state(payload), uuid, worker))
     return out
 
@@ -77,9 +79,10 @@ def test_refusals_publish_nothing_and_nobody_subscribed_costs_no_hand_off(clock:
     post(b, b"j1", service=b"nosuch")  # unknown service: refused, a name the broker never accepted
     assert published(p) == []
     p.active = False
+    offered = p.offered
     post(b, b"j2")
     finish(b, b"w1", b"j2")
-    assert published(p) == [] and p.offered == 0
+    assert published(p) == [] and p.offered == offered
 
 
 def test_the_hand_off_queue_is_bounded_and_its_drops_counted(clock: FakeClock) -> None:
@@ -87,7 +90,7 @@ def test_the_hand_off_queue_is_bounded_and_its_drops_counted(clock: FakeClock) -
     ready(b, b"w1", credits=100)
     for i in range(10):
         post(b, f"j{i}".encode())
-    assert len(p._queue) == 3 and p.dropped == 7 and p.offered == 10
+    assert len(p._queue) == 3 and p.dropped == 8 and p.offered == 11  # the worker's ready, then 10 jobs
 
 
 def test_topic_parts_are_safe_and_bounded() -> None:
@@ -128,3 +131,11 @@ def test_results_handed_over_are_bounded_in_bytes_and_then_told_apart_on_the_loo
     assert p.queue_bytes() <= 100
     assert [s for _, s, _, _ in published(p) if s != "queued"] == ["failed"] * 3
     assert p.queue_bytes() == 0
+
+
+def test_workers_that_register_and_leave_are_published_under_worker_topics(clock: FakeClock) -> None:
+    b, p = with_events(clock)
+    ready(b, b"w1", name="w.one")
+    stub(b).feed([b"w1", b"", nfp.WORKER, nfp.DISCONNECT, b"demo"])
+    items = [(i[0], f"{i[1]}.{i[2]}", i[3], i[6]) for i in p._queue]
+    assert items == [("worker", "demo.w_one", "ready", ""), ("worker", "demo.w_one", "lost", "disconnected")]

@@ -79,3 +79,22 @@ def test_events_off_is_a_404_problem(tmp_path: Path) -> None:
         f.broker()
         with served(settings_for(f)) as (base, _app), httpx.Client(base_url=base, timeout=10) as c:
             assert_problem(c.get("/events", params={"topic": "job."}), 404)
+
+
+def test_event_streams_are_bounded_and_a_stream_that_ends_gives_its_place_back(tmp_path: Path) -> None:
+    with fabric(tmp_path) as f:
+        events = f"tcp://127.0.0.1:{free_port()}"
+        f.env["ZFAB_BROKER_EVENTS"] = events
+        f.broker()
+        settings = settings_for(f, broker_events=events, api_event_streams=2)
+        with served(settings) as (base, app), httpx.Client(base_url=base, timeout=10) as c:
+            opened = [c.stream("GET", "/events", params={"topic": "job."}) for _ in range(2)]
+            readers = [cm.__enter__().iter_lines() for cm in opened]  # kept: dropping a reader hangs up
+            for lines in readers:
+                read_sse(lines, time.monotonic() + 10, lambda s: ": subscribed" in s.comments)
+            assert_problem(c.get("/events", params={"topic": "job."}), 503)
+            opened[0].__exit__(None, None, None)
+            wait_for(lambda: app.state.topic_hub.streams == 1, 10, what="the closed stream released")
+            with c.stream("GET", "/events", params={"topic": "job."}) as again:
+                assert again.status_code == 200
+            opened[1].__exit__(None, None, None)

@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import threading
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
@@ -259,6 +260,13 @@ async def topic_events(
     ping = api_state(request).settings.sse_ping_seconds
     start = int(last_event_id) if last_event_id is not None else hub.last_id
     hub.streams += 1
+    released = False
+
+    def release() -> None:  # once: when the stream ends, or its generator is dropped unstarted
+        nonlocal released
+        if not released:
+            released = True
+            hub.streams -= 1
 
     async def stream() -> AsyncIterator[bytes]:
         last = start
@@ -281,6 +289,8 @@ async def topic_events(
                 finally:
                     hub.forget(waiter)
         finally:
-            hub.streams -= 1
+            release()
 
-    return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    body = stream()
+    weakref.finalize(body, release)  # a caller gone before the first byte never starts the generator
+    return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

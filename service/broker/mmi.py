@@ -246,7 +246,8 @@ class MmiService:
         else:
             try:
                 rule = read_rule({k: kwargs.get(k) for k in ("rate_limit", "concurrency", "limit_key")})
-                if rule is not None and rule.key is not None and rule.key not in (tasks[name].get("properties") or {}):
+                schema = tasks[name] if isinstance(tasks[name], dict) else {}
+                if rule is not None and rule.key is not None and rule.key not in (schema.get("properties") or {}):
                     raise ValueError(f"limit_key {rule.key!r} is not an argument of task {name!r}")
                 d.limits.set_rule(service, name, rule)
             except ValueError as exc:

@@ -82,11 +82,13 @@ def test_a_concurrency_limit_of_2_over_3_workers_never_shows_3_running(tmp_path:
             wait_workers(c, WORKERS)
             futs = [c.submit("limited", "slow", kwargs={"seconds": 0.4}, timeout=60) for _ in range(8)]
             seen: list[int] = []
+            deadline = time.monotonic() + 60
             while not all(fut.done() for fut in futs):
+                assert time.monotonic() < deadline, f"8 jobs of 0.4 s not done in 60 s; in flight seen: {seen}"
                 running = sum(w["jobs_in_flight"] for w in watch.mmi("show_workers", service="limited"))
                 seen.append(running)
                 assert running <= 2, seen
-                time.sleep(0.05)
+                time.sleep(0.05)  # the sampling interval of the watch, not a wait for a condition
             results = [fut.result(0) for fut in futs]
             intervals = spans(results)
             print(

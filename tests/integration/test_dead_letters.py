@@ -4,35 +4,17 @@ and POST /jobs/{uuid}/retry submits one again as a new job linked to the old."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from fabric import Fabric, fabric, wait_workers
-
-from api.http.app import create_app
-from api.settings import ApiSettings
+from inprocess import in_process_api as api
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 DECLARED = "tests.integration.declared_workers"
-
-
-@asynccontextmanager
-async def api(f: Fabric, db: str = "") -> AsyncIterator[httpx.AsyncClient]:
-    s = ApiSettings(broker=f.endpoint, keepalive_interval=f.interval, keepalive_multiplier=f.multiplier, api_db=db)
-    app = create_app(s)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
-        async with httpx.AsyncClient(transport=transport, base_url="http://api", timeout=30) as c:
-            for _ in range(200):  # the API's client hears the broker within a keepalive interval
-                if (await c.get("/readyz")).status_code == 200:
-                    break
-                await asyncio.sleep(0.05)
-            yield c
 
 
 async def post(c: httpx.AsyncClient, body: dict[str, Any], wait: float = 10) -> dict[str, Any]:

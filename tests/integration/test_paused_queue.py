@@ -7,36 +7,18 @@ import asyncio
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from fabric import ROOT, Fabric, fabric, wait_for, wait_workers
+from inprocess import in_process_api as api
 
-from api.http.app import create_app
-from api.settings import ApiSettings
 from service import Client
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 JOBS = 1000
-
-
-@asynccontextmanager
-async def api(f: Fabric) -> AsyncIterator[httpx.AsyncClient]:
-    s = ApiSettings(broker=f.endpoint, keepalive_interval=f.interval, keepalive_multiplier=f.multiplier, api_db="")
-    app = create_app(s)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
-        async with httpx.AsyncClient(transport=transport, base_url="http://api", timeout=30) as c:
-            for _ in range(200):  # the API's client hears the broker within a keepalive interval
-                if (await c.get("/readyz")).status_code == 200:
-                    break
-                await asyncio.sleep(0.05)
-            yield c
 
 
 def demo(c: Client) -> dict[str, Any]:

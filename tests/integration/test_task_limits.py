@@ -9,17 +9,13 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from fabric import ROOT, Fabric, fabric, wait_workers
+from inprocess import in_process_api as api
 
-from api.http.app import create_app
-from api.settings import ApiSettings
 from service import Client
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -98,20 +94,6 @@ def test_a_concurrency_limit_of_2_over_3_workers_never_shows_3_running(tmp_path:
             assert most_at_once(intervals) == 2 and max(seen) == 2
             (row,) = [r for r in watch.mmi("show_limits") if r["task"] == "slow"]
             assert (row["concurrency"], row["source"], row["running"], row["held"]) == (2, "declared", 0, 0)
-
-
-@asynccontextmanager
-async def api(f: Fabric) -> AsyncIterator[httpx.AsyncClient]:
-    s = ApiSettings(broker=f.endpoint, keepalive_interval=f.interval, keepalive_multiplier=f.multiplier, api_db="")
-    app = create_app(s)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
-        async with httpx.AsyncClient(transport=transport, base_url="http://api", timeout=30) as c:
-            for _ in range(200):
-                if (await c.get("/readyz")).status_code == 200:
-                    break
-                await asyncio.sleep(0.05)
-            yield c
 
 
 def test_a_limit_set_at_run_time_over_rest_and_the_cli_holds_jobs_without_failing_them(tmp_path: Path) -> None:

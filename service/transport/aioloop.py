@@ -59,6 +59,7 @@ import zmq
 
 from ..errors import BackpressureError, ClosedError
 from .base import Frames, Item, LoopStats, Role, T
+from .sending import WireSender
 from .wire import Wire
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ STALL_RECHECK = 0.1  # a peer that stopped taking frames: the stalled one is ret
 TIMER_SLACK = 0.02  # at most this late for a deadline (see _timers)
 
 
-class AioLoop:
+class AioLoop(WireSender):
     """Runs a Role on an asyncio event loop; the loop's thread is the only one touching the socket."""
 
     def __init__(
@@ -420,27 +421,6 @@ class AioLoop:
         self._schedule()
         return bool(sent)
 
-    def _send(self, frames: Frames) -> bool | None:
-        wire = self._wire
-        if wire is None:
-            self._dropped("socket closed")
-            return None
-        try:
-            wire.send(frames)
-        except zmq.Again:
-            return False
-        except zmq.ZMQError as exc:
-            self._dropped(str(exc))
-            return None
-        self.stats.sent += 1
-        return True
-
-    def _dropped(self, why: str) -> None:
-        self.stats.send_dropped += 1
-        n = self.stats.send_dropped
-        if n <= 3 or n % 1000 == 0:
-            log.warning("%s: dropped an outbound message (%d so far): %s", self.name, n, why)
-
     def _open(self) -> None:
         sock = self.role.open_socket(self._ctx)
         self._sock = sock
@@ -533,21 +513,6 @@ class AioLoop:
     def _drain_all(self) -> None:
         while self._drain() and self._stalled is None:
             pass
-
-    def _send_item(self, item: Frames | tuple[Frames, Callable[[], None]]) -> bool:
-        frames, after = (item, None) if isinstance(item, list) else item
-        if self._send(frames) is False:
-            return False
-        if after is not None:
-            self._run_call(after)
-        return True
-
-    def _run_call(self, fn: Callable[[], None]) -> None:
-        try:
-            fn()
-        except Exception:
-            self.stats.handler_errors += 1
-            log.exception("%s: queued call failed", self.name)
 
     def _timers(self) -> None:
         if self._torn_down:

@@ -23,6 +23,7 @@ import zmq
 
 from ..errors import BackpressureError, ClosedError
 from .base import Frames, Item, LoopStats, Role, T
+from .sending import WireSender
 from .waker import Waker
 from .wire import Wire
 
@@ -35,7 +36,7 @@ _FRAMES_ITEM = (list, tuple)  # a tuple, not list | tuple: that expression build
 log = logging.getLogger(__name__)
 
 
-class OwnerLoop:
+class OwnerLoop(WireSender):
     """Runs a Role on its own thread; the only code that touches the role's socket."""
 
     def __init__(
@@ -192,30 +193,6 @@ class OwnerLoop:
             self._dropped("peer cannot take more (high-water mark)")
         return bool(sent)
 
-    def _send(self, frames: Frames) -> bool | None:
-        """The one send path: True when sent, False when the peer cannot take it now (HWM: the
-        caller may retry), None when it was dropped for good (no socket, peer gone; counted)."""
-        wire = self._wire
-        if wire is None:
-            self._dropped("socket closed")
-            return None
-        try:
-            wire.send(frames)
-        except zmq.Again:
-            return False
-        except zmq.ZMQError as exc:
-            # EHOSTUNREACH from a ROUTER_MANDATORY socket: the peer has gone.
-            self._dropped(str(exc))
-            return None
-        self.stats.sent += 1
-        return True
-
-    def _dropped(self, why: str) -> None:
-        self.stats.send_dropped += 1
-        n = self.stats.send_dropped
-        if n <= 3 or n % 1000 == 0:
-            log.warning("%s: dropped an outbound message (%d so far): %s", self.name, n, why)
-
     def _open(self) -> None:
         self._sock = self.role.open_socket(self._ctx)
         self._wire = Wire(self._sock, meta=bool(self._sock.getsockopt(zmq.CURVE_SERVER)))
@@ -314,22 +291,6 @@ class OwnerLoop:
             if self._waiting:
                 with self._space:
                     self._space.notify_all()
-
-    def _send_item(self, item: Frames | tuple[Frames, Callable[[], None]]) -> bool:
-        """A queued frame: False leaves it stalled (retried first); a dropped one still runs its follow-up."""
-        frames, after = (item, None) if isinstance(item, list) else item
-        if self._send(frames) is False:
-            return False
-        if after is not None:
-            self._run_call(after)
-        return True
-
-    def _run_call(self, fn: Callable[[], None]) -> None:
-        try:
-            fn()
-        except Exception:
-            self.stats.handler_errors += 1
-            log.exception("%s: queued call failed", self.name)
 
     def _timers(self) -> float | None:
         try:

@@ -73,11 +73,10 @@ def _unauthorized(detail: str, error: str | None = None) -> ProblemError:
     return ProblemError(401, "unauthorized", "Unauthorized", detail, {"WWW-Authenticate": challenge})
 
 
-async def require_auth(request: Request, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str:
-    """The caller's principal ('' for trusted loopback without tokens); 401/403 problems otherwise."""
-    tokens: TokenSet = request.app.state.tokens
+def principal_of(tokens: TokenSet, peer: str | None, token: str | None) -> str:
+    """The caller's principal ('' for trusted loopback without tokens); 401/403 problems otherwise.
+    The one rule, for the documented routes (require_auth) and the lean POST /jobs (api/http/lean.py)."""
     if not tokens:
-        peer = request.client.host if request.client else None
         if not is_loopback_ip(peer):
             raise ProblemError(
                 403,
@@ -86,12 +85,18 @@ async def require_auth(request: Request, creds: Annotated[HTTPAuthorizationCrede
                 "no API token is configured, so only loopback clients are served; set ZFAB_API_TOKENS",
             )
         return ""
-    if creds is None:
+    if token is None:
         raise _unauthorized("send 'Authorization: Bearer <token>' (a token from ZFAB_API_TOKENS)")
-    principal = tokens.check(creds.credentials)
+    principal = tokens.check(token)
     if principal is None:
         raise _unauthorized("the bearer token is not valid", "invalid_token")
     return principal
+
+
+async def require_auth(request: Request, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str:
+    """The caller's principal ('' for trusted loopback without tokens); 401/403 problems otherwise."""
+    peer = request.client.host if request.client else None
+    return principal_of(request.app.state.tokens, peer, creds.credentials if creds is not None else None)
 
 
 Principal = Annotated[str, Depends(require_auth)]

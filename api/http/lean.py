@@ -19,10 +19,12 @@ from pydantic import ValidationError
 from starlette.routing import BaseRoute, Match
 from starlette.types import Message, Receive, Scope, Send
 
+from ..errors import ProblemError
 from ..jobs.operations import submit
 from ..models import JobRequest
 from ..state import ApiState
-from .auth import TokenSet, is_loopback_ip
+from .auth import TokenSet, principal_of
+from .routeindex import flat_routes
 from .routes.jobs import submitted
 
 # `wait=N`, and nothing else, in the query (a number FastAPI's `ge=0, allow_inf_nan=False` accepts).
@@ -99,21 +101,19 @@ class LeanSubmitRoute(BaseRoute):
 
 
 def _authorized(tokens: TokenSet, scope: Scope) -> bool:
-    """What api/http/auth.py's require_auth accepts; False sends the request to the documented route,
-    which gives the 401 or 403."""
-    if not tokens:
-        client = scope.get("client")
-        return is_loopback_ip(client[0] if client else None)
-    for name, value in scope["headers"]:
-        if name == b"authorization":
-            return tokens.check(value[7:].decode("latin-1").strip()) is not None
-    return False
+    """What require_auth accepts (the same principal_of); False sends the request to the documented
+    route, which gives the 401 or 403."""
+    client = scope.get("client")
+    token = next((v[7:].decode("latin-1").strip() for n, v in scope["headers"] if n == b"authorization"), None)
+    try:
+        principal_of(tokens, client[0] if client else None, token)
+    except ProblemError:
+        return False
+    return True
 
 
 def install(app: Any) -> None:
     """Put the lean route in front of the documented POST /jobs (call after the routers are included)."""
-    from .routeindex import flat_routes
-
     for route in flat_routes(app.router.routes):
         if getattr(route, "path", None) == "/jobs" and "POST" in (getattr(route, "methods", None) or ()):
             app.router.routes.insert(0, LeanSubmitRoute(route))

@@ -185,6 +185,23 @@ class JobArguments(BaseModel):
     omitted: str | None = Field(None, description="Why `args` and `kwargs` are not shown, when they are not")
 
 
+class HopTrace(BaseModel):
+    """Where a job's time went, hop by hop: durations each process measured on its own clock."""
+
+    total: float = Field(description="Seconds from the request being read to the final answer arriving")
+    hops: dict[str, float] = Field(
+        description="Seconds at each hop, in the order the job passed them: api, client_broker (both ways), "
+        "broker_queue, broker_worker (both ways), worker_queue, run, worker_result; they add up to `total`. "
+        "Only hops the fabric measured appear (docs/protocol.md, Hop traces)"
+    )
+
+
+class JobTrace(HopTrace):
+    """A finished job's hop trace (its last attempt's); for a job several workers ran, the slowest's."""
+
+    workers: dict[str, HopTrace] | None = Field(None, description="Each worker's, for a job sent to several")
+
+
 class Job(BaseModel):
     """A job the API submitted, as it stands now."""
 
@@ -213,6 +230,18 @@ class Job(BaseModel):
                     "submitted_at": "2025-01-01T12:00:00.000000Z",
                     "completed_at": "2025-01-01T12:00:00.004000Z",
                     "timings": {"submitted": 1735732800.0, "dispatched": 1735732800.001, "completed": 1735732800.004},
+                    "trace": {
+                        "total": 0.004,
+                        "hops": {
+                            "api": 0.00012,
+                            "client_broker": 0.00081,
+                            "broker_queue": 0.00004,
+                            "broker_worker": 0.00093,
+                            "worker_queue": 0.00021,
+                            "run": 0.00184,
+                            "worker_result": 0.00005,
+                        },
+                    },
                     "cancel_requested": False,
                 }
             ]
@@ -254,6 +283,9 @@ class Job(BaseModel):
     finished_at: datetime | None = Field(None, description="When it reached its final state")
     completed_at: datetime | None = Field(None, description="The same as finished_at (kept for older clients)")
     timings: dict[str, float] = Field(description="Epoch seconds at each hop the client saw")
+    trace: JobTrace | None = Field(
+        None, description="Once it ended: where its time went, hop by hop (null: the fabric sent no trace)"
+    )
     cancel_requested: bool = False
     input_request: dict[str, Any] | None = Field(
         None,

@@ -94,6 +94,11 @@ class Settings(BaseSettings):
     curve_server_key: str | None = Field(None, description="Clients/workers: the broker's public certificate")
     curve_clients: str | None = Field(None, description="Broker: directory of accepted public certificates")
     insecure: bool = Field(False, description="Broker: allow a non-loopback endpoint without CURVE")
+    hop_traces: bool = Field(
+        True,
+        description="Time every job at each hop (its final answer carries the durations: docs/protocol.md, Hop "
+        "traces); false: no trace frame is sent or added",
+    )
     broker_events: str | None = Field(
         None,
         description="Endpoint of the broker's event publisher (XPUB, topics job.<service>.<task>.<state>): the "

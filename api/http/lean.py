@@ -13,6 +13,7 @@ documented route, body replayed, so every refusal and error is the one that rout
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 from pydantic import ValidationError
@@ -71,6 +72,7 @@ class LeanSubmitRoute(BaseRoute):
             chunks.append(message.get("body", b""))
             more = bool(message.get("more_body", False))
         body = b"".join(chunks)
+        began = time.monotonic()  # read: the job's `api` hop (its hop trace) starts
         req: JobRequest | None = None
         if st is not None and _authorized(app.state.tokens, scope):
             try:
@@ -82,7 +84,7 @@ class LeanSubmitRoute(BaseRoute):
             return
         query = scope.get("query_string", b"")
         bound = min(float(query[5:]), st.settings.default_wait_max) if query else None
-        rec, fresh = await submit(st, req, None, "", bound)
+        rec, fresh = await submit(st, req, None, "", bound, began=began)
         answer = submitted(st, rec, fresh, bound, scope.get("root_path", ""), False)
         await answer(scope, receive, send)
 

@@ -29,11 +29,19 @@ INPUT_TIMEOUT = 10.0
 
 
 async def submit(
-    st: ApiState, req: JobRequest, uuid: str | None, fp: str, bound: float | None, *, retry_of: str | None = None
+    st: ApiState,
+    req: JobRequest,
+    uuid: str | None,
+    fp: str,
+    bound: float | None,
+    *,
+    retry_of: str | None = None,
+    began: float | None = None,
 ) -> tuple[JobRecord, bool]:
     """POST /jobs: submit the job (or find the one its Idempotency-Key names: `uuid` and the request's
     fingerprint `fp`), wait until the broker admitted it and, with a `bound`, up to that long for its
-    end. The record as it then stands, and whether this call started it (`fresh`)."""
+    end. The record as it then stands, and whether this call started it (`fresh`). `began`: the
+    monotonic time the request was read (the job's `api` hop runs from then to its submission)."""
     cluster = st.cluster
     if cluster is not None and not cluster.ok:
         # A job this replica could not record would be invisible to the others (and an Idempotency-Key
@@ -62,7 +70,7 @@ async def submit(
     if rec is None or fresh:
         try:
             await check_job(st.schemas, st.client, req)
-            rec = submit_record(st, req, uuid, fp, persist=not deferred, retry_of=retry_of)
+            rec = submit_record(st, req, uuid, fp, persist=not deferred, retry_of=retry_of, began=began)
         except Exception:
             if claimed and uuid is not None and cluster is not None:
                 await cluster.release(uuid)

@@ -5,6 +5,8 @@ from __future__ import annotations
 # A job the API submits gets the fabric's own kind of uuid: UUIDv7, time-ordered, so each
 # worker's job store and the shared PostgreSQL table insert at the end of their uuid index; its
 # random bits come from the OS 256 uuids at a time, so the event loop rarely gives up the GIL.
+import time
+
 from service import new_job_uuid
 from service.errors import ZfabError
 
@@ -23,15 +25,18 @@ def submit_record(
     resubmit: bool = False,
     persist: bool = True,
     retry_of: str | None = None,
+    began: float | None = None,
 ) -> JobRecord:
     """Submit a job to the fabric and remember it in the table (POST /jobs, schedules, recovery).
 
     `persist=False`: not written until it changes (an event, its end) or the caller touches it.
-    `retry_of`: the dead job this one submits again (POST /jobs/{uuid}/retry)."""
+    `retry_of`: the dead job this one submits again (POST /jobs/{uuid}/retry). `began`: the monotonic
+    time its request was read, the start of its hop trace's `api` hop."""
     if not st.client.broker_alive:
         raise unavailable(f"the broker at {st.client.broker} is not answering; retry shortly")
     juuid = uuid or new_job_uuid()
     table = st.jobs
+    held = time.monotonic() - began if began is not None else 0.0
     try:
         fut = st.client.submit(
             req.service,
@@ -50,6 +55,8 @@ def submit_record(
         )
     except ZfabError as exc:
         raise from_fabric_error(exc) from None
+    # Set before the loop runs again: the API's client answers on this thread, so no reply is read first.
+    fut.held_before = held
     rec = JobRecord(fut.uuid, req.service, req.task, req.workers, fut, fp, req.timeout, request=req, retry_of=retry_of)
     table.add(rec, persist=persist)
     return rec

@@ -210,6 +210,7 @@ class JobRecord:
             finished_at=finished,
             completed_at=finished,
             timings=timings,
+            trace=fut.trace if fut.trace is not None else (self.stored.trace if self.stored else None),
             cancel_requested=self.cancel_requested,
             input_request=request,
             priority=req.priority if req is not None else 5,

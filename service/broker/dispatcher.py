@@ -167,6 +167,11 @@ class Dispatcher:
 
     def _post(self, w: WorkerRecord, job: QueuedJob, now: float) -> None:
         frames = nfp.broker_job(w.ident, nfp.POST, job.client, job.uuid, job.body)
+        job.sent_at = now  # the hop trace's end of broker_queue, start of broker_wait
+        if job.kind != ANY:
+            if job.parts_sent is None:
+                job.parts_sent = {}
+            job.parts_sent[w.name] = now
         if w.v2:
             # zfab workers learn what is left of the deadline (time queued is spent) and how long
             # the job waited here (their wait-time histogram), and the submitter's trace context.

@@ -58,6 +58,8 @@ class QueuedJob:
     workers: list[bytes] = field(default_factory=list)  # names it was fanned out to
     limit: Any = None  # the limits.Bucket of its task's rate/concurrency limit (None: not limited)
     trace: dict[str, str] | None = None  # the submitter's W3C trace context, for the worker's meta frame
+    sent_at: float = 0.0  # monotonic: when it (its latest part) was sent to a worker, for its hop trace
+    parts_sent: dict[bytes, float] | None = None  # a job for several workers: when each part was sent
 
     @property
     def size(self) -> int:

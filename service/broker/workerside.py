@@ -11,7 +11,7 @@ import math
 from collections import Counter, OrderedDict
 from typing import Any
 
-from ..core import payloads
+from ..core import hoptrace, payloads
 from ..core import protocol as nfp
 from ..core.keepalive import Clock
 from ..settings import Settings
@@ -19,7 +19,8 @@ from ..transport.base import Frames, Transport
 from ..transport.security import ZapHandler
 from .dispatcher import Dispatcher
 from .events import EventPublisher
-from .registry import PROTOCOL_V2, Registry, WorkerRecord
+from .jobqueue import QueuedJob
+from .registry import PROTOCOL_V2, Registry, Route, WorkerRecord
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +141,7 @@ class WorkerSide:
     def forward(self, worker: WorkerRecord, msg: nfp.WorkerReply) -> None:
         """Route a worker's reply to its client; final replies free the worker's credit."""
         forward = True
+        route: Route | None = None
         route_now = self.registry.routes.get(msg.uuid)
         # The route knows the job's client as it is now (it may have reconnected since the POST).
         client = route_now.client if route_now is not None else msg.client
@@ -165,7 +167,17 @@ class WorkerSide:
                 self.dispatch.started(route_now, worker)
         if forward:
             self.counts["forwarded"] += 1
-            self.send(nfp.broker_reply(client, msg.command, worker.service, msg.uuid, msg.status, msg.payload))
+            frames = nfp.broker_reply(client, msg.command, worker.service, msg.uuid, msg.status, msg.payload)
+            if route is not None and route.job is not None and self.settings.hop_traces:
+                frames.append(self._trace(route.job, worker, msg.trace))
+            self.send(frames)
+
+    def _trace(self, job: QueuedJob, worker: WorkerRecord, worker_trace: nfp.Frame | None) -> bytes:
+        """The hop trace a pushed final answer carries to its client: the worker's and the broker's."""
+        sent = job.sent_at if job.parts_sent is None else job.parts_sent.get(worker.name, job.sent_at)
+        return hoptrace.broker_frame(
+            bytes(worker_trace) if worker_trace is not None else None, job.queued_at, sent, self.clock()
+        )
 
     def _disconnect_unknown(self, sender: bytes, service: bytes) -> None:
         # After a broker restart workers learn at their next frame that they must re-register.

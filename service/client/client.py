@@ -100,6 +100,7 @@ class Client(ClientSession):
             "completed": 0,
             "reconnects": 0,
             "reestablished": 0,
+            "trace_rejected": 0,  # pairs of hop-trace frames that named no hop or no duration
         }
         self._bytes = 0  # bytes of bodies and results held for jobs in flight (under _lock)
         self._boot: str | None = None  # the broker's incarnation, from its keepalive answers
@@ -380,6 +381,7 @@ class Client(ClientSession):
         job.expected = expected  # known already when recovering a job by GET
         job.fields = fields
         job.follow_task = follow_task
+        job.sent = now
         job.size = len(body)
         with self._lock:
             if juuid in self._jobs:
@@ -421,6 +423,10 @@ class Client(ClientSession):
         fut = job.future
         fut.timings["completed"] = time.time()
         self.counts["completed"] += 1
+        if job.traces is not None:
+            fut.trace = job.trace(fut.held_before)
+            if job.trace_rejected:
+                self.counts["trace_rejected"] += job.trace_rejected
         result: dict[str, Any] | None = None
         if error is None:
             result, error = job.outcome()

@@ -14,7 +14,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core import payloads
+from ..core import hoptrace, payloads
 from ..core import protocol as nfp
 from ..core.lazy import lazy
 from ..core.payloads import Word
@@ -79,6 +79,11 @@ class JobFuture(Future[Any]):
         self.dispatched: list[str] | None = None  # every worker the broker sent it to (from 202)
         self.attempt = 1  # the attempt that runs (or ran last): 2, 3... once retried
         self.attempts: list[dict[str, Any]] = []  # each earlier attempt: its worker, error, times, wait
+        # Where the (last) attempt's time went, hop by hop (core/hoptrace.py), once it ended with
+        # traced answers: {"total": s, "hops": {hop: s}}, and "workers" for a job sent to several.
+        self.trace: dict[str, Any] | None = None
+        # Seconds its submitter held the job before submit() (the API's hop), set by the submitter.
+        self.held_before = 0.0
         self.add_done_callback(self._notify)
 
     @property
@@ -171,6 +176,9 @@ class ClientJob:
     resubmitted: bool = False  # POSTed again after the broker came back: the job may have run before
     follow_task: bool = False  # no `retries` asked: a failed attempt runs again as its task declares
     results_size: int = 0  # bytes of this attempt's result payloads (let go of when it is retried)
+    sent: float = 0.0  # monotonic: this attempt was submitted (its hop trace's start)
+    traces: dict[str, tuple[float, dict[str, float]]] | None = None  # worker -> (seconds to its answer, pairs)
+    trace_rejected: int = 0  # pairs of trace frames that were not durations of a known hop
 
     @property
     def timeout(self) -> float:
@@ -193,7 +201,7 @@ class ClientJob:
         self.retries_left -= 1
         names = ", ".join(sorted(self.lost))
         self._remember({"worker": names, "status": "lost", "error": f"worker {names} was lost while running it"})
-        self._next_attempt()
+        self._next_attempt(self.last_heard)
         return True
 
     def retry_failed(self, now: float, epoch: float) -> bool:
@@ -242,7 +250,7 @@ class ClientJob:
         self.fields = fields
         self.flags = nfp.dumps(fields)
         self.deadline = now + float(after) + self.timeout
-        self._next_attempt()
+        self._next_attempt(now)
         return True
 
     def _remember(self, record: dict[str, Any]) -> None:
@@ -254,8 +262,9 @@ class ClientJob:
         fut.result_bytes += size
         self.size += size
 
-    def _next_attempt(self) -> None:
+    def _next_attempt(self, now: float) -> None:
         self.attempt += 1
+        self.sent, self.traces = now, None
         self.future.attempt = self.attempt
         self.body = payloads.with_attempt(self.body, self.attempt)
         self.expected = None
@@ -374,6 +383,8 @@ class ClientJob:
         self.size += len(reply.payload)
         self.results_size += len(reply.payload)
         fut.result_bytes += len(reply.payload)
+        if reply.trace is not None and len(payload) == 1:
+            self._traced(str(next(iter(payload))), reply.trace, now)
         for worker, entry in payload.items():
             if self.attempt > 1 and isinstance(entry, dict):
                 entry["juuid"], entry["attempt"] = self.uuid, self.attempt  # the job's own uuid, not the wire's
@@ -387,6 +398,32 @@ class ClientJob:
 
     def _done(self) -> bool:
         return self.expected is not None and not self.pending
+
+    def _traced(self, worker: str, frame: nfp.Frame, now: float) -> None:
+        pairs, bad = hoptrace.parse(frame)
+        self.trace_rejected += bad
+        if pairs:
+            if self.traces is None:
+                self.traces = {}
+            self.traces[worker] = (max(0.0, now - self.sent), pairs)
+
+    def trace(self, held: float = 0.0) -> dict[str, Any] | None:
+        """The finished attempt's hops; for a job several workers ran, the last answer's, and each
+        worker's under "workers". `held`: seconds the submitter held it first (the `api` hop)."""
+        traces = self.traces
+        if not traces:
+            return None
+        views: dict[str, dict[str, Any]] = {}
+        for w, (t, p) in traces.items():
+            hops = hoptrace.hops(t, p)
+            if held > 0:
+                hops = {hoptrace.API: held, **hops}
+            views[w] = {"total": round(t + held, 6), "hops": _rounded(hops)}
+        last = max(traces, key=lambda w: traces[w][0])
+        out: dict[str, Any] = dict(views[last])
+        if len(views) > 1:
+            out["workers"] = views
+        return out
 
     def outcome(self) -> tuple[dict[str, Any] | None, JobError | None]:
         """The finished job's result dictionary, or the error to raise."""
@@ -415,6 +452,10 @@ class ClientJob:
             self.refused.results = self.results  # what did arrive, as every JobError carries
             return None, self.refused
         return self.results, None
+
+
+def _rounded(hops: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 6) for k, v in hops.items()}
 
 
 def _one_line(entry: dict[str, Any]) -> str:

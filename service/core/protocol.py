@@ -126,13 +126,14 @@ class WorkerControl:
 
 @dataclass(slots=True)
 class WorkerReply:
-    """worker → broker: [b"", NFPW01, RESPONSE|EVENT|STREAM|MMI, client, b"", uuid, status, payload]."""
+    """worker → broker: [b"", NFPW01, RESPONSE|EVENT|STREAM|MMI, client, b"", uuid, status, payload, (trace)]."""
 
     command: bytes
     client: bytes
     uuid: bytes
     status: bytes
     payload: Frame  # forwarded as received
+    trace: Frame | None = None  # zfab: a final RESPONSE's hop trace (core/hoptrace.py)
 
 
 @dataclass(slots=True)
@@ -157,13 +158,14 @@ class BrokerControl:
 
 @dataclass(slots=True)
 class BrokerReply:
-    """broker → client, as the client's DEALER sees it: [b"", NFPB01, CMD, service, uuid, status, payload]."""
+    """broker → client, as the client's DEALER sees it: [b"", NFPB01, CMD, service, uuid, status, payload, (trace)]."""
 
     command: bytes
     service: bytes
     uuid: bytes
     status: bytes
     payload: Frame  # parsed from the frame itself; a file chunk is copied to bytes for its reader
+    trace: Frame | None = None  # zfab: a final RESPONSE's hop trace, the worker's and the broker's
 
 
 _FRAME_TYPES = (bytes, bytearray, memoryview)  # a tuple: `bytes | ...` would build a UnionType per frame
@@ -225,7 +227,7 @@ def decode_client(frames: list[Frame], max_bytes: int = DEFAULT_MAX_FRAME_BYTES)
 
 def decode_worker(frames: list[Frame], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> WorkerControl | WorkerReply:
     """Decode what a worker sent, without the ROUTER identity frame."""
-    command = _check_head(frames, WORKER, 4, 8, max_bytes)
+    command = _check_head(frames, WORKER, 4, 9, max_bytes)
     if command in WORKER_CONTROL_COMMANDS:
         if len(frames) > 5:
             raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {len(frames)} frames")
@@ -233,12 +235,14 @@ def decode_worker(frames: list[Frame], max_bytes: int = DEFAULT_MAX_FRAME_BYTES)
         stats = _json_object(frames[4], "keepalive stats") if len(frames) == 5 else None
         return WorkerControl(command, bytes(frames[3]), stats)
     if command in WORKER_REPLY_COMMANDS:
-        if len(frames) != 8:
-            raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {len(frames)} frames, need 8")
+        n = len(frames)
+        if n != 8 and not (n == 9 and command == RESPONSE):
+            raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {n} frames, need 8")
         if frames[4] != b"":
             raise ProtocolError("delimiter", "frame 4 must be empty")
         _check_name(frames[5], "uuid", MAX_UUID_BYTES)
-        return WorkerReply(command, bytes(frames[3]), bytes(frames[5]), bytes(frames[6]), frames[7])
+        trace = frames[8] if n == 9 else None
+        return WorkerReply(command, bytes(frames[3]), bytes(frames[5]), bytes(frames[6]), frames[7], trace)
     raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not a worker command")
 
 
@@ -262,13 +266,16 @@ def decode_broker_to_worker(frames: list[Frame], max_bytes: int = DEFAULT_MAX_FR
 
 def decode_broker_to_client(frames: list[Frame], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> BrokerReply:
     """Decode what the broker sent to a client."""
-    command = _check_head(frames, BROKER, 7, 7, max_bytes)
+    command = _check_head(frames, BROKER, 7, 8, max_bytes)
     if command not in BROKER_TO_CLIENT_COMMANDS:
         raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not sent by a broker to a client")
+    if len(frames) == 8 and command != RESPONSE:
+        raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with 8 frames, need 7")
     status = bytes(frames[5])
     if command != STREAM and status not in KNOWN_STATUSES:
         raise ProtocolError("status", f"unknown status {status[:8]!r}")
-    return BrokerReply(command, bytes(frames[3]), bytes(frames[4]), status, frames[6])
+    trace = frames[7] if len(frames) == 8 else None
+    return BrokerReply(command, bytes(frames[3]), bytes(frames[4]), status, frames[6], trace)
 
 
 # --- encoders: each returns the frames a DEALER sends, or (for the broker) the

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..core import hoptrace
 from .base import LATENCY_BUCKETS, OTHER
 
 if TYPE_CHECKING:
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 MAX_SERVICE_LABELS = 1000
 
 
-HOPS = ("client_to_broker", "broker_to_worker", "worker_queue", "worker_run", "worker_to_client")
+HOPS = hoptrace.HOPS  # a closed label set: a trace names only these (core/hoptrace.py)
 
 
 class ClientMetrics(Collector):
@@ -35,7 +36,7 @@ class ClientMetrics(Collector):
         )
         self.hop = Histogram(
             "zfab_job_hop_seconds",
-            "Time between a job's hops (clocks of different hosts may differ)",
+            "Time a job spent at each hop, from its hop trace (each process's own clock: docs/protocol.md)",
             ["hop"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
@@ -68,19 +69,12 @@ class ClientMetrics(Collector):
             if child is None:
                 child = self._durations[key] = self.duration.labels(*key)
             child.observe(max(0.0, t["completed"] - t["submitted"]))
-        hops = self._hops
-        for entry in (results or {}).values():
-            ts = entry.get("timestamps") if isinstance(entry, dict) else None
-            if not ts or not all(ts.get(k) for k in ("received", "started", "completed")):
-                continue
-            sub, disp = t.get("submitted"), t.get("dispatched")
-            if sub is not None and disp is not None:
-                hops["client_to_broker"].observe(max(0.0, disp - sub))
-                hops["broker_to_worker"].observe(max(0.0, ts["received"] - disp))
-            hops["worker_queue"].observe(max(0.0, ts["started"] - ts["received"]))
-            hops["worker_run"].observe(max(0.0, ts["completed"] - ts["started"]))
-            if "completed" in t:
-                hops["worker_to_client"].observe(max(0.0, t["completed"] - ts["completed"]))
+        trace = fut.trace
+        if trace is not None:
+            hops = self._hops
+            for view in trace["workers"].values() if "workers" in trace else (trace,):
+                for hop, seconds in view["hops"].items():
+                    hops[hop].observe(seconds)
 
     def collect(self) -> Iterator[Metric]:
         c = self.client
@@ -108,6 +102,11 @@ class ClientMetrics(Collector):
         rej = CounterMetricFamily("zfab_client_frames_rejected_total", "Malformed frames the client dropped")
         rej.add_metric([], c.counts["rejected_frames"])
         yield rej
+        tr = CounterMetricFamily(
+            "zfab_client_trace_pairs_rejected_total", "Pairs of hop-trace frames that named no hop or no duration"
+        )
+        tr.add_metric([], c.counts["trace_rejected"])
+        yield tr
         rc = CounterMetricFamily("zfab_client_reconnects_total", "New connections after the broker went silent")
         rc.add_metric([], c.counts["reconnects"])
         yield rc

@@ -55,6 +55,8 @@ class Job:
     received_mono: float = field(default_factory=time.monotonic)  # the deadline's base: immune to clock steps
     started_at: float | None = None
     completed_at: float | None = None
+    started_mono: float | None = None  # its hop trace's readings are monotonic (core/hoptrace.py)
+    traced: bool = False  # its final answer carries a hop trace (its broker is zfab's: it sent a meta frame)
     state: JobState = JobState.RECEIVED
     status_code: bytes = b"300"
     result_payload: bytes = b""

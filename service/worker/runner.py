@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import tracing
-from ..core import payloads
+from ..core import hoptrace, payloads
 from ..core import protocol as nfp
 from ..core.histogram import Histogram
 from ..core.payloads import Outcome, Word
@@ -284,6 +284,7 @@ class JobRunner:
     def _begin(self, job: Job) -> dict[str, Any] | None:
         """The job starts: its 201, its wait, its arguments. None when it ended here already."""
         job.started_at = time.time()
+        job.started_mono = time.monotonic()
         if job.ack and job.ack_ready():
             self._started(job)
         spec = self.tasks[job.task]
@@ -344,6 +345,7 @@ class JobRunner:
         retry: dict[str, Any] | None = None,
     ) -> None:
         job.completed_at = time.time()
+        completed = time.monotonic()
         # A job that ends before it starts (cancelled, expired, bad arguments, dropped) still holds
         # its decoded arguments; a finished job kept among the recent ones must not (the table's
         # byte bound counts request and result, not the arguments).
@@ -415,7 +417,10 @@ class JobRunner:
                 self.store_dropped += 1
                 log.error("worker %s: job store full; result of %s kept in memory only", self.name, job.uuid)
 
-        self.send((nfp.worker_reply(nfp.RESPONSE, job.client, job.uuid.encode(), code, payload), stored))
+        frames = nfp.worker_reply(nfp.RESPONSE, job.client, job.uuid.encode(), code, payload)
+        if job.traced:
+            frames.append(hoptrace.worker_frame(job.received_mono, job.started_mono, completed, time.monotonic()))
+        self.send((frames, stored))
         if not job.push:
             job.event("completed", event_type="result_ready", status="completed")
 
@@ -423,7 +428,7 @@ class JobRunner:
         """Owner: a job that will not run here (its broker gave it up); it ends, stored, as failed."""
         with self._lock:
             self.counts["dropped"] += 1
-        job.started_at = None
+        job.started_at = job.started_mono = None
         self.complete(job, nfp.ST_OK, None, Outcome.ERROR, [why])
 
 

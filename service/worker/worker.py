@@ -411,6 +411,7 @@ class Worker:
             attempt=body.attempt,
             retry=self.tasks[task_name].retry_policy(body.retries, body.backoff),
             trace=trace,
+            traced=msg.meta is not None and self.settings.hop_traces,
             emit=self.runner.emit,
             stream_out=self.runner.stream_out,
         )

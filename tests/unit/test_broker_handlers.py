@@ -69,7 +69,7 @@ def replies(frames: list[list[bytes]], to: bytes = b"c1") -> list[tuple[bytes, b
     """(command, uuid, status, payload) of what the broker sent to `to`."""
     out = []
     for f in frames:
-        if f[0] == to and f[2] == nfp.BROKER and len(f) == 8:
+        if f[0] == to and f[2] == nfp.BROKER and len(f) in (8, 9):  # 9: a final answer's hop trace
             out.append((f[3], f[5], f[6], json.loads(f[7]) if f[7] else {}))
     return out
 
@@ -703,3 +703,57 @@ def test_a_bad_mmi_body_gets_a_400_and_is_counted(broker: Broker) -> None:
     ((_, _, status, payload),) = replies(stub(broker).take())
     assert status == nfp.ST_BAD_REQUEST and payload["errors"]
     assert broker.rejected["json"] == 1
+
+
+def _trace_of(frames: list[list[bytes]], to: bytes = b"c1") -> bytes | None:
+    (f,) = [f for f in frames if f[0] == to and f[3] == nfp.RESPONSE and f[6] == nfp.ST_OK]
+    return f[8] if len(f) == 9 else None
+
+
+def test_a_pushed_final_answer_carries_the_workers_hops_and_the_brokers(broker: Broker, clock: FakeClock) -> None:
+    ready(broker, b"w1", credits=1)
+    post(broker, b"j1")
+    post(broker, b"j2")  # waits for w1's one credit
+    stub(broker).take()
+    clock.advance(0.5)
+    finish(broker, b"w1", b"j1")
+    stub(broker).take()
+    clock.advance(0.25)
+    worker_trace = b"worker_queue=0.010000 run=0.200000 worker_result=0.000100"
+    result = nfp.dumps({"w1": {"result": 1, "failed": False}})
+    stub(broker).feed([b"w1", b"", nfp.WORKER, nfp.RESPONSE, b"c1", b"", b"j2", nfp.ST_OK, result, worker_trace])
+    trace = _trace_of(stub(broker).take())
+    # j2 waited 0.5 s in the queue for the credit, then 0.25 s for its worker: the broker's clock.
+    assert trace == worker_trace + b" broker_queue=0.500000 broker_wait=0.250000"
+
+
+def test_a_norfab_workers_answer_gets_the_brokers_hops_alone_and_a_long_trace_is_not_forwarded(
+    broker: Broker, clock: FakeClock
+) -> None:
+    ready(broker, b"w1")
+    post(broker, b"j1")
+    post(broker, b"j2")
+    stub(broker).take()
+    clock.advance(0.1)
+    finish(broker, b"w1", b"j1")  # no trace frame: a NorFab worker's answer
+    assert _trace_of(stub(broker).take()) == b"broker_queue=0.000000 broker_wait=0.100000"
+    result = nfp.dumps({"w1": {"result": 1, "failed": False}})
+    stub(broker).feed([b"w1", b"", nfp.WORKER, nfp.RESPONSE, b"c1", b"", b"j2", nfp.ST_OK, result, b"x" * 300])
+    assert _trace_of(stub(broker).take()) == b"broker_queue=0.000000 broker_wait=0.100000"
+
+
+def test_with_hop_traces_off_the_broker_adds_no_frame(clock: FakeClock) -> None:
+    b = make_broker(clock, hop_traces=False)
+    ready(b, b"w1")
+    post(b, b"j1")
+    stub(b).take()
+    finish(b, b"w1", b"j1")
+    assert _trace_of(stub(b).take()) is None
+
+
+def test_a_trace_frame_on_an_event_is_malformed(broker: Broker) -> None:
+    ready(broker, b"w1")
+    post(broker, b"j1")
+    stub(broker).take()
+    stub(broker).feed([b"w1", b"", nfp.WORKER, nfp.EVENT, b"c1", b"", b"j1", nfp.ST_OK, b"{}", b"run=1"])
+    assert broker.rejected["frame_count"] == 1

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from service import Settings
+from service.core import hoptrace
 from service.core import protocol as nfp
 from service.transport import FakeClock, StubLoop, StubTransport
 from service.worker.runner import STARTED_NOTICE_DELAY
@@ -53,7 +54,7 @@ def answers(frames: list[Frames]) -> list[tuple[bytes, bytes, bytes, Any]]:
     """(command, uuid, status, payload) of the worker's replies."""
     out = []
     for f in frames:
-        if f[1] == nfp.WORKER and len(f) == 8:
+        if f[1] == nfp.WORKER and len(f) in (8, 9):  # 9: a final answer's hop trace
             out.append((f[2], f[5], f[6], json.loads(f[7])))
     return out
 
@@ -389,6 +390,25 @@ def test_the_brokers_meta_frame_shortens_the_deadline_by_the_time_queued(worker:
     assert entry["status"] == "timeout"
     assert worker.runner.task_stats["sleep"].outcomes["expired"] == 1
     assert worker.runner.task_stats["sleep"].wait.count == 1 and worker.runner.task_stats["sleep"].wait.total >= 59.8
+
+
+def test_a_job_from_a_zfab_broker_ends_with_its_hop_trace_and_one_from_norfab_without(worker: DemoWorker) -> None:
+    stub(worker).take()
+    body = nfp.dumps({"task": "sleep", "kwargs": {"seconds": 0.05}, "timeout": 60})
+    stub(worker).feed([b"", nfp.BROKER, nfp.POST, b"c1", b"", b"j1", body, b'{"deadline":60,"queued":0}'])
+    stub(worker).feed([b"", nfp.BROKER, nfp.POST, b"c1", b"", b"j2", body])  # NorFab's broker: no meta
+    frames: list[Frames] = []
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        frames += stub(worker).take()
+        finals = {f[5]: f for f in frames if f[2] == nfp.RESPONSE and f[6] == nfp.ST_OK}
+        if len(finals) == 2:
+            break
+        time.sleep(0.01)
+    assert len(finals[b"j1"]) == 9 and len(finals[b"j2"]) == 8
+    pairs, bad = hoptrace.parse(finals[b"j1"][8])
+    assert bad == 0 and set(pairs) == {"worker_queue", "run", "worker_result"}
+    assert 0.05 <= pairs["run"] < 1.0
 
 
 @pytest.fixture

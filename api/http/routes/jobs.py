@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Annotated, Literal
@@ -106,10 +107,11 @@ async def submit_job(
     full queue or an unreachable broker. A job waits in the broker's queue while no worker can take
     it, until its `timeout` (default 60 s, counted from the end of its `delay`).
     """
+    began = time.monotonic()
     st = api_state(request)
     uuid, fp = (job_uuid_for_key(idempotency_key, principal), fingerprint(req)) if idempotency_key else (None, "")
     bound = wait_bound(wait, prefer, st.settings.default_wait_max)
-    rec, fresh = await submit(st, req, uuid, fp, bound)
+    rec, fresh = await submit(st, req, uuid, fp, bound, began=began)
     return submitted(st, rec, fresh, bound, request.scope.get("root_path", ""), wait is None)
 
 

@@ -84,7 +84,40 @@
         h('td', {}, i.what))));
     }
 
+    // A finished job's hop trace: durations each process measured on its own clock (docs/protocol.md).
+    const HOP_LABELS = {
+      api: 'API: request read → submitted',
+      client_broker: 'client ⇄ broker (both ways)',
+      broker_queue: 'broker: in its queue',
+      broker_worker: 'broker ⇄ worker (both ways)',
+      worker_queue: 'worker: waiting for a thread',
+      run: 'worker: the task ran',
+      worker_result: 'worker: result out',
+    };
+
+    function renderTrace(trace) {
+      const tbody = $('#timings tbody');
+      $('#timings thead').replaceChildren(h('tr', {}, h('th', {}, 'Hop'), h('th', {}, 'Key'),
+        h('th', { class: 'num' }, '+ since submit'), h('th', { class: 'num' }, 'took'), h('th', { class: 'wide' })));
+      const hops = Object.entries(trace.hops || {});
+      const span = Math.max(trace.total || 0, 1e-6);
+      let at = 0;
+      const rows = hops.map(([hop, secs]) => {
+        const bar = h('span');
+        bar.style.left = `${Math.min(100, (at / span) * 100)}%`;
+        bar.style.width = `${Math.max(0, (secs / span) * 100)}%`;
+        at += secs;
+        return h('tr', {}, h('td', { class: 'nowrap' }, HOP_LABELS[hop] || hop), h('td', { class: 'nowrap' }, hop),
+          h('td', { class: 'num' }, `+${fmtDur(at)}`), h('td', { class: 'num' }, fmtDur(secs)),
+          h('td', {}, h('div', { class: 'hopbar' }, bar)));
+      });
+      rows.push(h('tr', {}, h('td', { class: 'nowrap' }, h('strong', {}, 'end to end')), h('td', {}, ''),
+        h('td', { class: 'num' }, ''), h('td', { class: 'num' }, fmtDur(trace.total || 0)), h('td', {}, '')));
+      tbody.replaceChildren(...rows);
+    }
+
     function renderTimings() {
+      if (job.trace && job.trace.hops && Object.keys(job.trace.hops).length) { renderTrace(job.trace); return; }
       const T = job.timings || {};
       const hops = [];
       const add = (label, t) => { if (typeof t === 'number') hops.push({ label, t }); };

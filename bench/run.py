@@ -71,6 +71,7 @@ SECTIONS = {
     "queue": "the job queue: head-of-line, a deep queue, the prefetch sweep (bench/queue.py)",
     "console": "the web console over a table of 100,000 jobs (bench/console.py)",
     "topics": "a slow event subscriber: pipelined jobs/s beside none (bench/topics.py)",
+    "hops": "hop traces: pipelined jobs/s with them on and off, a job's time per hop (bench/hops.py)",
 }
 
 

@@ -100,7 +100,7 @@ class Client(ClientSession):
             "completed": 0,
             "reconnects": 0,
             "reestablished": 0,
-            "trace_rejected": 0,  # pairs of hop-trace frames that named no hop or no duration
+            "trace_rejected": 0,  # hop-trace figures that were no duration (frames of a wrong length)
         }
         self._bytes = 0  # bytes of bodies and results held for jobs in flight (under _lock)
         self._boot: str | None = None  # the broker's incarnation, from its keepalive answers
@@ -199,6 +199,7 @@ class Client(ClientSession):
             raise ValueError("delay must not be negative")
         if retries is not None and not 0 <= retries <= MAX_RETRIES:
             raise ValueError(f"retries must be from 0 to {MAX_RETRIES}")
+        began = self.clock()  # the job's hop trace starts: its encoding is the client's time, too
         schedule = read_backoff(backoff).as_dict() if backoff is not None else None
         body = payloads.post_body(
             task, args, kwargs, timeout=timeout, push=self.push, ack=self.acks, retries=retries, backoff=schedule
@@ -230,6 +231,7 @@ class Client(ClientSession):
             retries=retries or 0,
             fields=fields,
             follow_task=retries is None,
+            began=began,
         )
         if resubmit and (job := self._jobs.get(fut.uuid)) is not None:
             job.resubmitted = True
@@ -365,6 +367,7 @@ class Client(ClientSession):
         expected: set[str] | None = None,
         fields: dict[str, Any] | None = None,
         follow_task: bool = False,
+        began: float | None = None,
     ) -> JobFuture:
         if not self._started:
             self.start()
@@ -381,7 +384,7 @@ class Client(ClientSession):
         job.expected = expected  # known already when recovering a job by GET
         job.fields = fields
         job.follow_task = follow_task
-        job.sent = now
+        job.sent = now if began is None else began
         job.size = len(body)
         with self._lock:
             if juuid in self._jobs:

@@ -177,8 +177,8 @@ class ClientJob:
     follow_task: bool = False  # no `retries` asked: a failed attempt runs again as its task declares
     results_size: int = 0  # bytes of this attempt's result payloads (let go of when it is retried)
     sent: float = 0.0  # monotonic: this attempt was submitted (its hop trace's start)
-    traces: dict[str, tuple[float, dict[str, float]]] | None = None  # worker -> (seconds to its answer, pairs)
-    trace_rejected: int = 0  # pairs of trace frames that were not durations of a known hop
+    traces: dict[str, tuple[float, bytes]] | None = None  # worker -> (seconds to its answer, its trace frame)
+    trace_rejected: int = 0  # figures of trace frames that were no duration (or frames of a wrong length)
 
     @property
     def timeout(self) -> float:
@@ -400,12 +400,9 @@ class ClientJob:
         return self.expected is not None and not self.pending
 
     def _traced(self, worker: str, frame: nfp.Frame, now: float) -> None:
-        pairs, bad = hoptrace.parse(frame)
-        self.trace_rejected += bad
-        if pairs:
-            if self.traces is None:
-                self.traces = {}
-            self.traces[worker] = (max(0.0, now - self.sent), pairs)
+        if self.traces is None:
+            self.traces = {}
+        self.traces[worker] = (max(0.0, now - self.sent), bytes(frame))
 
     def trace(self, held: float = 0.0) -> dict[str, Any] | None:
         """The finished attempt's hops; for a job several workers ran, the last answer's, and each
@@ -414,12 +411,16 @@ class ClientJob:
         if not traces:
             return None
         views: dict[str, dict[str, Any]] = {}
-        for w, (t, p) in traces.items():
-            hops = hoptrace.hops(t, p)
-            if held > 0:
-                hops = {hoptrace.API: held, **hops}
-            views[w] = {"total": round(t + held, 6), "hops": _rounded(hops)}
-        last = max(traces, key=lambda w: traces[w][0])
+        for w, (t, frame) in traces.items():
+            hops, bad = hoptrace.hops(t, frame)
+            self.trace_rejected += bad
+            if hops:
+                if held > 0:
+                    hops = {hoptrace.API: held, **hops}
+                views[w] = {"total": t + held, "hops": hops}
+        if not views:
+            return None
+        last = max(views, key=lambda w: traces[w][0])
         out: dict[str, Any] = dict(views[last])
         if len(views) > 1:
             out["workers"] = views
@@ -452,10 +453,6 @@ class ClientJob:
             self.refused.results = self.results  # what did arrive, as every JobError carries
             return None, self.refused
         return self.results, None
-
-
-def _rounded(hops: dict[str, float]) -> dict[str, float]:
-    return {k: round(v, 6) for k, v in hops.items()}
 
 
 def _one_line(entry: dict[str, Any]) -> str:

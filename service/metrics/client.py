@@ -103,7 +103,8 @@ class ClientMetrics(Collector):
         rej.add_metric([], c.counts["rejected_frames"])
         yield rej
         tr = CounterMetricFamily(
-            "zfab_client_trace_pairs_rejected_total", "Pairs of hop-trace frames that named no hop or no duration"
+            "zfab_client_trace_rejected_total",
+            "Hop-trace figures that were no duration, and trace frames of a wrong length",
         )
         tr.add_metric([], c.counts["trace_rejected"])
         yield tr

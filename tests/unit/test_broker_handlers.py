@@ -4,6 +4,7 @@ refusals, identities, MMI. No sockets; a fake clock."""
 from __future__ import annotations
 
 import json
+import struct
 from typing import Any
 
 import pytest
@@ -719,12 +720,13 @@ def test_a_pushed_final_answer_carries_the_workers_hops_and_the_brokers(broker: 
     finish(broker, b"w1", b"j1")
     stub(broker).take()
     clock.advance(0.25)
-    worker_trace = b"worker_queue=0.010000 run=0.200000 worker_result=0.000100"
+    worker_trace = struct.pack("<3d", 0.01, 0.2, 0.0001)
     result = nfp.dumps({"w1": {"result": 1, "failed": False}})
     stub(broker).feed([b"w1", b"", nfp.WORKER, nfp.RESPONSE, b"c1", b"", b"j2", nfp.ST_OK, result, worker_trace])
     trace = _trace_of(stub(broker).take())
     # j2 waited 0.5 s in the queue for the credit, then 0.25 s for its worker: the broker's clock.
-    assert trace == worker_trace + b" broker_queue=0.500000 broker_wait=0.250000"
+    assert trace is not None and trace[:24] == worker_trace
+    assert struct.unpack("<2d", trace[24:]) == pytest.approx((0.5, 0.25))
 
 
 def test_a_norfab_workers_answer_gets_the_brokers_hops_alone_and_a_long_trace_is_not_forwarded(
@@ -736,10 +738,10 @@ def test_a_norfab_workers_answer_gets_the_brokers_hops_alone_and_a_long_trace_is
     stub(broker).take()
     clock.advance(0.1)
     finish(broker, b"w1", b"j1")  # no trace frame: a NorFab worker's answer
-    assert _trace_of(stub(broker).take()) == b"broker_queue=0.000000 broker_wait=0.100000"
+    assert struct.unpack("<2d", _trace_of(stub(broker).take()) or b"") == pytest.approx((0.0, 0.1))
     result = nfp.dumps({"w1": {"result": 1, "failed": False}})
     stub(broker).feed([b"w1", b"", nfp.WORKER, nfp.RESPONSE, b"c1", b"", b"j2", nfp.ST_OK, result, b"x" * 300])
-    assert _trace_of(stub(broker).take()) == b"broker_queue=0.000000 broker_wait=0.100000"
+    assert struct.unpack("<2d", _trace_of(stub(broker).take()) or b"") == pytest.approx((0.0, 0.1))
 
 
 def test_with_hop_traces_off_the_broker_adds_no_frame(clock: FakeClock) -> None:

@@ -4,6 +4,7 @@ deadlines, polls and the broker's liveness. No sockets; the broker is played by 
 from __future__ import annotations
 
 import json
+import struct
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -318,12 +319,12 @@ def test_a_traced_answer_gives_the_job_its_hops_on_the_clients_clock(client: Cli
     fut = client.submit("demo", "echo", kwargs={"data": 1}, timeout=10)
     sent_posts(client)
     clock.advance(1.0)
-    trace = b"worker_queue=0.100000 run=0.500000 worker_result=0.000000 broker_queue=0.050000 broker_wait=0.800000"
+    trace = struct.pack("<5d", 0.1, 0.5, 0.0, 0.05, 0.8)  # worker_queue, run, worker_result; the broker's two
     payload = nfp.dumps({"w1": {"result": 1, "failed": False}})
     stub(client).feed([b"", nfp.BROKER, nfp.RESPONSE, b"demo", fut.uuid.encode(), nfp.ST_OK, payload, trace])
     fut.result(1)
     assert fut.trace is not None
-    assert fut.trace["total"] == 1.0
+    assert fut.trace["total"] == pytest.approx(1.0)
     # 1.0 s in all: 0.05 in the broker's queue, 0.8 waiting on its worker, which held the job 0.6 s.
     assert fut.trace["hops"] == pytest.approx(
         {
@@ -345,18 +346,18 @@ def test_a_traced_answer_gives_the_job_its_hops_on_the_clients_clock(client: Cli
     ]
 
 
-def test_a_forged_trace_names_no_hop_and_is_counted(client: Client, clock: FakeClock) -> None:
+def test_a_forged_trace_gives_no_worker_hops_and_is_counted(client: Client, clock: FakeClock) -> None:
     fut = client.submit("demo", "echo", kwargs={"data": 1}, timeout=10)
     sent_posts(client)
     clock.advance(0.5)
-    trace = b"evil=1 run=nan run=-1 broker_queue=0.1 broker_wait=0.2 worker_queue=1e99 =3"
+    trace = struct.pack("<5d", float("nan"), -1.0, 1e99, 0.1, 0.2)
     payload = nfp.dumps({"w1": {"result": 1, "failed": False}})
     stub(client).feed([b"", nfp.BROKER, nfp.RESPONSE, b"demo", fut.uuid.encode(), nfp.ST_OK, payload, trace])
     fut.result(1)
     assert fut.trace is not None
     # Without all of the worker's pairs, the broker's wait on its worker is one hop.
     assert fut.trace["hops"] == pytest.approx({"client_broker": 0.2, "broker_queue": 0.1, "broker_worker": 0.2})
-    assert client.counts["trace_rejected"] == 5
+    assert client.counts["trace_rejected"] == 3
 
 
 def test_an_untraced_answer_leaves_no_trace(client: Client) -> None:

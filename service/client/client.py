@@ -427,7 +427,7 @@ class Client(ClientSession):
         fut.timings["completed"] = time.time()
         self.counts["completed"] += 1
         if job.traces is not None:
-            fut.trace = job.trace(fut.held_before)
+            fut.trace = job.trace(fut.held_before, self.clock())
             if job.trace_rejected:
                 self.counts["trace_rejected"] += job.trace_rejected
         result: dict[str, Any] | None = None

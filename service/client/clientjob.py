@@ -404,12 +404,17 @@ class ClientJob:
             self.traces = {}
         self.traces[worker] = (max(0.0, now - self.sent), bytes(frame))
 
-    def trace(self, held: float = 0.0) -> dict[str, Any] | None:
+    def trace(self, held: float = 0.0, ended: float | None = None) -> dict[str, Any] | None:
         """The finished attempt's hops; for a job several workers ran, the last answer's, and each
-        worker's under "workers". `held`: seconds the submitter held it first (the `api` hop)."""
+        worker's under "workers". `held`: seconds the submitter held it first (the `api` hop); `ended`:
+        the monotonic time the job ended here (its future is settled next), the end of the last
+        answer's `total`, so the client's own work on that answer counts in `client_broker`."""
         traces = self.traces
         if not traces:
             return None
+        last = max(traces, key=lambda w: traces[w][0])
+        if ended is not None:
+            traces[last] = (max(traces[last][0], ended - self.sent), traces[last][1])
         views: dict[str, dict[str, Any]] = {}
         for w, (t, frame) in traces.items():
             hops, bad = hoptrace.hops(t, frame)
@@ -420,7 +425,8 @@ class ClientJob:
                 views[w] = {"total": t + held, "hops": hops}
         if not views:
             return None
-        last = max(views, key=lambda w: traces[w][0])
+        if last not in views:
+            last = max(views, key=lambda w: traces[w][0])
         out: dict[str, Any] = dict(views[last])
         if len(views) > 1:
             out["workers"] = views

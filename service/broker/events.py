@@ -47,6 +47,7 @@ from ..transport.waker import Waker
 log = logging.getLogger(__name__)
 
 MAX_PREFIX = 256  # bytes of a subscription prefix
+CURVE_MAXMSG = 1024  # bytes of a frame a CURVE subscriber may send (the handshake's, a boxed subscription)
 TOPIC_PART_MAX = 64  # characters of a topic part (service, task)
 MAX_NAMES = 100_000  # jobs whose (service, task) the publisher remembers between their events
 MAX_TOPICS = 10_000  # per-topic sequence counters kept
@@ -324,9 +325,14 @@ class EventPublisher:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, self.hwm)
         sock.setsockopt(zmq.XPUB_MANUAL, 1)
-        sock.setsockopt(zmq.MAXMSGSIZE, 1 + MAX_PREFIX)
         if self.curve_secret:
+            # libzmq applies MAXMSGSIZE to the handshake's commands too, and CURVE's INITIATE (about 300
+            # bytes) and each boxed message (33 bytes more) pass 1 + MAX_PREFIX: a subscriber would be
+            # closed before its first message. The thread refuses a prefix over MAX_PREFIX all the same.
+            sock.setsockopt(zmq.MAXMSGSIZE, CURVE_MAXMSG)
             curve_server(sock, self.curve_secret)
+        else:
+            sock.setsockopt(zmq.MAXMSGSIZE, 1 + MAX_PREFIX)
         sock.bind(self.endpoint)
         self.bound_endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         return sock

@@ -44,6 +44,23 @@ FINAL = frozenset({"completed", "failed", "cancelled", "expired", "lost"})
 RANK = {"queued": 0, "running": 1, "waiting": 1}  # finals rank 2
 
 
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of a process's threads by `name/tid` (/proc/PID/task/*/stat; Python threads are all
+    named `python` there: the broker's loop is the busiest, its event publisher the one idle without
+    a subscriber)."""
+    out: dict[str, float] = {}
+    clk = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            raw = (task / "stat").read_text()
+        except FileNotFoundError:
+            continue  # a thread that ended meanwhile
+        name = raw[raw.index("(") + 1 : raw.rindex(")")]
+        fields = raw[raw.rindex(")") + 2 :].split()
+        out[f"{name}/{task.name}"] = (int(fields[11]) + int(fields[12])) / clk
+    return out
+
+
 def loadavg() -> str:
     return Path("/proc/loadavg").read_text().strip()
 
@@ -292,16 +309,15 @@ def _for(c: Any, seconds: float, window: int = 500) -> float:
     return done / (time.perf_counter() - t0)
 
 
-def _drain_gaps(sock: Any, seconds: float) -> tuple[int, int]:
-    """(messages, tseq gaps) read from an idle SUB within `seconds` of reading it at last."""
+def _read(sock: Any, quiet: float, limit: float, last: dict[str, int]) -> tuple[int, int]:
+    """(messages, tseq gaps) read from a SUB until nothing came for `quiet` seconds (or `limit`)."""
     import zmq
 
     got = missed = 0
-    last: dict[str, int] = {}
-    end = time.monotonic() + seconds
+    end = time.monotonic() + limit
     while time.monotonic() < end:
-        if not sock.poll(100):
-            continue
+        if not sock.poll(int(quiet * 1000)):
+            break
         while True:
             try:
                 _, body = sock.recv_multipart(zmq.NOBLOCK)
@@ -316,6 +332,18 @@ def _drain_gaps(sock: Any, seconds: float) -> tuple[int, int]:
                 missed += e["tseq"] - t - 1
             last[e["topic"]] = e["tseq"]
     return got, missed
+
+
+def _losses(c: Any, sock: Any) -> tuple[int, int]:
+    """(received, lost) of a SUB left unread: what its pipe held, read now, then the events of 100
+    jobs run after it is empty, whose tseq shows how many of each topic never reached it."""
+    last: dict[str, int] = {}
+    got, missed = _read(sock, 0.5, 30, last)
+    after = [c.submit("demo", "echo", kwargs={"data": i}, timeout=60) for i in range(100)]
+    for fut in after:
+        fut.result(60)
+    more, gaps = _read(sock, 0.5, 10, last)
+    return got + more, missed + gaps
 
 
 def run_slow(seconds: float, pairs: int) -> dict[str, Any]:
@@ -346,13 +374,20 @@ def run_slow(seconds: float, pairs: int) -> dict[str, Any]:
                             idle.setsockopt(zmq.SUBSCRIBE, b"job.")
                             if not idle.poll(5000):  # its welcome: subscribed (then left unread)
                                 raise RuntimeError("the idle subscriber was not confirmed")
-                        m0, cpu0 = metrics(mport), cpu_seconds(pid)
+                        m0, cpu0, th0 = metrics(mport), cpu_seconds(pid), thread_cpu(pid)
                         t0 = time.monotonic()
                         jps = _for(c, seconds)
                         took = time.monotonic() - t0
-                        m1, cpu = metrics(mport), cpu_seconds(pid) - cpu0
+                        m1, cpu, th1 = metrics(mport), cpu_seconds(pid) - cpu0, thread_cpu(pid)
                         row: dict[str, Any] = {"phase": phase, "jobs_per_s": round(jps), "seconds": round(took, 1)}
-                        row["broker_cpu_us_per_job"] = round(cpu / (jps * took) * 1e6)
+                        jobs = jps * took
+                        row["broker_cpu_us_per_job"] = round(cpu / jobs * 1e6)
+                        # by thread: the loop, the publisher, libzmq's I/O thread (ZMQbg/IO/0)...
+                        row["by_thread_us_per_job"] = {
+                            k: round((v - th0.get(k, 0.0)) / jobs * 1e6)
+                            for k, v in th1.items()
+                            if v - th0.get(k, 0.0) > 0
+                        }
                         row["published"] = int(
                             m1["zfab_broker_events_published_total"] - m0.get("zfab_broker_events_published_total", 0)
                         )
@@ -360,7 +395,7 @@ def run_slow(seconds: float, pairs: int) -> dict[str, Any]:
                             m1["zfab_broker_events_dropped_total"] - m0.get("zfab_broker_events_dropped_total", 0)
                         )
                         if idle is not None:
-                            got, missed = _drain_gaps(idle, 3.0)
+                            got, missed = _losses(c, idle)
                             row["idle_sub_received"], row["idle_sub_missed_tseq"] = got, missed
                             idle.close(0)
                         rows.append(row)

@@ -309,7 +309,7 @@ def _for(c: Any, seconds: float, window: int = 500) -> float:
     return done / (time.perf_counter() - t0)
 
 
-def _read(sock: Any, quiet: float, limit: float, last: dict[str, int]) -> tuple[int, int]:
+def _read(sock: Any, quiet: float, limit: float, last: dict[str, int], first: list[int]) -> tuple[int, int]:
     """(messages, tseq gaps) read from a SUB until nothing came for `quiet` seconds (or `limit`)."""
     import zmq
 
@@ -327,6 +327,8 @@ def _read(sock: Any, quiet: float, limit: float, last: dict[str, int]) -> tuple[
             if "tseq" not in e:
                 continue  # the welcome
             got += 1
+            if not first:
+                first.append(e["seq"])
             t = last.get(e["topic"])
             if t is not None and e["tseq"] > t + 1:
                 missed += e["tseq"] - t - 1
@@ -334,16 +336,23 @@ def _read(sock: Any, quiet: float, limit: float, last: dict[str, int]) -> tuple[
     return got, missed
 
 
-def _losses(c: Any, sock: Any) -> tuple[int, int]:
+def _losses(c: Any, sock: Any) -> tuple[int, int, int]:
     """(received, lost) of a SUB left unread: what its pipe held, read now, then the events of 100
     jobs run after it is empty, whose tseq shows how many of each topic never reached it."""
     last: dict[str, int] = {}
-    got, missed = _read(sock, 0.5, 30, last)
+    first: list[int] = []
+    got, missed = _read(sock, 0.5, 30, last, first)
     after = [c.submit("demo", "echo", kwargs={"data": i}, timeout=60) for i in range(100)]
     for fut in after:
         fut.result(60)
-    more, gaps = _read(sock, 0.5, 10, last)
-    return got + more, missed + gaps
+    more, gaps = _read(sock, 0.5, 10, last, first)
+    return got + more, missed + gaps, first[0] if first else -1
+
+
+def _all_cpu(fab: Fabric) -> float:
+    """CPU seconds so far of the fabric's processes and of this one (the client)."""
+    t = os.times()
+    return sum(cpu_seconds(p) for p in fab.pids().values()) + t.user + t.system
 
 
 def run_slow(seconds: float, pairs: int) -> dict[str, Any]:
@@ -374,14 +383,19 @@ def run_slow(seconds: float, pairs: int) -> dict[str, Any]:
                             idle.setsockopt(zmq.SUBSCRIBE, b"job.")
                             if not idle.poll(5000):  # its welcome: subscribed (then left unread)
                                 raise RuntimeError("the idle subscriber was not confirmed")
-                        m0, cpu0, th0 = metrics(mport), cpu_seconds(pid), thread_cpu(pid)
+                            welcome = json.loads(idle.recv_multipart()[1])
+                        m0, cpu0, th0, all0 = metrics(mport), cpu_seconds(pid), thread_cpu(pid), _all_cpu(fab)
                         t0 = time.monotonic()
                         jps = _for(c, seconds)
                         took = time.monotonic() - t0
                         m1, cpu, th1 = metrics(mport), cpu_seconds(pid) - cpu0, thread_cpu(pid)
+                        all_cpu = _all_cpu(fab) - all0
                         row: dict[str, Any] = {"phase": phase, "jobs_per_s": round(jps), "seconds": round(took, 1)}
                         jobs = jps * took
                         row["broker_cpu_us_per_job"] = round(cpu / jobs * 1e6)
+                        # Broker, workers and this client together: on a machine whose cores they fill,
+                        # jobs/s goes as 1 / this, a steadier figure than jobs/s on a shared machine.
+                        row["fabric_cpu_us_per_job"] = round(all_cpu / jobs * 1e6)
                         # by thread: the loop, the publisher, libzmq's I/O thread (ZMQbg/IO/0)...
                         row["by_thread_us_per_job"] = {
                             k: round((v - th0.get(k, 0.0)) / jobs * 1e6)
@@ -395,7 +409,9 @@ def run_slow(seconds: float, pairs: int) -> dict[str, Any]:
                             m1["zfab_broker_events_dropped_total"] - m0.get("zfab_broker_events_dropped_total", 0)
                         )
                         if idle is not None:
-                            got, missed = _losses(c, idle)
+                            got, missed, first = _losses(c, idle)
+                            # events offered between its welcome and the first it read: none lost there
+                            row["idle_sub_welcome_seq"], row["idle_sub_first_seq"] = welcome["seq"], first
                             row["idle_sub_received"], row["idle_sub_missed_tseq"] = got, missed
                             idle.close(0)
                         rows.append(row)
@@ -408,6 +424,16 @@ def run_slow(seconds: float, pairs: int) -> dict[str, Any]:
         res["idle_median"],
         "/s",
         res["none_median"],
+        vs="no subscriber",
+    )
+    cpu_none = statistics.median(r["fabric_cpu_us_per_job"] for r in rows if r["phase"] == "none")
+    cpu_idle = statistics.median(r["fabric_cpu_us_per_job"] for r in rows if r["phase"] == "idle")
+    report(
+        "fabric CPU per job, a subscriber reading nothing",
+        cpu_idle,
+        "us",
+        cpu_none,
+        higher_is_better=False,
         vs="no subscriber",
     )
     print(f"load average at end: {loadavg()}", flush=True)

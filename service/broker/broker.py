@@ -210,6 +210,8 @@ class Broker(WorkerSide):
         if d.dirty:
             d.pump()
         deadlines = [self._next_housekeeping, d.next_deadline(), self.grace_until]
+        if self.events is not None and d.queue_changed:  # after everything above that moves a queue
+            deadlines.append(self.events.tend_queues(now, d.queue_changed, self.queue_facts))
         deadlines.append(self.memory.tend(now, self.loop.stats.received))
         if reg.workers or reg.client_keepalives:
             deadlines.append(self._next_keepalive)
@@ -235,6 +237,12 @@ class Broker(WorkerSide):
             self.reject(exc.reason, f"from {sender[:64]!r}: {exc.detail}")
 
     # ---- helpers -------------------------------------------------------------
+
+    def queue_facts(self, name: bytes) -> tuple[int, int, int, bool]:
+        """A service's queue for its queue.<service> event: depth, bytes, capacity, paused."""
+        svc = self.registry.services.get(name)
+        depth, nbytes = (svc.queue.depth, svc.queue.bytes) if svc is not None else (0, 0)
+        return depth, nbytes, self.settings.service_queue_size, name in self.paused
 
     def send(self, frames: Frames) -> None:
         if not self.loop.send_now(frames):

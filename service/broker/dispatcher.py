@@ -62,6 +62,9 @@ class Dispatcher:
         self.delays: list[tuple[float, int, QueuedJob]] = []  # ends of delays, across services
         self.directed: set[bytes] = set()  # identities of workers with parts waiting for their credits
         self.dirty: set[bytes] = set()  # services whose queue may move (a credit freed, a worker came)
+        # Services whose queue's depth or bytes changed: the broker's loop publishes them, coalesced
+        # (events.py tend_queues; emptied there, or it holds at most every service once).
+        self.queue_changed: set[bytes] = set()
         # "queued" notices a client asked to have only if its job still waits by then: (due, seq,
         # job). Entries of jobs dispatched meanwhile go when due; past MAX_NOTICES, told at once.
         self.notices: list[tuple[float, int, QueuedJob]] = []
@@ -130,6 +133,7 @@ class Dispatcher:
 
     def _enqueue(self, svc: ServiceRecord, job: QueuedJob, now: float) -> None:
         svc.queue.add(job, now)
+        self.queue_changed.add(svc.name)
         if job.limit is not None:
             self.limits.arm(job.limit, now)  # its rate lets the next start then: wake for it
         self.queued[job.uuid] = job
@@ -143,6 +147,7 @@ class Dispatcher:
         if self.queued.pop(job.uuid, None) is not None:
             self.queued_bytes -= job.size
         svc.queue.leave(job)
+        self.queue_changed.add(svc.name)
 
     def _tell_queued(self, job: QueuedJob) -> None:
         job.told_queued = True
@@ -242,6 +247,7 @@ class Dispatcher:
             self.queued_bytes += job.size
             heapq.heappush(self.expiry, (job.deadline, job.seq, job))
         svc.queue.hold(job)
+        self.queue_changed.add(svc.name)
 
     # ---- moving the queue ----------------------------------------------------------
 

@@ -4,7 +4,12 @@ Topics (docs/protocol.md, "Event subscriptions"): `job.<service>.<task>.<state>`
 and task are names the broker already accepted (a registered service; a task its workers
 declared, else `_`), each reduced to `[A-Za-z0-9_:-]` (anything else becomes `_`, so a part never
 holds a dot) and cut to TOPIC_PART_MAX characters; state is one of core/states.py's words. Workers
-that register or leave: `worker.<service>.<worker>.ready|lost`.
+that register or leave: `worker.<service>.<worker>.ready|lost`. A job's progress events (a worker's
+EVENT frames): `event.<service>.<worker>`, the payload parsed on the publisher's thread (at most
+EVENT_PAYLOAD_MAX bytes of it; a larger one is published without its fields) and its text cut to
+EVENT_TEXT_MAX. A service's queue (depth, bytes, capacity, paused): `queue.<service>`, coalesced by
+the broker's loop to one event per QUEUE_INTERVAL per service (`tend_queues`), and at once when
+the service is paused or resumed.
 
 Single owner: the XPUB socket is created, polled, sent on and closed by this publisher's own
 thread, never by the broker's loop. The loop hands an event over with `offer()`: a tuple appended
@@ -26,9 +31,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -40,14 +47,20 @@ from ..transport.waker import Waker
 log = logging.getLogger(__name__)
 
 MAX_PREFIX = 256  # bytes of a subscription prefix
+CURVE_MAXMSG = 1024  # bytes of a frame a CURVE subscriber may send (the handshake's, a boxed subscription)
 TOPIC_PART_MAX = 64  # characters of a topic part (service, task)
 MAX_NAMES = 100_000  # jobs whose (service, task) the publisher remembers between their events
 MAX_TOPICS = 10_000  # per-topic sequence counters kept
 BATCH = 512  # events sent per turn before the thread looks at subscriptions again
 GATHER = 0.005  # seconds a woken publisher waits for more events before it sends (the most it delays one)
 SMALL_RESULT = 64 * 1024  # results parsed (on the publisher's thread) to tell completed from failed
-QUEUE_BYTES = 8 * 1024 * 1024  # bytes of such results the hand-off queue holds at most
+QUEUE_BYTES = 8 * 1024 * 1024  # bytes of such results (and job events) the hand-off queue holds at most
+EVENT_PAYLOAD_MAX = 16 * 1024  # bytes of a job event handed over to be parsed; a larger one goes without fields
+EVENT_TEXT_MAX = 1024  # characters of a job event's message published (so an event stays far below 64 KiB)
+EVENT_WORD_MAX = 64  # characters of its event_type and severity
+QUEUE_INTERVAL = 0.25  # seconds between two queue.<service> events of a busy queue (coalesced in between)
 _NOBLOCK = int(zmq.NOBLOCK)
+_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 _PLAIN = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_:.~-"
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_:-")
 
@@ -82,6 +95,11 @@ def result_state(payload: bytes | None) -> str:
     """completed or failed, from a worker's 200 (a small one is parsed; a large one is a result)."""
     if payload is None:
         return "completed"
+    keys = payload.count(b'"failed"')
+    if keys == payload.count(b'"failed": false') + payload.count(b'"failed":false'):
+        # Every entry says failed: false (the common case; a key spelt with escapes aside): no parse,
+        # which was half of this thread's time per result.
+        return "completed"
     try:
         entries = json.loads(payload)
     except ValueError:
@@ -89,6 +107,27 @@ def result_state(payload: bytes | None) -> str:
     if isinstance(entries, dict) and any(isinstance(e, dict) and e.get("failed") for e in entries.values()):
         return "failed"
     return "completed"
+
+
+def event_fields(payload: bytes) -> dict[str, Any]:
+    """A job event's fields as its payload has them (docs/protocol.md "Events"), bounded: event_type and
+    severity EVENT_WORD_MAX characters, the message EVENT_TEXT_MAX, progress a number. Others are left out
+    (extras may be large; the job's own event stream has them)."""
+    try:
+        ev = json.loads(payload)
+    except (ValueError, RecursionError):
+        return {"malformed": True}
+    if not isinstance(ev, dict):
+        return {"malformed": True}
+    out: dict[str, Any] = {}
+    for key, bound in (("event_type", EVENT_WORD_MAX), ("message", EVENT_TEXT_MAX), ("severity", EVENT_WORD_MAX)):
+        value = ev.get(key)
+        if isinstance(value, str):
+            out[key] = value[:bound]
+    progress = ev.get("progress")
+    if isinstance(progress, (int, float)) and not isinstance(progress, bool) and math.isfinite(progress):
+        out["progress"] = progress
+    return out
 
 
 class EventPublisher:
@@ -124,6 +163,9 @@ class EventPublisher:
         self._bytes_in = 0  # broker loop: result bytes handed over (to tell completed from failed)
         self._bytes_out = 0  # thread: of those, taken
         self._tseq: dict[str, int] = {}  # thread only
+        self._thread_parts: dict[bytes, str] = {}  # thread only: raw names as topic parts
+        self._queue_last: dict[bytes, tuple[int, int, int, bool]] = {}  # broker loop only: last published
+        self._next_queues = 0.0  # broker loop only: when queue changes may be published next
         self._ctx = context if context is not None else zmq.Context.instance()
         self._waker = Waker()
         self._sleeping = False
@@ -217,9 +259,55 @@ class EventPublisher:
             parts = (topic_part(service.decode(errors="replace")), topic_part(name.decode(errors="replace")), False)
             self._offer(parts, state, b"", name, why, kind="worker")
 
+    def job_event(self, uuid: bytes, service: bytes, worker: bytes, payload: Any) -> None:
+        """A job's progress event (a worker's EVENT frame): event.<service>.<worker>. Nothing is parsed
+        or reduced here: the payload (if small, and the hand-off's byte bound allows) and the raw names
+        go to the publisher's thread."""
+        if not self.active:
+            return
+        # (Frames of 64 KiB or more arrive as zmq.Frame, never small enough to be handed over.)
+        small = type(payload) is bytes and len(payload) <= EVENT_PAYLOAD_MAX
+        if not small or self._bytes_in - self._bytes_out + len(payload) > QUEUE_BYTES:
+            payload = None
+        entry = self._names.get(uuid)
+        self._offer((service, entry[1] if entry is not None else "_", False), None, uuid, worker, payload, "event")
+
+    def queue(self, service: bytes, depth: int, nbytes: int, capacity: int, paused: bool) -> None:
+        """A service's queue as it is now: queue.<service>, unless it was published so already."""
+        if not self.active:
+            return
+        facts = (depth, nbytes, capacity, paused)
+        last = self._queue_last
+        if last.get(service) == facts:
+            return  # a job came and went between two looks: nothing a subscriber could tell apart
+        if len(last) >= MAX_TOPICS:
+            last.clear()
+        last[service] = facts
+        self._offer((service, "", False), None, b"", b"", facts, "queue")
+
+    def tend_queues(
+        self, now: float, changed: set[bytes], facts: Callable[[bytes], tuple[int, int, int, bool] | None]
+    ) -> float | None:
+        """Publish the queues in `changed` (the broker's dirty set, emptied here) at most once per
+        QUEUE_INTERVAL: a busy queue changes with every job, its subscribers hear of it a few times a
+        second. Returns when to look again while changes wait for their turn (None: none waits)."""
+        if not self.active:
+            changed.clear()
+            self._queue_last.clear()  # a later subscriber is told the next change, whatever was last
+            return None
+        if now < self._next_queues:
+            return self._next_queues
+        for name in changed:
+            f = facts(name)
+            if f is not None:
+                self.queue(name, *f)
+        changed.clear()
+        self._next_queues = now + QUEUE_INTERVAL
+        return None
+
     def _offer(
         self,
-        entry: tuple[str, str, bool],
+        entry: tuple[Any, str, bool],
         state: str | None,
         uuid: bytes,
         worker: bytes,
@@ -230,7 +318,7 @@ class EventPublisher:
         if len(self._queue) >= self.queue_size:
             self.dropped += 1
             return
-        if payload is not None and kind == "job":
+        if type(payload) is bytes:  # a result or a job event, to be parsed on the thread
             self._bytes_in += len(payload)
         self._queue.append((kind, entry[0], entry[1], state, uuid, worker, payload, time.time(), self.offered))
         if self._sleeping:
@@ -243,9 +331,14 @@ class EventPublisher:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, self.hwm)
         sock.setsockopt(zmq.XPUB_MANUAL, 1)
-        sock.setsockopt(zmq.MAXMSGSIZE, 1 + MAX_PREFIX)
         if self.curve_secret:
+            # libzmq applies MAXMSGSIZE to the handshake's commands too, and CURVE's INITIATE (about 300
+            # bytes) and each boxed message (33 bytes more) pass 1 + MAX_PREFIX: a subscriber would be
+            # closed before its first message. The thread refuses a prefix over MAX_PREFIX all the same.
+            sock.setsockopt(zmq.MAXMSGSIZE, CURVE_MAXMSG)
             curve_server(sock, self.curve_secret)
+        else:
+            sock.setsockopt(zmq.MAXMSGSIZE, 1 + MAX_PREFIX)
         sock.bind(self.endpoint)
         self.bound_endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         return sock
@@ -288,13 +381,18 @@ class EventPublisher:
 
     def _send_batch(self, sock: zmq.Socket[bytes]) -> bool:
         q = self._queue
-        send = sock.send_multipart
+        send = self._sender(sock)
         for _ in range(BATCH):
             if not q:
                 return False
             kind, service, task, state, uuid, worker, payload, at, seq = q.popleft()
             if kind != "job":
-                self._send_worker(send, service, task, state, worker, payload, at, seq)
+                if kind == "event":
+                    self._send_event(send, service, task, uuid, worker, payload, at, seq)
+                elif kind == "queue":
+                    self._send_queue(send, service, payload, at, seq)
+                else:
+                    self._send_worker(send, service, task, state, worker, payload, at, seq)
                 continue
             if state is None:
                 state = result_state(payload)
@@ -313,6 +411,18 @@ class EventPublisher:
             except zmq.ZMQError:
                 self.refused["send_failed"] += 1
         return bool(q)
+
+    @staticmethod
+    def _sender(sock: zmq.Socket[bytes]) -> Callable[[list[bytes], int], None]:
+        """send_multipart for two frames, with int flags: pyzmq's own spends a third of its time on
+        its loop and its flags' enum arithmetic."""
+        raw_send = sock.send
+
+        def send(frames: list[bytes], flags: int) -> None:
+            raw_send(frames[0], _MORE)
+            raw_send(frames[1], flags)
+
+        return send
 
     def _next_tseq(self, topic: str) -> int:
         tseq = self._tseq
@@ -333,6 +443,67 @@ class EventPublisher:
             body["why"] = why
         try:
             send([topic.encode(), json.dumps(body, separators=(",", ":")).encode()], _NOBLOCK)
+            self.published += 1
+        except zmq.ZMQError:
+            self.refused["send_failed"] += 1
+
+    def _part(self, raw: bytes) -> str:
+        """A raw name (a registered service or worker) as a topic part, reduced on this thread."""
+        parts = self._thread_parts
+        part = parts.get(raw)
+        if part is None:
+            if len(parts) >= MAX_TOPICS:
+                parts.clear()
+            part = parts[raw] = topic_part(raw.decode(errors="replace"))
+        return part
+
+    def _send_event(
+        self,
+        send: Any,
+        service: bytes,
+        task: str,
+        uuid: bytes,
+        worker: bytes,
+        payload: bytes | None,
+        at: float,
+        seq: int,
+    ) -> None:
+        svc = self._part(service)
+        topic = f"event.{svc}.{self._part(worker)}"
+        body: dict[str, Any] = {"seq": seq, "tseq": self._next_tseq(topic), "topic": topic}
+        body.update(uuid=uuid.decode(errors="replace"), service=svc, task=task, worker=worker.decode(errors="replace"))
+        body["at"] = round(at, 6)
+        if payload is None:
+            body["oversize"] = True  # larger than EVENT_PAYLOAD_MAX (or the hand-off full of them): no fields
+        else:
+            self._bytes_out += len(payload)
+            body.update(event_fields(payload))
+        try:
+            send([topic.encode(), json.dumps(body, separators=(",", ":")).encode()], _NOBLOCK)
+            self.published += 1
+        except zmq.ZMQError:
+            self.refused["send_failed"] += 1
+
+    def _send_queue(self, send: Any, service: bytes, facts: tuple[int, int, int, bool], at: float, seq: int) -> None:
+        svc = self._part(service)
+        topic = f"queue.{svc}"
+        depth, nbytes, capacity, paused = facts
+        body = (
+            b'{"seq":%d,"tseq":%d,"topic":"%s","service":"%s","depth":%d,"bytes":%d,"capacity":%d,"paused":%s,"at":%.6f}'
+            % (
+                seq,
+                self._next_tseq(topic),
+                topic.encode(),
+                svc.encode(),
+                depth,
+                nbytes,
+                capacity,
+                b"true" if paused else b"false",
+                at,
+            )
+        )
+        try:
+            send([topic.encode(), body], _NOBLOCK)
             self.published += 1
         except zmq.ZMQError:
             self.refused["send_failed"] += 1

@@ -20,6 +20,7 @@ from ..core.limits import read_rule
 from ..settings import Settings
 from ..transport.base import Transport
 from .dispatcher import MAX_NOTICES, Dispatcher
+from .events import EventPublisher
 from .memory import MemoryKeeper
 from .paused import PausedServices
 from .registry import Registry
@@ -51,9 +52,12 @@ class BrokerFacts(Protocol):
     keys: OrderedDict[bytes, bytes]
     memory: MemoryKeeper
     paused: PausedServices
+    events: EventPublisher | None
     TOLD_TO_LEAVE_MAX: int
     GONE_MAX: int
     KEYS_MAX: int
+
+    def queue_facts(self, name: bytes) -> tuple[int, int, int, bool]: ...
 
 
 class MmiService:
@@ -100,6 +104,8 @@ class MmiService:
             return nfp.ST_BAD_REQUEST, nfp.dumps({"error": "too-many", "detail": str(exc)})
         if task == "resume_service" and changed:
             b.dispatch.resumed(raw)
+        if changed and b.events is not None:  # at the moment it changes, not at the queue's next turn
+            b.events.queue(raw, *b.queue_facts(raw))
         b.counts[task] += 1
         svc = b.registry.services.get(raw)
         depth = svc.queue.depth if svc is not None else 0

@@ -145,8 +145,11 @@ class WorkerSide:
         route_now = self.registry.routes.get(msg.uuid)
         # The route knows the job's client as it is now (it may have reconnected since the POST).
         client = route_now.client if route_now is not None else msg.client
-        if self.events is not None and msg.command == nfp.RESPONSE:
-            self.events.forwarded(msg.uuid, worker.service, msg.status, worker.name, msg.payload)
+        if self.events is not None:
+            if msg.command == nfp.RESPONSE:
+                self.events.forwarded(msg.uuid, worker.service, msg.status, worker.name, msg.payload)
+            elif msg.command == nfp.EVENT:
+                self.events.job_event(msg.uuid, worker.service, worker.name, msg.payload)
         if msg.command == nfp.RESPONSE:
             if msg.status in nfp.FINAL_STATUSES:
                 route = self.registry.complete(worker, msg.uuid)

@@ -98,3 +98,31 @@ def test_event_streams_are_bounded_and_a_stream_that_ends_gives_its_place_back(t
             with c.stream("GET", "/events", params={"topic": "job."}) as again:
                 assert again.status_code == 200
             opened[1].__exit__(None, None, None)
+
+
+def test_sse_streams_progress_events_and_queue_changes_by_their_topics(tmp_path: Path) -> None:
+    with fabric(tmp_path) as f:
+        events = f"tcp://127.0.0.1:{free_port()}"
+        f.env["ZFAB_BROKER_EVENTS"] = events
+        f.broker()
+        f.worker("w1", "demo")
+        settings = settings_for(f, api_tokens="s3cret", broker_events=events)
+        with served(settings) as (base, _app), httpx.Client(base_url=base, timeout=30, headers=AUTH) as c:
+            workers_alive(c, {"w1"})
+            with (
+                c.stream("GET", "/events", params={"topic": "event.demo."}) as progress,
+                c.stream("GET", "/events", params={"topic": "queue.demo"}) as queue,
+            ):
+                p_lines, q_lines = progress.iter_lines(), queue.iter_lines()
+                for lines in (p_lines, q_lines):
+                    read_sse(lines, time.monotonic() + 10, lambda s: ": subscribed" in s.comments)
+                r = c.post("/jobs", json={"service": "demo", "task": "progress", "kwargs": {"steps": 2, "delay": 0}})
+                assert r.status_code == 202, r.text
+                uuid = r.json()["uuid"]
+                got = read_sse(p_lines, time.monotonic() + 20, lambda s: len(s.data) >= 2).data
+                assert [(d["topic"], d["uuid"], d["message"]) for d in got] == [
+                    ("event.demo.w1", uuid, f"step {i} of 2") for i in (1, 2)
+                ]
+                assert c.post("/mmi/services/demo/pause").status_code == 200
+                paused = read_sse(q_lines, time.monotonic() + 20, lambda s: len(s.data) >= 1).data[0]
+                assert (paused["topic"], paused["paused"], paused["depth"]) == ("queue.demo", True, 0)

@@ -16,8 +16,11 @@ import pytest
 import zmq
 from fabric import Fabric, fabric, free_port, wait_for, wait_workers
 from prometheus_client.parser import text_string_to_metric_families
+from test_security import curve_client, keys
 
 from service import Settings, Subscriber
+from service.client.subscriber import SubscriptionError
+from service.transport.security import curve_client as curve_sub
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -182,3 +185,133 @@ def test_workers_that_come_and_go_are_published_under_worker_topics(tmp_path: Pa
                 gone = sub.get(timeout=20)
                 assert gone is not None and gone["topic"] == "worker.demo.w2.lost" and gone["why"]
                 assert sub.get(timeout=0.5) is None  # nothing of demo-async's worker, nor of any job
+
+
+def test_a_jobs_progress_events_are_published_under_event_topics(tmp_path: Path) -> None:
+    with fabric(tmp_path) as f:
+        events, _ = _start(f)
+        with f.client() as c:
+            wait_workers(c, {"w1", "o1"})
+            with c.subscribe("event.demo.", endpoint=events) as sub:
+                fut = c.submit("demo", "progress", kwargs={"steps": 3, "delay": 0}, timeout=30)
+                c.submit("demo-async", "nap", kwargs={"seconds": 0}, timeout=30).result(30)
+                fut.result(30)
+                got = [sub.get(timeout=10) for _ in range(3)]
+                assert sub.get(timeout=0.5) is None  # nothing of demo-async, no job state, no queue
+        assert all(e is not None for e in got)
+        assert [(e["topic"], e["uuid"], e["worker"], e["task"]) for e in got if e] == [
+            ("event.demo.w1", fut.uuid, "w1", "progress")
+        ] * 3
+        assert [(e["message"], e["progress"], e["event_type"], e["severity"]) for e in got if e] == [
+            (f"step {i} of 3", i / 3, "progress", "INFO") for i in (1, 2, 3)
+        ]
+
+
+def test_queue_changes_are_published_coalesced_and_pauses_at_once(tmp_path: Path) -> None:
+    with fabric(tmp_path) as f:
+        events, _ = _start(f)
+        with f.client() as c:
+            wait_workers(c, {"w1", "o1"})
+            with c.subscribe("queue.demo", endpoint=events) as sub:
+                paused = c.mmi("pause_service", service="demo")
+                assert paused["paused"] is True
+                first = sub.get(timeout=10)
+                assert first is not None and (first["topic"], first["paused"], first["depth"]) == (
+                    "queue.demo",
+                    True,
+                    0,
+                )
+                n = 500
+                t0 = time.monotonic()
+                futures = [c.submit("demo", "echo", kwargs={"data": i}, timeout=60) for i in range(n)]
+
+                def depth() -> int:
+                    return int(next(s["queue_depth"] for s in c.mmi("show_services") if s["service"] == "demo"))
+
+                wait_for(lambda: depth() == n, 20, what="all queued")
+                c.mmi("resume_service", service="demo")
+                for fut in futures:
+                    fut.result(60)
+                took = time.monotonic() - t0
+                seen = []
+                deadline = time.monotonic() + 10
+                while not seen or seen[-1]["depth"] != 0:
+                    e = sub.get(timeout=max(0.0, deadline - time.monotonic()))
+                    assert e is not None, f"the queue's return to 0 was not published: {seen[-3:]}"
+                    seen.append(e)
+        assert {e["topic"] for e in seen} == {"queue.demo"}  # not queue.demo-async, a prefix's neighbour
+        resumed = [e for e in seen if not e["paused"]]
+        assert resumed and resumed[0]["depth"] == n  # told at the moment of the resume
+        assert all(e["capacity"] > 0 and e["bytes"] >= 0 for e in seen)
+        # 1,000 changes of the queue (500 in, 500 out), published a few times a second, not per job
+        assert len(seen) <= 2 + 4 * (took + 1) + 2, (len(seen), took)
+        assert [e["tseq"] for e in seen] == list(range(2, 2 + len(seen)))
+
+
+def test_with_curve_only_a_known_key_subscribes(tmp_path: Path) -> None:
+    k = keys(tmp_path)
+    with fabric(tmp_path) as f:
+        events = f"tcp://127.0.0.1:{free_port()}"
+        f.env.update(ZFAB_BROKER_EVENTS=events)
+        f.env.update(ZFAB_CURVE_SECRET=str(k["broker"][1]), ZFAB_CURVE_CLIENTS=str(tmp_path / "allowed"))
+        mport = free_port()
+        f.broker("broker", "--metrics-port", str(mport))
+        f.env.pop("ZFAB_CURVE_CLIENTS")
+        f.env.update(ZFAB_CURVE_SECRET=str(k["w1"][1]), ZFAB_CURVE_SERVER_KEY=str(k["broker"][0]))
+        f.worker("w1")
+
+        def settings(secret: Path | None, server: Path | None) -> Settings:
+            return Settings(
+                broker=f.endpoint,
+                curve_secret=str(secret) if secret else None,
+                curve_server_key=str(server) if server else None,
+            )
+
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        with curve_client(f, k["client"][1], k["broker"][0], "good") as c:
+            wait_for(lambda: {w["name"] for w in c.mmi("show_workers", timeout=1)} == {"w1"}, 20, what="w1 over CURVE")
+            strangers = []
+            for secret, server in ((k["stranger"][1], k["broker"][0]), (None, None)):
+                # A key the broker does not know, and plain NULL security: never confirmed
+                with pytest.raises(SubscriptionError):
+                    Subscriber(events, "job.", settings=settings(secret, server)).start(timeout=1.5)
+                # and a bare SUB of each (this thread's) left subscribed to everything while a job runs
+                raw = ctx.socket(zmq.SUB)
+                raw.setsockopt(zmq.LINGER, 0)
+                raw.setsockopt(zmq.RCVTIMEO, 1000)
+                if secret is not None and server is not None:
+                    curve_sub(raw, str(secret), str(server))
+                raw.connect(events)
+                raw.setsockopt(zmq.SUBSCRIBE, b"")
+                strangers.append(raw)
+            try:
+                with Subscriber(events, "job.demo.", settings=settings(k["client"][1], k["broker"][0])) as sub:
+                    assert c.run_job("demo", "echo", kwargs={"data": "s"}, timeout=10)["w1"]["result"] == "s"
+                    got = _drain(sub, 1, 10)
+                assert [e["state"] for e in got][-1] == "completed" and got[0]["state"] == "queued"
+                for raw in strangers:
+                    with pytest.raises(zmq.Again):
+                        raw.recv_multipart()  # (RCVTIMEO: 1 s) nothing reached it, not even a welcome
+                # A known key's prefixes are bounded as without CURVE: refused past 256 bytes, and a
+                # frame past the handshake's room closes the peer (the publisher goes on either way).
+                for size in (600, 10_000):
+                    long = ctx.socket(zmq.SUB)
+                    long.setsockopt(zmq.LINGER, 0)
+                    curve_sub(long, str(k["client"][1]), str(k["broker"][0]))
+                    long.connect(events)
+                    long.setsockopt(zmq.SUBSCRIBE, b"j" * size)
+                    strangers.append(long)
+                wait_for(
+                    lambda: _metrics(mport).get("zfab_broker_event_subscriptions_refused_total.too_long", 0) >= 1,
+                    10,
+                    what="the 600-byte prefix refused",
+                )
+                with Subscriber(events, "job.", settings=settings(k["client"][1], k["broker"][0])) as sub:
+                    c.run_job("demo", "echo", kwargs={"data": "again"}, timeout=10)
+                    assert _drain(sub, 1, 10)[-1]["state"] == "completed"
+                assert "unknown public key" in f.log("broker")  # the stranger was refused by ZAP
+                # the 10,000-byte frame never reached the publisher's thread (libzmq closed that peer)
+                assert _metrics(mport)["zfab_broker_event_subscriptions_refused_total.too_long"] == 1
+            finally:
+                for raw in strangers:
+                    raw.close(0)

@@ -7,9 +7,11 @@ publisher's thread is never started).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
+import zmq
 from test_broker_handlers import finish, make_broker, post, ready, stub
 
 from service import Broker
@@ -99,6 +101,9 @@ def test_topic_parts_are_safe_and_bounded() -> None:
     assert topic_part("é\n*>") == "____"
     assert result_state(None) == "completed" and result_state(b"not json") == "completed"
     assert result_state(b'{"w": {"failed": true}}') == "failed"
+    # told from the bytes when every entry says false; parsed otherwise (any spelling, any truthy value)
+    assert result_state(b'{"a": {"failed": false}, "b": {"failed":false}}') == "completed"
+    assert result_state(b'{"a": {"failed": false}, "b": {"failed" : 1}}') == "failed"
 
 
 def test_an_undeclared_task_is_published_as_underscore(clock: FakeClock) -> None:
@@ -139,3 +144,111 @@ def test_workers_that_register_and_leave_are_published_under_worker_topics(clock
     stub(b).feed([b"w1", b"", nfp.WORKER, nfp.DISCONNECT, b"demo"])
     items = [(i[0], f"{i[1]}.{i[2]}", i[3], i[6]) for i in p._queue]
     assert items == [("worker", "demo.w_one", "ready", ""), ("worker", "demo.w_one", "lost", "disconnected")]
+
+
+class _Sent:
+    """Stands in for the XPUB on the publisher's side: _send_batch's messages, as JSON bodies by topic."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple[str, dict[str, Any]]] = []
+        self._frames: list[bytes] = []
+
+    def send(self, frame: bytes, flags: int = 0) -> None:
+        self._frames.append(frame)
+        if not flags & zmq.SNDMORE:
+            topic, body = self._frames
+            self.messages.append((topic.decode(), json.loads(body)))
+            self._frames = []
+
+
+def sent(p: EventPublisher, kind: str) -> list[tuple[str, dict[str, Any]]]:
+    """What the publisher's thread would send of what the loop handed over, of topics `kind`.*."""
+    sock = _Sent()
+    while p._send_batch(sock):  # type: ignore[arg-type]
+        pass
+    return [(t, b) for t, b in sock.messages if t.startswith(kind + ".")]
+
+
+def job_event(b: Broker, ident: bytes, uuid: bytes, payload: bytes) -> None:
+    stub(b).feed([ident, b"", nfp.WORKER, nfp.EVENT, b"c1", b"", uuid, nfp.ST_OK, payload])
+
+
+def test_a_jobs_progress_events_are_published_under_event_service_worker_bounded(clock: FakeClock) -> None:
+    b, p = with_events(clock)
+    ready(b, b"w1", name="w.one")
+    post(b, b"j1")
+    ev_ = {"event_type": "progress", "message": "m" * 5000, "severity": "INFO", "progress": 0.5, "extras": {"x": 1}}
+    job_event(b, b"w1", b"j1", nfp.dumps(ev_))
+    job_event(b, b"w1", b"j1", nfp.dumps({"message": "x" * (ev.EVENT_PAYLOAD_MAX + 1)}))  # too large to parse
+    job_event(b, b"w1", b"j1", b"not json")
+    forwarded = [f for f in stub(b).take() if f[0] == b"c1" and f[3] == nfp.EVENT]
+    assert len(forwarded) == 3  # the client gets its events as before
+    (topic, first), (_, big), (_, bad) = sent(p, "event")
+    assert topic == "event.demo.w_one" and first["uuid"] == "j1" and first["worker"] == "w.one"
+    assert (first["task"], first["event_type"], first["severity"], first["progress"]) == (
+        "echo",
+        "progress",
+        "INFO",
+        0.5,
+    )
+    assert len(first["message"]) == ev.EVENT_TEXT_MAX and "extras" not in first
+    assert big["oversize"] is True and "message" not in big and bad["malformed"] is True
+    assert [first["tseq"], big["tseq"], bad["tseq"]] == [1, 2, 3] and p.queue_bytes() == 0
+    p.active = False  # nobody subscribed: nothing handed over
+    offered = p.offered
+    job_event(b, b"w1", b"j1", nfp.dumps(ev_))
+    assert p.offered == offered and not p._queue
+
+
+def test_queue_changes_are_coalesced_to_one_event_per_interval_per_service(clock: FakeClock) -> None:
+    b, p = with_events(clock, queue_size=100_000)
+    b.settings.service_queue_size = 1000
+    ready(b, b"w1", credits=1)
+    ready(b, b"o1", credits=1, service=b"other")
+    stub(b).tick()
+    sent(p, "queue")  # (the workers' ready)
+    for i in range(200):  # the first takes w1's credit, the rest queue
+        post(b, f"j{i}".encode())
+        post(b, f"o{i}".encode(), service=b"other")
+        stub(b).tick()  # the real loop looks at its timers every pass
+    first = sent(p, "queue")
+    # The first change of each published at once, the other 398 changes wait for their turn
+    assert sorted((t, e["depth"]) for t, e in first) == [("queue.demo", 1), ("queue.other", 1)]
+    assert stub(b).tick() == pytest.approx(clock() + ev.QUEUE_INTERVAL)  # the loop wakes for them
+    clock.advance(ev.QUEUE_INTERVAL)
+    stub(b).tick()
+    second = {t: e for t, e in sent(p, "queue")}
+    assert set(second) == {"queue.demo", "queue.other"}
+    q = second["queue.demo"]
+    assert (q["depth"], q["capacity"], q["paused"], q["tseq"]) == (199, 1000, False, 2) and q["bytes"] > 0
+    assert not b.dispatch.queue_changed  # nothing waits: the loop does not wake for queues
+    clock.advance(ev.QUEUE_INTERVAL)
+    stub(b).tick()
+    assert sent(p, "queue") == []  # unchanged: nothing published
+
+
+def test_a_pause_and_a_resume_are_published_at_once(clock: FakeClock, tmp_path: Any) -> None:
+    b, p = with_events(clock)
+    b.settings.data_dir = str(tmp_path)
+    ready(b, b"w1")
+    stub(b).tick()
+    body = nfp.dumps({"task": "pause_service", "kwargs": {"service": "demo"}})
+    stub(b).feed([b"c1", b"", nfp.CLIENT, nfp.MMI, nfp.MMI_SERVICE, b"any", b"m1", body])
+    ((topic, paused),) = sent(p, "queue")
+    assert topic == "queue.demo" and paused["paused"] is True and paused["depth"] == 0
+    post(b, b"j1")  # queued, not sent: the queue's next change waits for its interval
+    stub(b).tick()
+    body = nfp.dumps({"task": "resume_service", "kwargs": {"service": "demo"}})
+    stub(b).feed([b"c1", b"", nfp.CLIENT, nfp.MMI, nfp.MMI_SERVICE, b"any", b"m2", body])
+    got = sent(p, "queue")
+    assert [(e["paused"], e["depth"]) for _, e in got][-1] == (False, 1)
+
+
+def test_queue_changes_while_nobody_is_subscribed_hand_nothing_over(clock: FakeClock) -> None:
+    b, p = with_events(clock)
+    p.active = False
+    ready(b, b"w1", credits=1)
+    for i in range(3):
+        post(b, f"j{i}".encode())
+    stub(b).tick()
+    assert not p._queue and not b.dispatch.queue_changed

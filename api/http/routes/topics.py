@@ -55,7 +55,8 @@ Topic = Annotated[
     Query(
         max_length=MAX_TOPIC,
         description="Topic prefix, e.g. `job.demo.` (every demo job's state changes) or `job.demo.echo.completed`; "
-        "empty: every event. Topics: job.<service>.<task>.<state> (docs/protocol.md)",
+        "empty: every event. Topics: job.<service>.<task>.<state>, worker.<service>.<worker>.<state>, "
+        "event.<service>.<worker> (jobs' progress events), queue.<service> (docs/protocol.md)",
     ),
 ]
 

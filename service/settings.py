@@ -102,7 +102,7 @@ class Settings(BaseSettings):
     broker_events: str | None = Field(
         None,
         description="Endpoint of the broker's event publisher (XPUB, topics job.<service>.<task>.<state>, "
-        "worker.<service>.<worker>.<state>, event.<service>.<worker>, queue.<service>): the "
+        "worker.<service>.<worker>.<state>, event.<service>.<worker>, queue.<service>, trace.<service>.<task>): the "
         "broker binds it, subscribers and the API connect to it; unset: no events are published",
     )
     broker_events_hwm: int = Field(10_000, ge=1, description="Events one subscriber's pipe holds before it drops")

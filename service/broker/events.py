@@ -9,7 +9,8 @@ EVENT frames): `event.<service>.<worker>`, the payload parsed on the publisher's
 EVENT_PAYLOAD_MAX bytes of it; a larger one is published without its fields) and its text cut to
 EVENT_TEXT_MAX. A service's queue (depth, bytes, capacity, paused): `queue.<service>`, coalesced by
 the broker's loop to one event per QUEUE_INTERVAL per service (`tend_queues`), and at once when
-the service is paused or resumed.
+the service is paused or resumed. A job's hop trace as the broker forwards it (its own durations and
+its worker's): `trace.<service>.<task>`, handed over only while a subscription could match it.
 
 Single owner: the XPUB socket is created, polled, sent on and closed by this publisher's own
 thread, never by the broker's loop. The loop hands an event over with `offer()`: a tuple appended
@@ -40,6 +41,7 @@ from typing import Any
 
 import zmq
 
+from ..core import hoptrace
 from ..core import protocol as nfp
 from ..transport.security import curve_server
 from ..transport.waker import Waker
@@ -76,6 +78,12 @@ _BY_STATUS = {
     nfp.ST_NOT_FOUND: "failed",
 }
 FINAL = frozenset({"completed", "failed", "cancelled", "expired", "lost"})
+_TRACE = b"trace."
+
+
+def _may_match(prefix: bytes, kind: bytes) -> bool:
+    """A subscription to `prefix` could receive topics that start with `kind` (`""`, `t`, `trace.demo.`)."""
+    return kind.startswith(prefix) or prefix.startswith(kind)
 
 
 def _json_str(raw: bytes) -> bytes:
@@ -150,6 +158,8 @@ class EventPublisher:
         self.curve_secret = curve_secret
         self.bound_endpoint = ""
         self.active = False  # someone is subscribed (written by the thread, read by the loop)
+        self.tracing = False  # a subscription could match a trace.* topic (written by the thread)
+        self._final: tuple[bytes, tuple[str, str, bool]] | None = None  # broker loop: the job that just ended
         # Counters (each written by one thread only; read for metrics).
         self.offered = 0  # broker loop: events offered while someone was subscribed (the `seq`)
         self.dropped = 0  # broker loop: offered to a full queue
@@ -250,6 +260,7 @@ class EventPublisher:
             return  # 202, 301, 300, a worker's busy: no change of state
         if (state is None or state in FINAL) and entry[2]:
             self._names.pop(uuid, None)  # a job for one worker ends once
+            self._final = (uuid, entry)  # for its hop trace, which the broker offers next
         if self.active:
             self._offer(entry, state, uuid, worker, payload)
 
@@ -271,6 +282,17 @@ class EventPublisher:
             payload = None
         entry = self._names.get(uuid)
         self._offer((service, entry[1] if entry is not None else "_", False), None, uuid, worker, payload, "event")
+
+    def trace(self, uuid: bytes, service: bytes, worker: bytes, frame: bytes) -> None:
+        """A final answer's hop trace as the broker forwards it (core/hoptrace.py): trace.<service>.<task>,
+        decoded on the publisher's thread. Handed over only while a subscription could match it: every
+        job has one, and `job.` subscribers should not pay for it."""
+        if not self.tracing:
+            return
+        final = self._final
+        entry = final[1] if final is not None and final[0] == uuid else self._names.get(uuid)
+        task = entry[1] if entry is not None else "_"
+        self._offer((service, task, False), None, uuid, worker, frame, "trace")
 
     def queue(self, service: bytes, depth: int, nbytes: int, capacity: int, paused: bool) -> None:
         """A service's queue as it is now: queue.<service>, unless it was published so already."""
@@ -391,6 +413,8 @@ class EventPublisher:
                     self._send_event(send, service, task, uuid, worker, payload, at, seq)
                 elif kind == "queue":
                     self._send_queue(send, service, payload, at, seq)
+                elif kind == "trace":
+                    self._send_trace(send, service, task, uuid, worker, payload, at, seq)
                 else:
                     self._send_worker(send, service, task, state, worker, payload, at, seq)
                 continue
@@ -484,6 +508,22 @@ class EventPublisher:
         except zmq.ZMQError:
             self.refused["send_failed"] += 1
 
+    def _send_trace(
+        self, send: Any, service: bytes, task: str, uuid: bytes, worker: bytes, frame: bytes, at: float, seq: int
+    ) -> None:
+        self._bytes_out += len(frame)
+        svc = self._part(service)
+        topic = f"trace.{svc}.{task}"
+        hops, held = hoptrace.fabric_hops(frame)
+        body: dict[str, Any] = {"seq": seq, "tseq": self._next_tseq(topic), "topic": topic}
+        body.update(uuid=uuid.decode(errors="replace"), service=svc, task=task, worker=worker.decode(errors="replace"))
+        body.update(at=round(at, 6), held=held, hops=hops)
+        try:
+            send([topic.encode(), json.dumps(body, separators=(",", ":")).encode()], _NOBLOCK)
+            self.published += 1
+        except zmq.ZMQError:
+            self.refused["send_failed"] += 1
+
     def _send_queue(self, send: Any, service: bytes, facts: tuple[int, int, int, bool], at: float, seq: int) -> None:
         svc = self._part(service)
         topic = f"queue.{svc}"
@@ -537,10 +577,12 @@ class EventPublisher:
                 if self.subscriptions[prefix] <= 0:
                     del self.subscriptions[prefix]
             self.active = bool(self.subscriptions)
+            self.tracing = any(_may_match(p, _TRACE) for p in self.subscriptions)
 
     def _welcome(self, sock: zmq.Socket[bytes], prefix: bytes) -> None:
         """Tell a new subscription it is live: a message on its own prefix (so it matches)."""
         self.active = True
+        self.tracing = self.tracing or _may_match(prefix, _TRACE)
         body = json.dumps({"subscribed": prefix.decode(errors="replace"), "seq": self.offered}).encode()
         try:
             sock.send_multipart([prefix, body], zmq.NOBLOCK)

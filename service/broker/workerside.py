@@ -172,7 +172,10 @@ class WorkerSide:
             self.counts["forwarded"] += 1
             frames = nfp.broker_reply(client, msg.command, worker.service, msg.uuid, msg.status, msg.payload)
             if route is not None and route.job is not None and self.settings.hop_traces:
-                frames.append(self._trace(route.job, worker, msg.trace))
+                trace = self._trace(route.job, worker, msg.trace)
+                frames.append(trace)
+                if self.events is not None:
+                    self.events.trace(msg.uuid, worker.service, worker.name, trace)
             self.send(frames)
 
     def _trace(self, job: QueuedJob, worker: WorkerRecord, worker_trace: nfp.Frame | None) -> bytes:

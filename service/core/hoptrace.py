@@ -60,6 +60,22 @@ def _ok(v: float) -> bool:
     return 0.0 <= v <= MAX_SECONDS  # False for NaN too
 
 
+def fabric_hops(frame: bytes) -> tuple[dict[str, float], float]:
+    """The hops a broker's trace frame tells without its client (for the `trace.` topic), and how long
+    the broker held the job (`broker_queue + broker_wait`; the client's `total` less `client_broker`)."""
+    n = len(frame)
+    if n not in (_BOTH.size, BROKER_BYTES):
+        return {}, 0.0
+    queue, wait = _BROKER.unpack_from(frame, n - BROKER_BYTES)  # the broker's own: always durations
+    out = {BROKER_QUEUE: queue, BROKER_WORKER: wait}
+    if n == _BOTH.size:
+        wq, run, wr = _WORKER.unpack_from(frame)
+        if _ok(wq) and _ok(run) and _ok(wr):  # the worker's word: NaN or a negative is left out
+            out[BROKER_WORKER] = max(0.0, wait - wq - run - wr)
+            out[WORKER_QUEUE], out[RUN], out[WORKER_RESULT] = wq, run, wr
+    return out, queue + wait
+
+
 def hops(total: float, frame: bytes | bytearray | memoryview) -> tuple[dict[str, float], int]:
     """A job's hops from its client's end-to-end time (`total`, submit to final answer, seconds) and
     the frame the broker forwarded, and how many of the frame's figures could not be used (not a

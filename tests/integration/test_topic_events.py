@@ -315,3 +315,36 @@ def test_with_curve_only_a_known_key_subscribes(tmp_path: Path) -> None:
             finally:
                 for raw in strangers:
                     raw.close(0)
+
+
+def test_each_jobs_hop_trace_is_published_under_trace_topics(tmp_path: Path) -> None:
+    with fabric(tmp_path) as f:
+        events, _ = _start(f)
+        with f.client() as c:
+            wait_workers(c, {"w1", "o1"})
+            with c.subscribe("trace.demo.", endpoint=events) as sub:
+                futures = [c.submit("demo", "sleep", kwargs={"seconds": 0.02}, timeout=60) for _ in range(20)]
+                futures += [c.submit("demo-async", "nap", kwargs={"seconds": 0}, timeout=60) for _ in range(5)]
+                for fut in futures:
+                    fut.result(60)
+                got: list[dict[str, object]] = []
+                deadline = time.monotonic() + 10
+                while len(got) < 20 and time.monotonic() < deadline:
+                    ev = sub.get(timeout=max(0.0, deadline - time.monotonic()))
+                    if ev is None:
+                        break
+                    got.append(ev)
+        assert len(got) == 20, got[-3:]
+        by_uuid = {fut.uuid: fut for fut in futures[:20]}
+        for e in got:
+            assert e["topic"] == "trace.demo.sleep" and e["worker"] == "w1"
+            hops = e["hops"]
+            assert isinstance(hops, dict)
+            assert list(hops) == ["broker_queue", "broker_worker", "worker_queue", "run", "worker_result"]
+            assert 0.02 <= hops["run"] < 1.0
+            fut = by_uuid[str(e["uuid"])]
+            assert fut.trace is not None
+            # What the client derived is what the broker published, and the client adds its own hop.
+            for hop in hops:
+                assert hops[hop] == pytest.approx(fut.trace["hops"][hop], abs=1e-9)
+            assert float(e["held"]) == pytest.approx(fut.trace["total"] - fut.trace["hops"]["client_broker"], abs=1e-6)

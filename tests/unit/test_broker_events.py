@@ -252,3 +252,24 @@ def test_queue_changes_while_nobody_is_subscribed_hand_nothing_over(clock: FakeC
         post(b, f"j{i}".encode())
     stub(b).tick()
     assert not p._queue and not b.dispatch.queue_changed
+
+
+def test_a_hop_trace_is_handed_over_only_while_a_subscription_could_match_it(clock: FakeClock) -> None:
+    b, p = with_events(clock)
+    ready(b, b"w1")
+    post(b, b"j1")
+    post(b, b"j2")
+    finish(b, b"w1", b"j1")  # nobody subscribed to trace topics: no trace handed over
+    assert "trace" not in [k for k, *_ in p._queue]
+    p._queue.clear()
+    p.tracing = True
+    finish(b, b"w1", b"j2")
+    kinds = [(k, svc, task, uuid, worker, len(payload)) for k, svc, task, _s, uuid, worker, payload, *_ in p._queue]
+    assert kinds[-1] == ("trace", b"demo", "echo", b"j2", b"w1", 16)  # the broker's two figures, no worker's
+
+
+def test_which_subscriptions_could_get_a_trace_topic() -> None:
+    for prefix in (b"", b"t", b"trace.", b"trace.demo.", b"trace.demo.echo"):
+        assert ev._may_match(prefix, b"trace.")
+    for prefix in (b"job.", b"tracer", b"trace-", b"x"):
+        assert not ev._may_match(prefix, b"trace.")

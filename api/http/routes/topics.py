@@ -56,7 +56,8 @@ Topic = Annotated[
         max_length=MAX_TOPIC,
         description="Topic prefix, e.g. `job.demo.` (every demo job's state changes) or `job.demo.echo.completed`; "
         "empty: every event. Topics: job.<service>.<task>.<state>, worker.<service>.<worker>.<state>, "
-        "event.<service>.<worker> (jobs' progress events), queue.<service> (docs/protocol.md)",
+        "event.<service>.<worker> (jobs' progress events), queue.<service>, trace.<service>.<task> (jobs' hop "
+        "traces) (docs/protocol.md)",
     ),
 ]
 

@@ -100,7 +100,7 @@ class Client(ClientSession):
             "completed": 0,
             "reconnects": 0,
             "reestablished": 0,
-            "trace_rejected": 0,  # hop-trace figures that were no duration (frames of a wrong length)
+            "trace_rejected": 0,  # hop-trace figures that were no duration, in the traces its metrics read
         }
         self._bytes = 0  # bytes of bodies and results held for jobs in flight (under _lock)
         self._boot: str | None = None  # the broker's incarnation, from its keepalive answers
@@ -427,9 +427,7 @@ class Client(ClientSession):
         fut.timings["completed"] = time.time()
         self.counts["completed"] += 1
         if job.traces is not None:
-            fut.trace = job.trace(fut.held_before, self.clock())
-            if job.trace_rejected:
-                self.counts["trace_rejected"] += job.trace_rejected
+            job.ended(self.clock())
         result: dict[str, Any] | None = None
         if error is None:
             result, error = job.outcome()

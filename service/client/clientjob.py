@@ -81,10 +81,22 @@ class JobFuture(Future[Any]):
         self.attempts: list[dict[str, Any]] = []  # each earlier attempt: its worker, error, times, wait
         # Where the (last) attempt's time went, hop by hop (core/hoptrace.py), once it ended with
         # traced answers: {"total": s, "hops": {hop: s}}, and "workers" for a job sent to several.
-        self.trace: dict[str, Any] | None = None
+        self._trace: dict[str, Any] | None = None
+        self._trace_from: dict[str, tuple[float, bytes]] | None = None  # what it is built from, once ended
+        self.trace_rejected = 0  # figures of its trace that were no duration (counted when it is built)
         # Seconds its submitter held the job before submit() (the API's hop), set by the submitter.
         self.held_before = 0.0
         self.add_done_callback(self._notify)
+
+    @property
+    def trace(self) -> dict[str, Any] | None:
+        """Where the (last) attempt's time went, hop by hop (core/hoptrace.py), once it ended with a
+        traced answer: {"total": s, "hops": {hop: s}}; for a job several workers ran, the slowest's,
+        with each worker's under "workers". None: no answer carried a trace."""
+        if self._trace is None and (raw := self._trace_from) is not None:
+            self._trace_from = None
+            self._trace, self.trace_rejected = build_trace(raw, self.held_before)
+        return self._trace
 
     @property
     def size(self) -> int:
@@ -404,33 +416,16 @@ class ClientJob:
             self.traces = {}
         self.traces[worker] = (max(0.0, now - self.sent), bytes(frame))
 
-    def trace(self, held: float = 0.0, ended: float | None = None) -> dict[str, Any] | None:
-        """The finished attempt's hops; for a job several workers ran, the last answer's, and each
-        worker's under "workers". `held`: seconds the submitter held it first (the `api` hop); `ended`:
-        the monotonic time the job ended here (its future is settled next), the end of the last
-        answer's `total`, so the client's own work on that answer counts in `client_broker`."""
+    def ended(self, now: float) -> None:
+        """The job ends here at monotonic `now` (its future is settled next): the end of its last
+        answer's `total`, so the client's own work on that answer counts in `client_broker`. Its
+        future's trace is built from these figures when it is first read (most jobs' never are)."""
         traces = self.traces
-        if not traces:
-            return None
-        last = max(traces, key=lambda w: traces[w][0])
-        if ended is not None:
-            traces[last] = (max(traces[last][0], ended - self.sent), traces[last][1])
-        views: dict[str, dict[str, Any]] = {}
-        for w, (t, frame) in traces.items():
-            hops, bad = hoptrace.hops(t, frame)
-            self.trace_rejected += bad
-            if hops:
-                if held > 0:
-                    hops = {hoptrace.API: held, **hops}
-                views[w] = {"total": t + held, "hops": hops}
-        if not views:
-            return None
-        if last not in views:
-            last = max(views, key=lambda w: traces[w][0])
-        out: dict[str, Any] = dict(views[last])
-        if len(views) > 1:
-            out["workers"] = views
-        return out
+        if traces:
+            last = max(traces, key=lambda w: traces[w][0]) if len(traces) > 1 else next(iter(traces))
+            t, frame = traces[last]
+            traces[last] = (max(t, now - self.sent), frame)
+            self.future._trace_from = traces
 
     def outcome(self) -> tuple[dict[str, Any] | None, JobError | None]:
         """The finished job's result dictionary, or the error to raise."""
@@ -459,6 +454,26 @@ class ClientJob:
             self.refused.results = self.results  # what did arrive, as every JobError carries
             return None, self.refused
         return self.results, None
+
+
+def build_trace(traces: dict[str, tuple[float, bytes]], held: float) -> tuple[dict[str, Any] | None, int]:
+    """A job's trace from each worker's (seconds to its answer, trace frame), and the figures that
+    were no duration. `held`: seconds the submitter held it first (the `api` hop)."""
+    if len(traces) == 1:
+        ((t, frame),) = traces.values()
+        hops, bad = hoptrace.hops(t, frame, held)
+        return ({"total": t + held, "hops": hops} if hops else None), bad
+    views: dict[str, dict[str, Any]] = {}
+    bad = 0
+    for w, (t, frame) in traces.items():
+        hops, n = hoptrace.hops(t, frame, held)
+        bad += n
+        if hops:
+            views[w] = {"total": t + held, "hops": hops}
+    if not views:
+        return None, bad
+    last = max(views, key=lambda w: traces[w][0])
+    return {**views[last], "workers": views}, bad
 
 
 def _one_line(entry: dict[str, Any]) -> str:

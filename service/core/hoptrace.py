@@ -76,12 +76,13 @@ def fabric_hops(frame: bytes) -> tuple[dict[str, float], float]:
     return out, queue + wait
 
 
-def hops(total: float, frame: bytes | bytearray | memoryview) -> tuple[dict[str, float], int]:
+def hops(total: float, frame: bytes | bytearray | memoryview, held: float = 0.0) -> tuple[dict[str, float], int]:
     """A job's hops from its client's end-to-end time (`total`, submit to final answer, seconds) and
     the frame the broker forwarded, and how many of the frame's figures could not be used (not a
     duration; a frame of another length counts 1). Only hops the fabric measured appear: without the
     broker's figures there are none; without the worker's (a NorFab worker, or any of them bad)
-    `broker_worker` holds the whole time the broker waited for its worker."""
+    `broker_worker` holds the whole time the broker waited for its worker. `held` > 0: the submitter's
+    own hop (`api`) comes first."""
     n = len(frame)
     if n == _BOTH.size:
         wq, run, wr, queue, wait = _BOTH.unpack(frame)
@@ -94,10 +95,26 @@ def hops(total: float, frame: bytes | bytearray | memoryview) -> tuple[dict[str,
         return {}, 1
     if not (_ok(queue) and _ok(wait)):
         return {}, (not _ok(queue)) + (not _ok(wait)) + max(0, bad)
-    out = {CLIENT_BROKER: max(0.0, total - queue - wait), BROKER_QUEUE: queue}
-    if bad == 0:
-        out[BROKER_WORKER] = max(0.0, wait - wq - run - wr)
-        out[WORKER_QUEUE], out[RUN], out[WORKER_RESULT] = wq, run, wr
-    else:
-        out[BROKER_WORKER] = wait
+    wire = max(0.0, total - queue - wait)
+    if bad == 0:  # built in the order the job passed them, in one go
+        if held > 0:
+            return {
+                API: held,
+                CLIENT_BROKER: wire,
+                BROKER_QUEUE: queue,
+                BROKER_WORKER: max(0.0, wait - wq - run - wr),
+                WORKER_QUEUE: wq,
+                RUN: run,
+                WORKER_RESULT: wr,
+            }, 0
+        return {
+            CLIENT_BROKER: wire,
+            BROKER_QUEUE: queue,
+            BROKER_WORKER: max(0.0, wait - wq - run - wr),
+            WORKER_QUEUE: wq,
+            RUN: run,
+            WORKER_RESULT: wr,
+        }, 0
+    out = {API: held} if held > 0 else {}
+    out.update({CLIENT_BROKER: wire, BROKER_QUEUE: queue, BROKER_WORKER: wait})
     return out, max(0, bad)

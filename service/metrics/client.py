@@ -69,7 +69,9 @@ class ClientMetrics(Collector):
             if child is None:
                 child = self._durations[key] = self.duration.labels(*key)
             child.observe(max(0.0, t["completed"] - t["submitted"]))
-        trace = fut.trace
+        trace = fut.trace  # built here, on its first read
+        if fut.trace_rejected:
+            self.client.counts["trace_rejected"] += fut.trace_rejected
         if trace is not None:
             hops = self._hops
             for view in trace["workers"].values() if "workers" in trace else (trace,):

@@ -58,6 +58,8 @@ class QueuedJob:
     workers: list[bytes] = field(default_factory=list)  # names it was fanned out to
     limit: Any = None  # the limits.Bucket of its task's rate/concurrency limit (None: not limited)
     trace: dict[str, str] | None = None  # the submitter's W3C trace context, for the worker's meta frame
+    host: str | None = None  # the client's shared-memory host id (flags "host")
+    shm: bool = False  # the body is a handle to a block of that client (core/shmhandle.py)
 
     @property
     def size(self) -> int:

@@ -112,6 +112,7 @@ class ClientSession:
             self.loop.request_reconnect()
         if ka.due():
             self._send_keepalive()
+        self.shm.sweep()  # idle pooled blocks, mappings of blocks their worker let go
         nxt = ka.next_deadline() if not ka.expired() else ka.next_due
         while True:
             with self._lock:

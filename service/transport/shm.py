@@ -1,13 +1,16 @@
 """Same-host shared memory: a process's blocks (made, reused, counted, freed) and its view of a peer's.
 
 A sender whose payload is over ZFAB_SHM_THRESHOLD copies it into a block of its own in
-ZFAB_SHM_DIR (a tmpfs, /dev/shm) with pwrite and sends a handle (core/shmhandle.py) in its place;
-the receiver maps the block read-only and parses straight from the mapping. Every step that fails
-(the cap, a full tmpfs, a block that cannot be opened) leaves the payload to the sockets, counted.
+ZFAB_SHM_DIR (a tmpfs, /dev/shm) and sends a handle (core/shmhandle.py) in its place; the receiver
+maps the block read-only and parses straight from the mapping. Every step that fails (the cap, a
+full tmpfs, a block that cannot be opened) leaves the payload to the sockets, counted.
 
-Blocks are reused: taking fresh tmpfs pages for every 10 MB payload (and giving them back) costs
-more than the copy into them, so a block whose payload was read goes back to its creator's pool,
-and the next payload gets a new token, which an old handle to the block no longer matches. Who
+Blocks are reused, and stay mapped: taking fresh tmpfs pages for every 10 MB payload (and giving
+them back) costs more than the copy into them, pwrite into tmpfs costs 5x a memcpy into a mapping,
+and mapping a block afresh costs a page fault per 4 KiB. So a creator keeps its blocks mapped (all
+their pages allocated up front, so a full tmpfs is an error at the start, never a SIGBUS), a reader
+keeps its last MAP_CACHE mappings of peers' blocks, a block whose payload was read goes back to its
+creator's pool, and the next payload gets a new token, which an old handle no longer matches. Who
 gives a block back: a request's client when its job ends; a result's reader (the client) by writing
 the token it read into the block's header (shmhandle.RELEASED_AT), or its worker RESULT_LINGER
 seconds after it was sent (then unlinked, never reused: a late reader keeps its pages). Free blocks
@@ -28,6 +31,7 @@ import stat
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +48,8 @@ RECLAIM_SECONDS = 30.0  # how often a long-lived process looks for dead creators
 SWEEP_SECONDS = 1.0  # how often a creator looks at its blocks (given back, expired, idle)
 POOL_IDLE = 10.0  # seconds a free block is kept for the next payload before it is unlinked
 POOL_BLOCKS = 16  # free blocks kept at most
+MAP_CACHE = 8  # mappings of peers' blocks a reader keeps (a block is reused, so is its mapping)
+MAP_CACHE_BYTES = 256 << 20
 MAX_BLOCKS = 256  # blocks held at once (each keeps a file descriptor open); past it, the sockets
 GRAIN = 1 << 20  # block sizes are rounded up to this, so a block fits the next payload of about its size
 OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC  # read-write: a result's reader gives it back
@@ -84,7 +90,8 @@ def _start_time(pid: int) -> str | None:
 @dataclass(slots=True, eq=False)
 class _Block:
     name: str
-    fd: int  # kept open by its creator: it writes the next payload without opening the file again
+    fd: int
+    mm: mmap.mmap  # kept mapped by its creator: the next payload is a memcpy, not a pwrite
     capacity: int  # the file's size (it never shrinks, so a reader's mapping stays inside it)
     token: bytes = b""
     busy: bool = False
@@ -119,6 +126,7 @@ class ShmArena:
             "expired": 0,  # result blocks nobody gave back in time, unlinked
             "reclaimed": 0,  # blocks of dead processes unlinked
         }
+        self._maps: OrderedDict[str, tuple[mmap.mmap, int, int]] = OrderedDict()  # name -> (map, inode, size)
         self._swept = 0.0
         self._reclaimed_at = -RECLAIM_SECONDS
 
@@ -137,6 +145,7 @@ class ShmArena:
             "shm_busy_bytes": busy,
             "shm_blocks": len(self._blocks),
             "shm_bytes_capacity": self.cap,
+            "shm_peer_blocks_mapped": len(self._maps),  # peers' blocks this process keeps mapped
         } | {f"shm_{k}": v for k, v in self.counts.items()}
 
     # ---- the sender's side ---------------------------------------------------------
@@ -150,15 +159,10 @@ class ShmArena:
         if blk is None:
             return None  # counted
         token = secrets.token_bytes(TOKEN_BYTES)
-        try:
-            # The header first: a reader still holding the previous handle sees the token change
-            # and refuses what it read (ShmMapping.verify) rather than pass on a torn payload.
-            _write_all(blk.fd, shmhandle.header(token, len(payload)), 0)
-            _write_all(blk.fd, payload, HEADER_BYTES)
-        except OSError as exc:  # ENOSPC: the tmpfs is full (pages are taken as they are written)
-            self._drop(blk)
-            self._fallback("could not write a shared-memory block", exc)
-            return None
+        # The header first: a reader still holding the previous handle sees the token change and
+        # refuses what it read (ShmMapping.verify) rather than pass on a torn payload.
+        blk.mm[:HEADER_BYTES] = shmhandle.header(token, len(payload))
+        blk.mm[HEADER_BYTES:need] = payload
         with self._lock:
             blk.token, blk.returns, blk.until = token, worker is not None, self.clock() + ttl
         self.counts["sent"] += 1
@@ -184,7 +188,9 @@ class ShmArena:
             fits = [b for b in self._blocks.values() if not b.busy and need <= b.capacity <= 2 * need + GRAIN]
             if fits:
                 blk = min(fits, key=lambda b: b.capacity)
-                blk.busy = True
+                # Busy, and no longer waiting for the token of its last payload: another thread's
+                # _take_back must not see that token given back and free it while it is written.
+                blk.busy, blk.returns, blk.token = True, False, b""
                 return blk
             size = -(-need // GRAIN) * GRAIN
             # Room for a new block: free blocks that do not fit go first.
@@ -204,11 +210,10 @@ class ShmArena:
                 self.bytes -= size
             self._fallback("could not make a shared-memory block", exc)
             return None
-        blk = _Block(name, fd, size, busy=True)
         try:
-            # The full size now (a hole reads as zeros and takes no page until written): a reader's
-            # mapping of any payload that fits is then always inside the file.
-            os.ftruncate(fd, size)
+            # Every page now: a full tmpfs is ENOSPC here, not a SIGBUS when the mapping is written.
+            os.posix_fallocate(fd, 0, size)
+            blk = _Block(name, fd, mmap.mmap(fd, size), size, busy=True)
         except OSError as exc:
             os.close(fd)
             with contextlib.suppress(OSError):
@@ -226,17 +231,10 @@ class ShmArena:
         with self._lock:
             waiting = [b for b in self._blocks.values() if b.busy and b.returns]
         for b in waiting:
-            try:
-                given = os.pread(b.fd, TOKEN_BYTES, RELEASED_AT)
-            except OSError:
-                continue
+            given = b.mm[RELEASED_AT : RELEASED_AT + TOKEN_BYTES]
             with self._lock:
                 if b.busy and b.token == given:
                     b.busy, b.until = False, self.clock() + POOL_IDLE
-
-    def _drop(self, blk: _Block) -> None:
-        with self._lock:
-            self._unlink_locked(blk)
 
     def _unlink_locked(self, blk: _Block) -> None:
         if self._blocks.pop(blk.name, None) is None:
@@ -244,6 +242,7 @@ class ShmArena:
         self.bytes -= blk.capacity
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(self.dir, blk.name))
+        blk.mm.close()
         with contextlib.suppress(OSError):
             os.close(blk.fd)
 
@@ -257,12 +256,13 @@ class ShmArena:
         POOL_IDLE (or past POOL_BLOCKS); now and then unlink blocks whose creator died. Cheap when
         nothing is due (one clock reading)."""
         now = self.clock()
-        if not self._blocks and now - self._reclaimed_at < RECLAIM_SECONDS:
+        if not self._blocks and not self._maps and now - self._reclaimed_at < RECLAIM_SECONDS:
             return
         if not force and now - self._swept < SWEEP_SECONDS:
             return
         self._swept = now
         self._take_back()
+        self._forget_gone_maps()
         with self._lock:
             free = sorted((b for b in self._blocks.values() if not b.busy), key=lambda b: b.until)
             extra = len(free) - POOL_BLOCKS
@@ -306,22 +306,28 @@ class ShmArena:
         return n
 
     def close(self) -> None:
-        """Unlink every block this process holds (a closing client's; a stopped worker's)."""
+        """Unlink every block this process holds (a closing client's; a stopped worker's) and let
+        go of its mappings of peers' blocks."""
         with self._lock:
             for b in list(self._blocks.values()):
                 self._unlink_locked(b)
+            maps, self._maps = list(self._maps.values()), OrderedDict()
+        for mm, _, _ in maps:
+            with contextlib.suppress(BufferError):
+                mm.close()
 
     # ---- the receiver's side ---------------------------------------------------------
 
     @contextlib.contextmanager
-    def mapped(self, handle_frame: Frame, *, give_back: bool = False) -> Iterator[ShmMapping]:
+    def mapped(self, handle_frame: Frame, *, give_back: bool = False, keep: bool = True) -> Iterator[ShmMapping]:
         """Map the block a handle names, read-only, for the payload's bytes (ShmMapping.view).
-        Refused with HandleError (counted) for a forged, stale or out-of-bounds handle; the mapping
-        covers the header and the payload the handle names, nothing more, and is gone after the
-        block. `give_back` (a result's reader): the block returns to its creator afterwards."""
+        Refused with HandleError (counted) for a forged, stale or out-of-bounds handle, before any
+        byte of the payload is read; the view covers the payload the handle names and nothing
+        else, inside the block. `give_back` (a result's reader): the block returns to its creator
+        afterwards. `keep`: the mapping is kept for the block's next payload (MAP_CACHE)."""
         try:
             handle = shmhandle.decode_handle(handle_frame)
-            fd, mm = self._open(handle)
+            fd, mm, kept = self._open(handle, keep)
         except HandleError:
             self.counts["refused"] += 1
             raise
@@ -331,14 +337,54 @@ class ShmArena:
             self.counts["received"] += 1
         finally:
             m.view.release()
-            with contextlib.suppress(BufferError):  # a caller that kept a slice: the GC unmaps it
-                mm.close()
+            if not kept:
+                with contextlib.suppress(BufferError):  # a caller that kept a slice: the GC unmaps it
+                    mm.close()
             if give_back:
                 with contextlib.suppress(OSError):
                     os.pwrite(fd, handle.token, RELEASED_AT)
             os.close(fd)
 
-    def _open(self, handle: Handle) -> tuple[int, mmap.mmap]:
+    def _mapping(self, name: str, fd: int, st: os.stat_result, keep: bool) -> tuple[mmap.mmap, bool]:
+        """This block's mapping: the one kept from its last payload when it is the same file, else a
+        new one of the whole block (kept, the oldest let go past MAP_CACHE)."""
+        with self._lock:
+            known = self._maps.get(name)
+            if known is not None and known[1] == st.st_ino and known[2] == st.st_size:
+                self._maps.move_to_end(name)
+                return known[0], True
+        mm = mmap.mmap(fd, st.st_size, prot=mmap.PROT_READ)
+        if not keep:
+            return mm, False
+        with self._lock:
+            old = self._maps.pop(name, None)
+            self._maps[name] = (mm, st.st_ino, st.st_size)
+            drop = [old[0]] if old is not None else []
+            while len(self._maps) > MAP_CACHE or sum(v[2] for v in self._maps.values()) > MAP_CACHE_BYTES:
+                drop.append(self._maps.popitem(last=False)[1][0])
+        for d in drop:
+            with contextlib.suppress(BufferError):
+                d.close()
+        return mm, True
+
+    def _forget_gone_maps(self) -> None:
+        """Let go of mappings of blocks their creator unlinked (they would keep its pages)."""
+        with self._lock:
+            names = list(self._maps)
+        for name in names:
+            try:
+                ino = os.stat(os.path.join(self.dir, name)).st_ino
+            except OSError:
+                ino = -1
+            with self._lock:
+                known = self._maps.get(name)
+                if known is None or known[1] == ino:
+                    continue
+                del self._maps[name]
+            with contextlib.suppress(BufferError):
+                known[0].close()
+
+    def _open(self, handle: Handle, keep: bool) -> tuple[int, mmap.mmap, bool]:
         if self.host is None:
             raise HandleError("off", "shared memory is off in this process")
         try:
@@ -353,7 +399,8 @@ class ShmArena:
             if not stat.S_ISREG(st.st_mode):
                 raise HandleError("name", f"shared-memory block {handle.name} is not a plain file")
             shmhandle.check_block(handle, os.pread(fd, HEADER_BYTES, 0), st.st_size)
-            return fd, mmap.mmap(fd, HEADER_BYTES + handle.length, prot=mmap.PROT_READ)
+            mm, kept = self._mapping(handle.name, fd, st, keep)
+            return fd, mm, kept
         except HandleError:
             os.close(fd)
             raise
@@ -363,7 +410,7 @@ class ShmArena:
 
     def read(self, handle_frame: Frame) -> bytes:
         """The payload a handle names, copied (the broker's fallback for a peer on another host)."""
-        with self.mapped(handle_frame) as m:
+        with self.mapped(handle_frame, keep=False) as m:
             data = bytes(m.view)
             m.verify()
             return data
@@ -384,11 +431,3 @@ class ShmMapping:
         it took back (a job that ended while its worker was still reading), with a new token."""
         if os.pread(self._fd, TOKEN_BYTES, 8) != self.handle.token:
             raise HandleError("stale", f"shared-memory block {self.handle.name} was reused while it was read")
-
-
-def _write_all(fd: int, data: Frame, offset: int) -> None:
-    view = memoryview(data).cast("B")
-    while view:
-        n = os.pwrite(fd, view, offset)
-        offset += n
-        view = view[n:]

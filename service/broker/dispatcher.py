@@ -13,7 +13,7 @@ from collections.abc import Callable, Container
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core import payloads
+from ..core import payloads, shmhandle
 from ..core import protocol as nfp
 from ..core.histogram import Histogram
 from ..core.payloads import Word
@@ -194,7 +194,10 @@ class Dispatcher:
         if self.shm is None:
             return job.body
         try:
-            body = self.shm.read(job.body)
+            body: nfp.Frame = self.shm.read(job.body)
+            attempt = shmhandle.decode_handle(job.body).attempt
+            if attempt > 1:  # a retried job: its block's body says attempt 1
+                body = payloads.with_attempt(bytes(body), attempt)
         except HandleError as exc:
             self.counts["shm_unreadable"] += 1
             log.warning("broker: the body of job %r cannot be read from shared memory: %s", job.uuid[:64], exc)

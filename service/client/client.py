@@ -430,7 +430,9 @@ class Client(ClientSession):
     def _shm_body(self, body: bytes, timeout: float) -> bytes | None:
         """The handle of a new block holding `body`, when the broker shares this host's shared
         memory (it reads the block itself for a worker that does not); None: send the bytes."""
-        if self._broker_host != self.shm.host:
+        if self._broker_host != self.shm.host or len(body) > self.settings.max_message_bytes - 4096:
+            # A body too large for a message stays one (refused as ever): the broker may have to
+            # send it as bytes to a worker on another host, whose socket would drop the connection.
             return None
         # Freed when the job ends (_forget); the expiry is a backstop for a job this client lost track of.
         return self.shm.put(body, ttl=timeout + 60.0)

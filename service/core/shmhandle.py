@@ -42,6 +42,7 @@ HOST_LENGTH: Final = 32
 """A host id is 32 hex digits: equal in two processes only where their shared-memory directory is one."""
 
 MAX_LENGTH: Final = 1 << 40
+MAX_ATTEMPT: Final = 10_000  # the highest attempt a job may reach (payloads.MAX_ATTEMPT is this)
 
 
 class HandleError(Exception):
@@ -61,6 +62,7 @@ class Handle:
     length: int
     token: bytes
     worker: str | None = None  # a result's worker: the client asks it again (GET) if the block is unreadable
+    attempt: int = 1  # a request's attempt (a retried job sends its block again: the body says attempt 1)
 
 
 def is_handle(frame: Frame) -> bool:
@@ -72,6 +74,8 @@ def encode_handle(handle: Handle) -> bytes:
     fields: dict[str, object] = {"shm": handle.name, "len": handle.length, "tok": handle.token.hex()}
     if handle.worker is not None:
         fields["worker"] = handle.worker
+    if handle.attempt > 1:
+        fields["attempt"] = handle.attempt
     return MARK + dumps(fields)
 
 
@@ -99,7 +103,16 @@ def decode_handle(frame: Frame) -> Handle:
         raise HandleError("token", "shared-memory handle has no valid token") from None
     if worker is not None and not isinstance(worker, str):
         raise HandleError("handle", "shared-memory handle names no valid worker")
-    return Handle(name, length, token, worker)
+    attempt = fields.get("attempt", 1)
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or not 1 <= attempt <= MAX_ATTEMPT:
+        raise HandleError("handle", "shared-memory handle has no valid attempt")
+    return Handle(name, length, token, worker, attempt)
+
+
+def with_attempt(frame: Frame, attempt: int) -> bytes:
+    """The same request handle, for attempt `attempt` of its job (the block is not rewritten)."""
+    h = decode_handle(frame)
+    return encode_handle(Handle(h.name, h.length, h.token, h.worker, attempt))
 
 
 def header(token: bytes, length: int) -> bytes:

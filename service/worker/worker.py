@@ -392,6 +392,7 @@ class Worker:
                     self._reply(msg, nfp.ST_BAD_REQUEST, self.runner.failure(uuid, "", [exc.detail]))
                     return
                 m.verify()
+                body.attempt = max(body.attempt, m.handle.attempt)  # a retried job's block says attempt 1
                 self._admit(msg, uuid, body)
         except shmhandle.HandleError as exc:
             log.warning("worker %s refused the body of job %s: %s", self.name, uuid, exc.detail)

@@ -24,6 +24,13 @@ class Holder(Worker):
             pause.wait(0.05)
         return len(data)
 
+    @task(retries=2, backoff=0.01, retry_on=RuntimeError)
+    def second_time(self, data: str, job: Job) -> int:
+        """Fail the first attempt, then say the length of `data`."""
+        if job.attempt < 2:
+            raise RuntimeError("first attempt fails")
+        return len(data)
+
     @task
     def big(self, n: int) -> str:
         """A result of `n` characters."""

@@ -207,6 +207,25 @@ def test_a_forged_handle_from_a_peer_is_refused_with_a_clear_error(tmp_path: Pat
         f.stop()
 
 
+def test_a_retried_job_sends_its_block_again_with_its_attempt(tmp_path: Path, shm_dir: Path) -> None:
+    f = make_fabric(tmp_path, shm_dir)
+    try:
+        f.broker()
+        f.start("h0", "worker", "--worker", HOLDER, "--name", "h0")
+        c = client_of(f, shm_dir)
+        try:
+            wait_workers(c, {"h0"})
+            # A 1 MB body whose task declares retries: the handle is small, so the client keeps it
+            r = c.run_job("holder", "second_time", kwargs={"data": "r" * 1_000_000}, timeout=30)
+            assert r["h0"]["result"] == 1_000_000 and r["h0"]["attempt"] == 2
+            assert c.shm.counts["sent"] == 1 and c.shm.stats()["shm_busy_bytes"] == 0
+            wait_for(lambda: reported(c, "h0").get("shm_received") == 2, 10, what="both attempts read the block")
+        finally:
+            c.close()
+    finally:
+        f.stop()
+
+
 def test_a_worker_killed_mid_job_leaves_no_block_once_the_next_zfab_process_looks(
     tmp_path: Path, shm_dir: Path
 ) -> None:

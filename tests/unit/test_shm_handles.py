@@ -231,3 +231,14 @@ def test_the_header_is_what_the_reader_checks() -> None:
     shmhandle.check_block(h, head, HEADER_BYTES + 5)
     with pytest.raises(HandleError, match="nothing read past the block"):
         shmhandle.check_block(h, head, HEADER_BYTES + 4)
+
+
+def test_a_retried_attempt_of_a_job_sent_by_handle_carries_its_attempt_in_the_handle() -> None:
+    from service.core import payloads
+
+    h = shmhandle.encode_handle(Handle("zfab-00000000-1-1-0123456789abcdef", 5, b"\x07" * 16))
+    again = payloads.with_attempt(h, 3)
+    got = shmhandle.decode_handle(again)
+    assert (got.name, got.length, got.token, got.attempt) == ("zfab-00000000-1-1-0123456789abcdef", 5, b"\x07" * 16, 3)
+    with pytest.raises(HandleError, match="attempt"):
+        shmhandle.decode_handle(shmhandle.MARK + h[len(shmhandle.MARK) : -1] + b',"attempt":0}')

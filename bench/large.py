@@ -209,7 +209,9 @@ def figures(size: int, phases_out: list[dict[str, Any]], fabric_mem: list[dict[s
         out[f"k{k}_mbps"] = moved / ph["seconds"] / 1e6
         out[f"k{k}_p50_s"] = statistics.median(ph["lat"])
         out[f"k{k}_client_per_job"] = (ph["peak"] - ph["rss0"]) / k / size
+        out[f"k{k}_client_rss0_mb"] = ph["rss0"] / 1e6
         for r in ("worker", "broker"):
+            out[f"k{k}_{r}_rss0_mb"] = mem[f"{r}_rss0"] / 1e6
             out[f"k{k}_{r}_per_job"] = (mem[f"{r}_peak"] - mem[f"{r}_rss0"]) / k / size
             out[f"k{k}_{r}_kept_mb"] = (mem[f"{r}_rss1"] - mem[f"{r}_rss0"]) / 1e6
     return out

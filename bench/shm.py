@@ -55,6 +55,12 @@ def run(quick: bool = False, mb: int = 10, rounds: int | None = None) -> dict[st
             report(f"{r} peak rss / job, {k} in flight, shm", med["shm"][f"k{k}_{r}_per_job"], "pay")
     print(f"   ('pay' = payloads of {mb} MB; target with shm: at most 1 payload per in-flight job in every process)",
           flush=True)
+    k = phases[-1][0]
+    for r in ("client", "worker", "broker"):
+        print(f"   {r} RSS before the {k}-in-flight phase: socket {med['socket'][f'k{k}_{r}_rss0_mb']:.0f} MB, "
+              f"shm {med['shm'][f'k{k}_{r}_rss0_mb']:.0f} MB", flush=True)
+    print("   (with shm a process's RSS includes the pages of its pooled blocks and of the peers' blocks it keeps\n"
+          "    mapped: shared pages, in memory once for both processes; growth per job is over that)", flush=True)
     return out
 
 

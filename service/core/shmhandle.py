@@ -65,9 +65,13 @@ class Handle:
     attempt: int = 1  # a request's attempt (a retried job sends its block again: the body says attempt 1)
 
 
+_MARK_LEN: Final = len(MARK)
+
+
 def is_handle(frame: Frame) -> bool:
-    """True for a frame that claims to be a handle (decode_handle says whether it is a good one)."""
-    return len(frame) <= MAX_HANDLE_BYTES and frame[: len(MARK)] == MARK
+    """True for a frame that claims to be a handle (decode_handle says whether it is a good one).
+    On every job's body and result: a JSON frame fails at its first byte, with nothing allocated."""
+    return _MARK_LEN < len(frame) <= MAX_HANDLE_BYTES and frame[0] == 0 and frame[:_MARK_LEN] == MARK
 
 
 def encode_handle(handle: Handle) -> bytes:

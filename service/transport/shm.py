@@ -57,9 +57,10 @@ CREATE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def host_id(shm_dir: str) -> str | None:
-    """An id equal in two processes only where `shm_dir` is the same directory of the same kernel:
-    the boot id, and the device and inode of the directory (a container with a private /dev/shm has
-    a tmpfs of its own, so another device). None where there is no such directory."""
+    """An id equal in two processes only where `shm_dir` is the same directory of the same kernel
+    and they run as the same user: the boot id, the device and inode of the directory (a container
+    with a private /dev/shm has a tmpfs of its own, so another device), and the uid (blocks are
+    0600: another user could not open them, so it gets bytes). None where there is no directory."""
     try:
         st = os.stat(shm_dir)
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -67,7 +68,7 @@ def host_id(shm_dir: str) -> str | None:
         return None
     if not stat.S_ISDIR(st.st_mode):
         return None
-    return hashlib.sha256(f"{boot}:{st.st_dev}:{st.st_ino}".encode()).hexdigest()[:32]
+    return hashlib.sha256(f"{boot}:{st.st_dev}:{st.st_ino}:{os.getuid()}".encode()).hexdigest()[:32]
 
 
 def _pid_namespace() -> str:

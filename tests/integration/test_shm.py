@@ -257,3 +257,36 @@ def test_a_worker_killed_mid_job_leaves_no_block_once_the_next_zfab_process_look
         assert blocks(shm_dir) == []
     finally:
         f.stop()
+
+
+def test_the_apis_client_sends_and_reads_large_payloads_by_shared_memory(
+    tmp_path: Path, shm_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    from inprocess import in_process_api
+
+    monkeypatch.setenv("ZFAB_SHM_DIR", str(shm_dir))  # the in-process API's settings read it
+    f = make_fabric(tmp_path, shm_dir)
+    data = "a" * 2_000_000
+
+    async def go() -> None:
+        async with in_process_api(f) as api:
+            r = await api.post("/jobs?wait=20", json={"service": "demo", "task": "echo", "kwargs": {"data": data}})
+            assert r.status_code == 200, r.text
+            assert next(iter(r.json()["results"].values()))["result"] == data
+
+    try:
+        f.broker()
+        f.worker("w5")
+        c = client_of(f, shm_dir)
+        try:
+            wait_workers(c, {"w5"})
+            asyncio.run(go())
+            # The API's client (on its event loop) sent a handle and got one back
+            wait_for(lambda: reported(c, "w5").get("shm_sent") == 1, 10, what="the worker's stats")
+            assert reported(c, "w5")["shm_received"] == 1
+        finally:
+            c.close()
+    finally:
+        f.stop()

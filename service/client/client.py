@@ -225,8 +225,10 @@ class Client(ClientSession):
             fields["not_before"] = not_before
         if resubmit:
             fields["known"] = True
-        if self.shm.host is not None:
-            fields["host"] = self.shm.host  # a worker on this host may answer a large result by handle
+        if self.shm.host is not None and self.push:
+            # A worker on this host may answer a large result by handle (only a pushed result: one
+            # collected with GET comes as bytes, and its block would wait out its linger unread).
+            fields["host"] = self.shm.host
         if (traced := tracing.produce(service, task, uuid)) is not None:
             uuid, context = traced  # a PRODUCER span; each attempt's CONSUMER span continues its trace
             fields.update(context)  # W3C traceparent/tracestate, in the flags frame (never the arguments)

@@ -2,7 +2,8 @@
 
     floor bulk: bench/floor.py's bulk transfer (256 KiB chunks, 8 unacknowledged, one way)
     floor echo: the same floor processes, one 7-frame message with a 10 MB body echoed back
-    zfab:       demo echo with data = a 10 MB string, client DEALER -> broker -> worker -> back
+    zfab:       demo echo with data = a 10 MB string, client DEALER -> broker -> worker -> back, with
+                ZFAB_SHM=false (the bytes cross the broker; bench/shm.py measures the same-host tier)
 
 MB/s counts the payload bytes that cross the broker, both ways for an echo (request + result,
 2 x 10 MB per job), so it reads against the floor's bytes per second. Memory: the client runs
@@ -106,20 +107,22 @@ def run_client(endpoint: str, size: int, phases: list[tuple[int, int]], out_path
     with Client(settings=Settings(broker=endpoint), name="large") as c:
         if not wait_for(lambda: c.broker_alive, 30):
             raise SystemExit("no broker")
-        # Warm-up: enough large jobs to fill the worker's bounded table of recent results
-        # (ZFAB_WORKER_RECENT_BYTES, 64 MiB by default), so its one-time growth to that bound is
-        # not counted as memory per in-flight job in the first phase.
-        for _ in range(Settings().worker_recent_bytes // size + 2):
-            c.run_job("demo", "echo", kwargs={"data": data}, timeout=JOB_TIMEOUT)
-        # and a few windows of the most jobs in flight of any phase, so what a process keeps for
-        # that many at once (the shared-memory tier's pooled blocks, malloc's heap) is there before
-        # the phases, as the table above is: bounded, and made once.
+        # Warm-up: a few windows of the most jobs in flight of any phase, so what a process keeps
+        # for that many at once (the shared-memory tier's pooled blocks, malloc's heaps) is made
+        # before the phases; then enough large jobs one at a time to fill the worker's bounded table
+        # of recent results (ZFAB_WORKER_RECENT_BYTES, 64 MiB by default), so its one-time growth to
+        # that bound is not counted as memory per in-flight job in the first phase. In that order:
+        # results of the windows' pool threads left in the table, evicted during a one-at-a-time
+        # phase, free memory in those threads' malloc arenas that the next thread cannot reuse, and
+        # that read as 2-6 payloads per job in the first phase (MALLOC_ARENA_MAX=1 showed it).
         most = max(k for k, _ in phases)
         for _ in range(3):
             futs = [c.submit("demo", "echo", kwargs={"data": data}, timeout=JOB_TIMEOUT) for _ in range(most)]
             for fut in futs:
                 fut.result(JOB_TIMEOUT + 5)
             del futs
+        for _ in range(Settings().worker_recent_bytes // size + 2):
+            c.run_job("demo", "echo", kwargs={"data": data}, timeout=JOB_TIMEOUT)
         ctl = Path(out_path + ".ctl")
         ctl.write_text("idle")
         give_up = time.monotonic() + 300
@@ -226,7 +229,8 @@ def run(quick: bool = False, mb: int = 10) -> dict[str, Any]:
     fl = measure_floor(seq_n=200, pipe_n=2000, bulk_mib=64 if quick else 256, trials=1 if quick else 3)
     fe = floor_echo(size, 5 if quick else 10)
     out: dict[str, Any] = {"floor_bulk_mbps": fl["bulk_mbps"], "floor_echo_mbps": fe}
-    out.update(figures(size, *measure_zfab(size, phases)))
+    # The socket path, as this section has always measured it: bench/shm.py runs the shared-memory tier.
+    out.update(figures(size, *measure_zfab(size, phases, ZFAB_SHM="false")))
     report("floor bulk (one way)", out["floor_bulk_mbps"], "MB/s")
     report(f"floor {mb} MB echo (both ways)", out["floor_echo_mbps"], "MB/s")
     for k, _ in phases:

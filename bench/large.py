@@ -100,7 +100,9 @@ def floor_echo(size: int, n: int) -> float:
 def run_client(endpoint: str, size: int, phases: list[tuple[int, int]], out_path: str) -> None:
     """For each (in_flight, jobs): reset own peak RSS, run the jobs with that window, record."""
     from service import Client, Settings
+    from service.core.tuning import tune
 
+    tune()  # set up as a zfab process is (the API's client runs in one): malloc keeps 10 MB blocks in its heap
     data = os.urandom(size // 2).hex()
     me = os.getpid()
     results = []

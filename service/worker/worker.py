@@ -381,7 +381,8 @@ class Worker:
 
     def _post_from_shm(self, msg: nfp.BrokerJob, uuid: str) -> None:
         """A POST whose body is a handle to a block of a client on this host: parsed straight from
-        the mapping, which is let go before the job runs. A handle that is not good is refused."""
+        the mapping (kept for the block's next payload; the job holds its decoded arguments, not the
+        block). A handle that is not good, or a block reused while it was parsed, is refused 400."""
         try:
             with self.shm.mapped(msg.body) as m:
                 msg.body = m.view

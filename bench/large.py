@@ -2,7 +2,8 @@
 
     floor bulk: bench/floor.py's bulk transfer (256 KiB chunks, 8 unacknowledged, one way)
     floor echo: the same floor processes, one 7-frame message with a 10 MB body echoed back
-    zfab:       demo echo with data = a 10 MB string, client DEALER -> broker -> worker -> back
+    zfab:       demo echo with data = a 10 MB string, client DEALER -> broker -> worker -> back, with
+                ZFAB_SHM=false (the bytes cross the broker; bench/shm.py measures the same-host tier)
 
 MB/s counts the payload bytes that cross the broker, both ways for an echo (request + result,
 2 x 10 MB per job), so it reads against the floor's bytes per second. Memory: the client runs
@@ -99,16 +100,29 @@ def floor_echo(size: int, n: int) -> float:
 def run_client(endpoint: str, size: int, phases: list[tuple[int, int]], out_path: str) -> None:
     """For each (in_flight, jobs): reset own peak RSS, run the jobs with that window, record."""
     from service import Client, Settings
+    from service.core.tuning import tune
 
+    tune()  # set up as a zfab process is (the API's client runs in one): malloc keeps 10 MB blocks in its heap
     data = os.urandom(size // 2).hex()
     me = os.getpid()
     results = []
     with Client(settings=Settings(broker=endpoint), name="large") as c:
         if not wait_for(lambda: c.broker_alive, 30):
             raise SystemExit("no broker")
-        # Warm-up: enough large jobs to fill the worker's bounded table of recent results
-        # (ZFAB_WORKER_RECENT_BYTES, 64 MiB by default), so its one-time growth to that bound is
-        # not counted as memory per in-flight job in the first phase.
+        # Warm-up: a few windows of the most jobs in flight of any phase, so what a process keeps
+        # for that many at once (the shared-memory tier's pooled blocks, malloc's heaps) is made
+        # before the phases; then enough large jobs one at a time to fill the worker's bounded table
+        # of recent results (ZFAB_WORKER_RECENT_BYTES, 64 MiB by default), so its one-time growth to
+        # that bound is not counted as memory per in-flight job in the first phase. In that order:
+        # results of the windows' pool threads left in the table, evicted during a one-at-a-time
+        # phase, free memory in those threads' malloc arenas that the next thread cannot reuse, and
+        # that read as 2-6 payloads per job in the first phase (MALLOC_ARENA_MAX=1 showed it).
+        most = max(k for k, _ in phases)
+        for _ in range(3):
+            futs = [c.submit("demo", "echo", kwargs={"data": data}, timeout=JOB_TIMEOUT) for _ in range(most)]
+            for fut in futs:
+                fut.result(JOB_TIMEOUT + 5)
+            del futs
         for _ in range(Settings().worker_recent_bytes // size + 2):
             c.run_job("demo", "echo", kwargs={"data": data}, timeout=JOB_TIMEOUT)
         ctl = Path(out_path + ".ctl")
@@ -144,16 +158,12 @@ def run_client(endpoint: str, size: int, phases: list[tuple[int, int]], out_path
             ctl.write_text(f"done {k}")
 
 
-def run(quick: bool = False, mb: int = 10) -> dict[str, Any]:
-    size = mb * 1_000_000
-    n_seq, n_par = (6, 8) if quick else (20, 24)
-    phases = [(1, n_seq), (4, n_par)]
-    print(f"-- {mb} MB payloads: floor first, then zfab (broker + 1 demo worker; client in its own process)",
-          flush=True)
-    fl = measure_floor(seq_n=200, pipe_n=2000, bulk_mib=64 if quick else 256, trials=1 if quick else 3)
-    fe = floor_echo(size, 5 if quick else 10)
-    out: dict[str, Any] = {"floor_bulk_mbps": fl["bulk_mbps"], "floor_echo_mbps": fe}
-    with tempfile.TemporaryDirectory(prefix="zfab-bench-large-") as tmp, Fabric(tmp) as fab:
+def measure_zfab(
+    size: int, phases: list[tuple[int, int]], **env: str
+) -> tuple[list[dict[str, Any]], list[dict[str, int]]]:
+    """Broker, one demo worker and a client process (with ``env``): per phase (in flight, jobs) the
+    client's figures, and the fabric's RSS before, peak and after."""
+    with tempfile.TemporaryDirectory(prefix="zfab-bench-large-") as tmp, Fabric(tmp, **env) as fab:
         fab.start_broker()
         worker = fab.start_worker("bench-large")
         from service import Client, Settings
@@ -192,15 +202,37 @@ def run(quick: bool = False, mb: int = 10) -> dict[str, Any]:
         finally:
             stop([client])
         phases_out = json.loads(path.read_text())
+    return phases_out, fabric_mem
+
+
+def figures(size: int, phases_out: list[dict[str, Any]], fabric_mem: list[dict[str, int]]) -> dict[str, Any]:
+    """Per phase: MB/s both ways, p50, and each process's peak RSS growth per in-flight job in payloads."""
+    out: dict[str, Any] = {}
     for ph, mem in zip(phases_out, fabric_mem, strict=True):
         k = ph["k"]
         moved = 2 * size * ph["n"]
         out[f"k{k}_mbps"] = moved / ph["seconds"] / 1e6
         out[f"k{k}_p50_s"] = statistics.median(ph["lat"])
         out[f"k{k}_client_per_job"] = (ph["peak"] - ph["rss0"]) / k / size
+        out[f"k{k}_client_rss0_mb"] = ph["rss0"] / 1e6
         for r in ("worker", "broker"):
+            out[f"k{k}_{r}_rss0_mb"] = mem[f"{r}_rss0"] / 1e6
             out[f"k{k}_{r}_per_job"] = (mem[f"{r}_peak"] - mem[f"{r}_rss0"]) / k / size
             out[f"k{k}_{r}_kept_mb"] = (mem[f"{r}_rss1"] - mem[f"{r}_rss0"]) / 1e6
+    return out
+
+
+def run(quick: bool = False, mb: int = 10) -> dict[str, Any]:
+    size = mb * 1_000_000
+    n_seq, n_par = (6, 8) if quick else (20, 24)
+    phases = [(1, n_seq), (4, n_par)]
+    print(f"-- {mb} MB payloads: floor first, then zfab (broker + 1 demo worker; client in its own process)",
+          flush=True)
+    fl = measure_floor(seq_n=200, pipe_n=2000, bulk_mib=64 if quick else 256, trials=1 if quick else 3)
+    fe = floor_echo(size, 5 if quick else 10)
+    out: dict[str, Any] = {"floor_bulk_mbps": fl["bulk_mbps"], "floor_echo_mbps": fe}
+    # The socket path, as this section has always measured it: bench/shm.py runs the shared-memory tier.
+    out.update(figures(size, *measure_zfab(size, phases, ZFAB_SHM="false")))
     report("floor bulk (one way)", out["floor_bulk_mbps"], "MB/s")
     report(f"floor {mb} MB echo (both ways)", out["floor_echo_mbps"], "MB/s")
     for k, _ in phases:

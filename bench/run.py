@@ -1,7 +1,8 @@
 """`make bench`: the raw pyzmq floor and zfab in one run, every figure with its ratio.
 
 After the floor, the fabric, the API and files sections come the scale sections (docs/benchmarks.md):
-scale (1,000 workers), clients (100 clients), large (10 MB payloads), aio (1,000 async tasks), wrk,
+scale (1,000 workers), clients (100 clients), large (10 MB payloads), shm (the same on one host, shared
+memory vs sockets), aio (1,000 async tasks), wrk,
 idle, queue, console (the web console over 100,000 jobs). Each one runs on its own; one that fails prints
 its error and the rest go on.
 `--only NAME,...` runs some of them; `--trust` adds bench/trust.py (against this checkout) at the end.
@@ -65,6 +66,7 @@ SECTIONS = {
     "scale": "1,000 workers on one broker (bench/scale.py)",
     "clients": "100 clients at once (bench/clients.py)",
     "large": "10 MB payloads (bench/large.py)",
+    "shm": "10 MB echo on one host: shared memory vs the socket path, peak RSS per process (bench/shm.py)",
     "aio": "1,000 async tasks on one worker (bench/aio.py)",
     "wrk": "HTTP under wrk (bench/wrk.py)",
     "idle": "a whole idle fabric (bench/idle.py)",

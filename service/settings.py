@@ -81,6 +81,16 @@ class Settings(BaseSettings):
     client_inflight_bytes: int = Field(
         256 * 1024 * 1024, ge=1024, description="Bytes of request bodies and results one client holds at once"
     )
+    shm: bool = Field(
+        True,
+        description="Same-host shared memory: a payload of ZFAB_SHM_THRESHOLD bytes or more travels as a handle "
+        "to a block in ZFAB_SHM_DIR when sender and receiver share it (false: always through the sockets)",
+    )
+    shm_threshold: int = Field(256 * 1024, ge=1024, description="Smallest payload sent through shared memory")
+    shm_bytes: int = Field(
+        1024 * 1024 * 1024, ge=0, description="Bytes of shared-memory blocks one process may have made and not freed"
+    )
+    shm_dir: str = Field("/dev/shm", description="The shared-memory directory (a tmpfs) blocks are made in")
     max_events_per_job: int = Field(1000, ge=1, description="Events kept per job (worker store and client)")
     drain_timeout: float = Field(30.0, ge=0, description="Seconds a stopping worker lets admitted jobs finish")
     job_retention_seconds: float = Field(7 * 86400, gt=0, description="How long a worker keeps job records")

@@ -11,7 +11,7 @@ import math
 import time
 from typing import Any
 
-from ..core import payloads
+from ..core import payloads, shmhandle
 from ..core import protocol as nfp
 from ..core.payloads import Word
 from ..core.schemacheck import is_number
@@ -84,6 +84,7 @@ def read_job(sender: bytes, req: nfp.ClientRequest, *, now: float, seq: int, def
         trace = payloads.trace_context(flags) if "traceparent" in flags else None
     except ValueError as exc:
         raise bad(str(exc)) from None
+    host = shmhandle.check_host(flags.get("host")) if "host" in flags else None
     return QueuedJob(
         uuid=req.uuid,
         client=sender,
@@ -105,6 +106,8 @@ def read_job(sender: bytes, req: nfp.ClientRequest, *, now: float, seq: int, def
         timeout=timeout,
         notice=notice,
         trace=trace,
+        host=host,
+        shm=host is not None and shmhandle.is_handle(req.body),
     )
 
 

@@ -26,6 +26,7 @@ from ..settings import Settings
 from ..transport.base import Frames, LoopFactory, Transport
 from ..transport.loop import OwnerLoop
 from ..transport.security import ZapHandler, curve_server, is_loopback
+from ..transport.shm import ShmArena
 from .admission import Refusal, answer, bad, read_job, unknown_task
 from .dispatcher import Dispatcher
 from .events import EventPublisher
@@ -98,6 +99,10 @@ class Broker(WorkerSide):
         # Paused service queues: kept in the data directory, read by start() (paused.py).
         self.paused = PausedServices(Path(s.data_dir) / "broker", s.max_services)
         self.dispatch.paused = self.paused
+        # Same-host shared memory: its host id in keepalive answers; it reads a client's block only
+        # for a worker on another host, and reclaims the blocks of processes that died.
+        self.shm = ShmArena(s, clock=clock)
+        self.dispatch.shm = self.shm
         self.mmi = MmiService(self)
         self.events: EventPublisher | None = None  # job state changes by topic (events.py); off unless set
         if s.broker_events:
@@ -127,6 +132,7 @@ class Broker(WorkerSide):
             self.zap = ZapHandler(self.loop.context, s.curve_clients)
             self.zap.start()
         self.paused.load()
+        self.shm.reclaim()
         self.dispatch.limits.load()
         if self.events is not None:
             if not curve and not s.insecure and not is_loopback(self.events.endpoint):
@@ -323,7 +329,7 @@ class Broker(WorkerSide):
 
     def _send_client_keepalive(self, client: bytes, ka: KeepAlive) -> bool:
         """The keepalive answer frame, carrying this broker's incarnation; False when the client is gone."""
-        boot = nfp.dumps({"boot": self.boot})
+        boot = nfp.dumps({"boot": self.boot, "host": self.shm.host} if self.shm.host else {"boot": self.boot})
         ka.mark_sent()
         return self.loop.send_now(nfp.broker_reply(client, nfp.KEEPALIVE, nfp.MMI_SERVICE, b"", nfp.ST_OK, boot))
 
@@ -482,6 +488,7 @@ class Broker(WorkerSide):
         """Forget what peers chose names for and nobody used for a while (bounded tables stay small)."""
         self._next_housekeeping = now + HOUSEKEEPING
         self.registry.forget_idle_services()
+        self.shm.sweep()  # every RECLAIM_SECONDS: blocks whose creator died
         self.dispatch.limits.sweep(now)  # limit buckets with nothing running or waiting
         keep = self.settings.gone_worker_seconds
         while self.gone and now - next(iter(self.gone.values()))["at"] > keep:

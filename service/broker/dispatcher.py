@@ -13,11 +13,13 @@ from collections.abc import Callable, Container
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core import payloads
+from ..core import payloads, shmhandle
 from ..core import protocol as nfp
 from ..core.histogram import Histogram
 from ..core.payloads import Word
+from ..core.shmhandle import HandleError
 from ..settings import Settings
+from ..transport.shm import ShmArena
 from .admission import Refusal, answer
 from .jobqueue import ANY, QueuedJob, Spot
 from .limits import Bucket, Limiter
@@ -70,6 +72,7 @@ class Dispatcher:
         self.notices: list[tuple[float, int, QueuedJob]] = []
         # Services whose queue is paused (paused.py): their jobs are admitted and queued, never sent.
         self.paused: Container[bytes] = frozenset()
+        self.shm: ShmArena | None = None  # reads a client's block for a worker that cannot map it
         # Tasks' rate and concurrency limits (limits.py); a route's end frees its job's slot.
         self.limits = Limiter(Path(settings.data_dir) / "broker")
         registry.on_drop = self._route_ended
@@ -171,7 +174,10 @@ class Dispatcher:
     # ---- sending -----------------------------------------------------------------
 
     def _post(self, w: WorkerRecord, job: QueuedJob, now: float) -> None:
-        frames = nfp.broker_job(w.ident, nfp.POST, job.client, job.uuid, job.body)
+        body = job.body
+        if job.shm and w.host != job.host:
+            body = self._shm_bytes(job)  # a worker on another host (or a NorFab one) gets the bytes
+        frames = nfp.broker_job(w.ident, nfp.POST, job.client, job.uuid, body)
         job.sent_at = now  # the hop trace's end of broker_queue, start of broker_wait
         if job.kind != ANY:
             if job.parts_sent is None:
@@ -186,8 +192,28 @@ class Dispatcher:
             }
             if job.trace is not None:
                 meta.update(job.trace)
+            if job.host is not None and job.host == w.host:
+                meta["host"] = job.host  # client and worker share shared memory: a large result may too
             frames.append(nfp.dumps(meta))
         self.send(frames)
+
+    def _shm_bytes(self, job: QueuedJob) -> nfp.Frame:
+        """The body a client's handle names, read here (the broker is on the client's host, or the
+        client would not have sent one) for a worker that cannot map it. An unreadable block is
+        forwarded as the handle, which the worker refuses with its reason."""
+        if self.shm is None:
+            return job.body
+        try:
+            body: nfp.Frame = self.shm.read(job.body)
+            attempt = shmhandle.decode_handle(job.body).attempt
+            if attempt > 1:  # a retried job: its block's body says attempt 1
+                body = payloads.with_attempt(bytes(body), attempt)
+        except HandleError as exc:
+            self.counts["shm_unreadable"] += 1
+            log.warning("broker: the body of job %r cannot be read from shared memory: %s", job.uuid[:64], exc)
+            return job.body
+        self.counts["shm_materialized"] += 1
+        return body
 
     def _dispatched(self, job: QueuedJob, workers: list[WorkerRecord]) -> None:
         body = payloads.dispatched(job.uuid, job.target, job.service, [w.label for w in workers])

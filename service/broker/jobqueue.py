@@ -60,6 +60,8 @@ class QueuedJob:
     trace: dict[str, str] | None = None  # the submitter's W3C trace context, for the worker's meta frame
     sent_at: float = 0.0  # monotonic: when it (its latest part) was sent to a worker, for its hop trace
     parts_sent: dict[bytes, float] | None = None  # a job for several workers: when each part was sent
+    host: str | None = None  # the client's shared-memory host id (flags "host")
+    shm: bool = False  # the body is a handle to a block of that client (core/shmhandle.py)
 
     @property
     def size(self) -> int:

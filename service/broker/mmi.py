@@ -19,6 +19,7 @@ from ..core.keepalive import Clock
 from ..core.limits import read_rule
 from ..settings import Settings
 from ..transport.base import Transport
+from ..transport.shm import ShmArena
 from .dispatcher import MAX_NOTICES, Dispatcher
 from .events import EventPublisher
 from .memory import MemoryKeeper
@@ -53,6 +54,7 @@ class BrokerFacts(Protocol):
     memory: MemoryKeeper
     paused: PausedServices
     events: EventPublisher | None
+    shm: ShmArena
     TOLD_TO_LEAVE_MAX: int
     GONE_MAX: int
     KEYS_MAX: int
@@ -364,6 +366,9 @@ class MmiService:
             "paused_services_capacity": b.paused.capacity,
             "paused_write_errors": b.paused.write_errors,
             **b.memory.facts(b.clock()),
+            "shm_host": b.shm.host,
+            "shm_threshold": b.shm.threshold if b.shm.enabled else None,
+            "shm_reclaimed": b.shm.counts["reclaimed"],
         }
 
     def get_status(self) -> dict[str, Any]:

@@ -38,6 +38,7 @@ class WorkerRecord:
     jobs_dispatched: int = 0
     level: int = -1  # its bucket in the service's free levels (-1: not free)
     throttle: int = 0  # credits held back after it answered busy: it knows better than we do
+    host: str | None = None  # its shared-memory host id (READY announce): a client's handle may go to it
 
     @property
     def label(self) -> str:

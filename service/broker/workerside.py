@@ -11,7 +11,7 @@ import math
 from collections import Counter, OrderedDict
 from typing import Any
 
-from ..core import hoptrace, payloads
+from ..core import hoptrace, payloads, shmhandle
 from ..core import protocol as nfp
 from ..core.keepalive import Clock
 from ..settings import Settings
@@ -126,6 +126,7 @@ class WorkerSide:
         was_tentative = svc.tentative
         svc.tentative = False
         rec = reg.register_worker(sender, name_b, svc, credits=credits, v2=ann.get("v") == PROTOCOL_V2, tasks=tasks)
+        rec.host = shmhandle.check_host(ann.get("host"))
         if len(svc.workers_seen) < MAX_NAMES_SEEN:
             svc.workers_seen.add(name_b)
         self.gone.pop(name_b, None)

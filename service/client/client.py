@@ -35,6 +35,7 @@ from ..errors import (
 from ..settings import Settings
 from ..transport.base import LoopFactory, Transport
 from ..transport.loop import OwnerLoop
+from ..transport.shm import ShmArena
 from .clientjob import ClientJob, JobFuture
 from .filestream import FileStream, download, resume_offset, stream_request
 from .interaction import answer_input, iter_events
@@ -106,6 +107,11 @@ class Client(ClientSession):
         self._boot: str | None = None  # the broker's incarnation, from its keepalive answers
         self._reconnect_at = 0.0
         self._flags = payloads.flags(push=push, ack=acks)
+        # Same-host shared memory: a body over its threshold goes as a handle when the broker is on
+        # this host (its keepalive answers say), and results may come back as one.
+        self.shm = ShmArena(s, clock=clock)
+        self._broker_host: str | None = None  # the broker's host id, from its keepalive answers
+        self._shm_blocks: dict[str, bytes] = {}  # job uuid -> the handle of its body's block (under _lock)
         self.loop: Transport = (transport or OwnerLoop)(
             self, name=f"client {name}", outbound_size=s.outbound_queue_size, submit_timeout=s.submit_timeout
         )
@@ -117,6 +123,7 @@ class Client(ClientSession):
 
     def start(self) -> Client:
         if not self._started:
+            self.shm.reclaim()
             self.loop.start()
             self._started = True
         return self
@@ -125,6 +132,7 @@ class Client(ClientSession):
         """Stop accepting jobs, flush what is queued (bounded), and fail what is still waiting."""
         self.loop.stop()
         self._fail_pending()
+        self.shm.close()
 
     async def aclose(self) -> None:
         """close() from a coroutine: on an AioLoop (transport/aioloop.py) its flush waits without
@@ -135,6 +143,7 @@ class Client(ClientSession):
         else:
             await asyncio.to_thread(self.loop.stop)
         self._fail_pending()
+        self.shm.close()
 
     def _fail_pending(self) -> None:
         with self._lock:
@@ -218,6 +227,10 @@ class Client(ClientSession):
             fields["not_before"] = not_before
         if resubmit:
             fields["known"] = True
+        if self.shm.host is not None and self.push:
+            # A worker on this host may answer a large result by handle (only a pushed result: one
+            # collected with GET comes as bytes, and its block would wait out its linger unread).
+            fields["host"] = self.shm.host
         if (traced := tracing.produce(service, task, uuid)) is not None:
             uuid, context = traced  # a PRODUCER span; each attempt's CONSUMER span continues its trace
             fields.update(context)  # W3C traceparent/tracestate, in the flags frame (never the arguments)
@@ -380,6 +393,11 @@ class Client(ClientSession):
         if stream_window:
             fields = {"push": True, "ack": True, "task": "fetch_file", "timeout": timeout}
         flags = nfp.dumps(fields) if fields else self._flags
+        handle = None
+        if len(body) >= self.shm.threshold and not mmi and not stream_window and expected is None:
+            handle = self._shm_body(body, timeout)
+            if handle is not None:
+                body = handle
         job = ClientJob(juuid, service, target, body, flags, fut, now + timeout, now, mmi=mmi, retries_left=retries)
         job.expected = expected  # known already when recovering a job by GET
         job.fields = fields
@@ -388,6 +406,8 @@ class Client(ClientSession):
         job.size = len(body)
         with self._lock:
             if juuid in self._jobs:
+                if handle is not None:
+                    self.shm.free(handle)
                 return self._jobs[juuid].future
             if len(self._jobs) >= self.max_jobs:
                 raise BusyError(f"client tracks {self.max_jobs} jobs already; wait for some to finish")
@@ -398,6 +418,8 @@ class Client(ClientSession):
                 )
             self._bytes += job.size
             self._jobs[juuid] = job
+            if handle is not None:
+                self._shm_blocks[juuid] = handle
             # One timer per job: the earlier of its deadline and its first poll; _check re-arms it.
             heapq.heappush(self._timers, (min(job.deadline, now + self.poll_after), juuid))
             if on_event is not None:
@@ -412,13 +434,26 @@ class Client(ClientSession):
             raise
         return fut
 
+    def _shm_body(self, body: bytes, timeout: float) -> bytes | None:
+        """The handle of a new block holding `body`, when the broker shares this host's shared
+        memory (it reads the block itself for a worker that does not); None: send the bytes."""
+        if self._broker_host != self.shm.host or len(body) > self.settings.max_message_bytes - 4096:
+            # A body too large for a message stays one (refused as ever): the broker may have to
+            # send it as bytes to a worker on another host, whose socket would drop the connection.
+            return None
+        # Freed when the job ends (_forget); the expiry is a backstop for a job this client lost track of.
+        return self.shm.put(body, ttl=timeout + 60.0)
+
     def _forget(self, uuid: str) -> ClientJob | None:
         with self._lock:
             self._callbacks.pop(uuid, None)
             job = self._jobs.pop(uuid, None)
             if job is not None:
                 self._bytes -= job.size
-            return job
+            handle = self._shm_blocks.pop(uuid, None) if self._shm_blocks else None
+        if handle is not None:
+            self.shm.free(handle)  # the job ended: nobody reads its body any more
+        return job
 
     def _finish(self, job: ClientJob, error: ZfabError | None = None) -> None:
         if self._forget(job.uuid) is None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import zmq
 
-from ..core import payloads
+from ..core import payloads, shmhandle
 from ..core import protocol as nfp
 from ..core.keepalive import Clock, KeepAlive
 from ..core.states import State
@@ -31,6 +31,7 @@ from ..errors import (
 )
 from ..settings import Settings
 from ..transport.base import Frames, Transport
+from ..transport.shm import ShmArena
 from ..transport.wire import dealer_socket
 from .clientjob import ClientJob, JobFuture
 
@@ -58,6 +59,8 @@ class ClientSession:
     _callbacks: dict[str, EventCallback]
     _bytes: int
     _boot: str | None
+    _broker_host: str | None
+    shm: ShmArena
     _reconnect_at: float
     _broker_seen: bool
     _receiving: bool  # inside a receive batch: futures settle at its end (on_batch_end)
@@ -109,6 +112,7 @@ class ClientSession:
             self.loop.request_reconnect()
         if ka.due():
             self._send_keepalive()
+        self.shm.sweep()  # idle pooled blocks, mappings of blocks their worker let go
         nxt = ka.next_deadline() if not ka.expired() else ka.next_due
         while True:
             with self._lock:
@@ -218,6 +222,7 @@ class ClientSession:
             restarted = boot is not None and self._boot is not None and boot != self._boot
             if boot is not None:
                 self._boot = boot
+                self._broker_host = _host_of(reply.payload)
             if restarted:
                 log.info("client %s: the broker restarted; re-establishing %d jobs", self.name, len(self._jobs))
             if restarted or not was_alive:
@@ -247,6 +252,36 @@ class ClientSession:
                 self.counts["rejected_frames"] += 1
                 self._finish(job, BadRequestError(f"job {uuid}: stream overran its credit window", uuid=uuid))
             return
+        if reply.status == nfp.ST_OK and shmhandle.is_handle(reply.payload):
+            self._result_from_shm(job, reply)
+            return
+        self._apply(job, reply)
+
+    def _result_from_shm(self, job: ClientJob, reply: nfp.BrokerReply) -> None:
+        """A result its worker (on this host) left in a block: parsed from the mapping, then the
+        block is given back to the worker. A block that cannot be read is asked again of its worker
+        (GET), whose answer comes through the sockets."""
+        frame = reply.payload
+        try:
+            with self.shm.mapped(frame, give_back=True) as m:
+                reply.payload = m.view
+                self._apply(job, reply)
+        except shmhandle.HandleError as exc:
+            self.shm.counts["fallbacks"] += 1
+            worker = _worker_of(frame)
+            log.warning(
+                "client %s: result of job %s not read from shared memory (%s); asking %s again",
+                self.name,
+                job.uuid,
+                exc.detail,
+                worker,
+            )
+            if worker is not None and worker in job.pending:
+                self._get(job, [worker])
+            return
+
+    def _apply(self, job: ClientJob, reply: nfp.BrokerReply) -> None:
+        uuid = job.uuid
         before = job.size
         try:
             done = job.apply(reply, self.clock())
@@ -300,6 +335,22 @@ class ClientSession:
                 cb(payload)
             except Exception:
                 log.exception("client %s: event callback failed", self.name)
+
+
+def _host_of(payload: nfp.Frame) -> str | None:
+    """The shared-memory host id a zfab broker's keepalive answer carries."""
+    try:
+        return shmhandle.check_host(nfp.loads(payload).get("host"))
+    except (ValueError, AttributeError):
+        return None
+
+
+def _worker_of(handle_frame: nfp.Frame) -> str | None:
+    """The worker a result handle names (to ask it again), or None."""
+    try:
+        return shmhandle.decode_handle(handle_frame).worker
+    except shmhandle.HandleError:
+        return None
 
 
 def _boot_of(payload: nfp.Frame) -> str | None:

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Final
 
+from . import shmhandle
 from .errors import ProtocolError
 from .protocol import Frame, dumps, loads
 from .retries import MAX_RETRIES, Backoff, read_backoff
@@ -29,7 +30,7 @@ MAX_JOB_UUID: Final = 100
 MAX_UUID_BYTES (128), the bound every decoder checks."""
 
 
-MAX_ATTEMPT: Final = 10_000
+MAX_ATTEMPT: Final = shmhandle.MAX_ATTEMPT  # 10,000: a shared-memory handle carries it too
 """The highest attempt number a POST body may carry (a job lost again and again, or retried)."""
 
 
@@ -115,7 +116,9 @@ def post_body(
 
 
 def with_attempt(body: bytes, attempt: int) -> bytes:
-    """The same POST body, marked as attempt `attempt` of its job."""
+    """The same POST body, marked as attempt `attempt` of its job (a shared-memory handle says it)."""
+    if shmhandle.is_handle(body):
+        return shmhandle.with_attempt(body, attempt)
     obj = loads(body)
     obj["attempt"] = attempt
     return dumps(obj)

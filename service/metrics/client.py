@@ -10,7 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ..core import hoptrace
-from .base import LATENCY_BUCKETS, OTHER
+from .base import LATENCY_BUCKETS, OTHER, shm_families
 
 if TYPE_CHECKING:
     from ..client.client import Client
@@ -90,10 +90,13 @@ class ClientMetrics(Collector):
         yield cap
         tbytes = GaugeMetricFamily("zfab_table_bytes", "Bytes held by a bounded table", labels=["table"])
         tbytes.add_metric(["client_jobs"], c.bytes_in_flight())
+        tbytes.add_metric(["shm_blocks"], c.shm.bytes)  # its shared-memory blocks, busy and pooled
         yield tbytes
         tbcap = GaugeMetricFamily("zfab_table_bytes_capacity", "Byte bound of a table", labels=["table"])
         tbcap.add_metric(["client_jobs"], c.settings.client_inflight_bytes)
+        tbcap.add_metric(["shm_blocks"], c.shm.cap)
         yield tbcap
+        yield from shm_families(c.shm.stats())
         alive = GaugeMetricFamily("zfab_client_broker_alive", "1 while the broker answers the client's keepalives")
         alive.add_metric([], 1.0 if c.broker_alive else 0.0)
         yield alive

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .base import add_histogram, build_info
+from .base import add_histogram, build_info, shm_families
 
 if TYPE_CHECKING:
     from ..worker.worker import Worker
@@ -51,10 +51,13 @@ class WorkerCollector(Collector):
         yield table_caps
         tbytes = GaugeMetricFamily("zfab_table_bytes", "Bytes held by a bounded table", labels=["table"])
         tbytes.add_metric(["worker_recent_jobs"], st["jobs_remembered_bytes"])
+        tbytes.add_metric(["shm_blocks"], st["shm_bytes"])  # its shared-memory blocks, busy and pooled
         yield tbytes
         tbcap = GaugeMetricFamily("zfab_table_bytes_capacity", "Byte bound of a table", labels=["table"])
         tbcap.add_metric(["worker_recent_jobs"], st["jobs_remembered_bytes_capacity"])
+        tbcap.add_metric(["shm_blocks"], st["shm_bytes_capacity"])
         yield tbcap
+        yield from shm_families(st)
         running = GaugeMetricFamily(
             "zfab_worker_jobs_running", "Jobs a pool thread runs now", labels=["service", "worker"]
         )

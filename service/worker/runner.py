@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -25,6 +26,7 @@ from ..core.histogram import Histogram
 from ..core.payloads import Outcome, Word
 from ..errors import BackpressureError, ClosedError, JobCancelledError, JobTimeoutError
 from ..transport.base import Frames, Transport
+from ..transport.shm import RESULT_LINGER, ShmArena
 from .job import Job, JobState
 from .jobstore import JobStore
 from .recent import RecentJobs
@@ -81,6 +83,8 @@ class JobRunner:
         self.store_dropped = 0  # results the job store could not take (full queue)
         self.counts: dict[str, int] = {"completed": 0, "failed": 0, "oversize": 0, "dropped": 0}
         self.task_stats = {t: TaskStats() for t in tasks}
+        self.shm: ShmArena | None = None  # the worker's shared-memory tier (set when it is on)
+        self.shm_threshold = sys.maxsize  # results this large go as a handle to a client on this host
         self.run_time = 0.0  # a moving average of thread tasks' run times (seconds): the adaptive prefetch
         self._lock = threading.Lock()
         self.clock = clock
@@ -417,7 +421,11 @@ class JobRunner:
                 self.store_dropped += 1
                 log.error("worker %s: job store full; result of %s kept in memory only", self.name, job.uuid)
 
-        frames = nfp.worker_reply(nfp.RESPONSE, job.client, job.uuid.encode(), code, payload)
+        wire: bytes = payload
+        if len(payload) >= self.shm_threshold and job.shm_reply and self.shm is not None:
+            # Same host as the client: a handle instead of the bytes (the bytes if the block fails).
+            wire = self.shm.put(payload, ttl=RESULT_LINGER, worker=self.name) or payload
+        frames = nfp.worker_reply(nfp.RESPONSE, job.client, job.uuid.encode(), code, wire)
         if job.traced:
             frames.append(hoptrace.worker_frame(job.received_mono, job.started_mono, completed, time.monotonic()))
         self.send((frames, stored))

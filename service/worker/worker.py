@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import zmq
 
-from ..core import payloads
+from ..core import payloads, shmhandle
 from ..core import protocol as nfp
 from ..core.errors import ProtocolError
 from ..core.keepalive import Clock, KeepAlive
@@ -26,6 +26,7 @@ from ..core.schemacheck import is_number
 from ..settings import Settings
 from ..transport.base import Frames, LoopFactory, Transport
 from ..transport.loop import OwnerLoop
+from ..transport.shm import ShmArena
 from ..transport.wire import dealer_socket
 from .aio import AsyncRunner
 from .contact import BrokerContact, Silence
@@ -116,6 +117,9 @@ class Worker:
             in_contact_now=self.contact.in_touch_now,
             clock=clock,
         )
+        self.shm = ShmArena(s, clock=clock)
+        if self.shm.enabled:
+            self.runner.shm, self.runner.shm_threshold = self.shm, self.shm.threshold
         self.requests = JobRequests(
             name=self.name,
             service=self.service_name,
@@ -139,6 +143,7 @@ class Worker:
     # ---- lifecycle -------------------------------------------------------------
 
     def start(self) -> Worker:
+        self.shm.reclaim()  # blocks of processes that died since the last zfab process looked
         self.store.open()
         self.pool.start()
         if self.aio is not None:
@@ -165,6 +170,7 @@ class Worker:
         if self.aio is not None:
             self.aio.stop()
         self.store.close()
+        self.shm.close()  # its results were flushed with the loop; a client that reads one late asks again
         self._name_lock.close()  # the name is free for the next worker
 
     def __enter__(self) -> Worker:
@@ -198,7 +204,10 @@ class Worker:
         self.credits = self.compute_credits()
         if self._tasks_schema is None:  # made once: pydantic's schemas cost milliseconds
             self._tasks_schema = {name: spec.input_schema() for name, spec in self.tasks.items()}
-        return nfp.dumps({"v": 2, "name": self.name, "credits": self.credits, "tasks": self._tasks_schema})
+        fields: dict[str, Any] = {"v": 2, "name": self.name, "credits": self.credits, "tasks": self._tasks_schema}
+        if self.shm.host is not None:
+            fields["host"] = self.shm.host  # clients on this host may send us handles, and get them back
+        return nfp.dumps(fields)
 
     def on_connected(self) -> None:
         # READY goes first after every (re)connect, before any keepalive.
@@ -222,6 +231,7 @@ class Worker:
         if ka.due():
             self._send_keepalive()
         notice = self.runner.send_due_notices(now)
+        self.shm.sweep()
         return ka.next_deadline() if notice is None else min(ka.next_deadline(), notice)
 
     def _send_keepalive(self) -> None:
@@ -342,6 +352,7 @@ class Worker:
             "jobs_remembered_bytes": self.jobs.bytes,
             "jobs_remembered_bytes_capacity": self.jobs.max_bytes,
             "credits": self.credits,
+            **self.shm.stats(),
         }
 
     def _reply(self, msg: nfp.BrokerJob, status: bytes, payload: Any, command: bytes = nfp.RESPONSE) -> None:
@@ -358,11 +369,39 @@ class Worker:
         if uuid in self.store.stored_before:
             self.requests.get(msg)  # ran before this worker restarted: its stored outcome answers
             return
+        if shmhandle.is_handle(msg.body):
+            self._post_from_shm(msg, uuid)
+            return
         try:
             body = payloads.read_post_body(msg.body)
         except ProtocolError as exc:
             self._reply(msg, nfp.ST_BAD_REQUEST, self.runner.failure(uuid, "", [exc.detail]))
             return
+        self._admit(msg, uuid, body)
+
+    def _post_from_shm(self, msg: nfp.BrokerJob, uuid: str) -> None:
+        """A POST whose body is a handle to a block of a client on this host: parsed straight from
+        the mapping (kept for the block's next payload; the job holds its decoded arguments, not the
+        block). A handle that is not good, or a block reused while it was parsed, is refused 400."""
+        try:
+            with self.shm.mapped(msg.body) as m:
+                msg.body = m.view
+                try:
+                    body = payloads.read_post_body(m.view)
+                except ProtocolError as exc:
+                    m.verify()  # a torn body (its block reused meanwhile) is a stale handle, not a bad body
+                    self._reply(msg, nfp.ST_BAD_REQUEST, self.runner.failure(uuid, "", [exc.detail]))
+                    return
+                m.verify()
+                body.attempt = max(body.attempt, m.handle.attempt)  # a retried job's block says attempt 1
+                self._admit(msg, uuid, body)
+        except shmhandle.HandleError as exc:
+            n = self.shm.counts["refused"]
+            if n <= 3 or n % 1000 == 0:  # a peer sending forged handles cannot flood the log
+                log.warning("worker %s refused the body of job %s: %s", self.name, uuid[:64], exc.detail)
+            self._reply(msg, nfp.ST_BAD_REQUEST, self.runner.failure(uuid, "", [exc.detail]))
+
+    def _admit(self, msg: nfp.BrokerJob, uuid: str, body: payloads.PostBody) -> None:
         task_name = body.task
         if task_name not in self.tasks:
             why = (
@@ -379,7 +418,7 @@ class Worker:
             self.counts["busy"] += 1
             self._reply(msg, nfp.ST_BUSY, self.runner.status(uuid, Word.BUSY, errors=["worker job queue is full"]))
             return
-        timeout, queued, trace = body.timeout, 0.0, None
+        timeout, queued, trace, shm_reply = body.timeout, 0.0, None, False
         if msg.meta is not None:
             # The broker held the job a while: what is left of its deadline is the worker's deadline.
             left, held = msg.meta.get("deadline"), msg.meta.get("queued")
@@ -392,6 +431,8 @@ class Worker:
                     trace = payloads.trace_context(msg.meta)  # the submitter's, for the attempt's span
                 except ValueError:
                     self.counts["rejected_frames"] += 1  # the job runs, untraced
+            # The broker passes the client's host id on only when it is ours; we check it anyway.
+            shm_reply = self.shm.host is not None and msg.meta.get("host") == self.shm.host
         # A body over the store's bound is never written, so the job keeps no copy of it: a 10 MB
         # job then holds its decoded arguments, not the raw body as well, for as long as it is
         # remembered.
@@ -412,6 +453,7 @@ class Worker:
             retry=self.tasks[task_name].retry_policy(body.retries, body.backoff),
             trace=trace,
             traced=msg.meta is not None and self.settings.hop_traces,
+            shm_reply=shm_reply,
             emit=self.runner.emit,
             stream_out=self.runner.stream_out,
         )

@@ -422,8 +422,10 @@ class JobRunner:
                 log.error("worker %s: job store full; result of %s kept in memory only", self.name, job.uuid)
 
         wire: bytes = payload
-        if len(payload) >= self.shm_threshold and job.shm_reply and self.shm is not None:
+        if len(payload) >= self.shm_threshold and job.shm_reply and self.shm is not None and not entry["failed"]:
             # Same host as the client: a handle instead of the bytes (the bytes if the block fails).
+            # Only a completed result: the broker's events tell completed from failed by the bytes,
+            # which a handle does not carry (a failed entry's result is null: seldom this large).
             wire = self.shm.put(payload, ttl=RESULT_LINGER, worker=self.name) or payload
         frames = nfp.worker_reply(nfp.RESPONSE, job.client, job.uuid.encode(), code, wire)
         if job.traced:

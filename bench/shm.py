@@ -9,9 +9,11 @@ warm-up that fills the worker's table of recent results; then 1 and 4 jobs in fl
 peak RSS (VmHWM) of client, worker and broker reset before each phase. MB/s counts the payload
 both ways (2 x 10 MB per job); "per job" is the growth of a process's peak over its RSS before
 the phase, per job in flight, in payloads (target: at most 1 in every process). A shared-memory
-block counts in the RSS of a process only while it has it mapped (the reader, while it parses);
-the writer copies into it with pwrite and never maps it. The runs alternate (socket, shm,
-socket, shm...) and each figure is the median over the rounds.
+block counts in the RSS of each process that has it mapped: its creator keeps its pooled blocks
+mapped, a reader up to 8 of its peers'. The runs alternate (socket, shm, socket, shm...) and each
+figure is the median over the rounds. Last, the codec floor: what encoding and decoding the job's
+JSON costs in one process (the client's request, the worker's read of it, its result, the client's
+read of that), which no transport removes: the socket path's time per job over it bounds the ratio.
 
     python -m bench.shm [--quick] [--mb 10] [--rounds N]
 """
@@ -61,7 +63,35 @@ def run(quick: bool = False, mb: int = 10, rounds: int | None = None) -> dict[st
               f"shm {med['shm'][f'k{k}_{r}_rss0_mb']:.0f} MB", flush=True)
     print("   (with shm a process's RSS includes the pages of its pooled blocks and of the peers' blocks it keeps\n"
           "    mapped: shared pages, in memory once for both processes; growth per job is over that)", flush=True)
+    floor = codec_floor(size)
+    ceiling = med["socket"]["k1_p50_s"] / floor
+    report("codec floor: a 10 MB job's JSON, encoded and decoded both ways", floor * 1000, "ms")
+    print(f"   the most any transport can gain here: socket p50 / codec floor = {ceiling:.2f}x "
+          f"(shm p50 is {med['shm']['k1_p50_s'] / floor:.2f}x the floor)", flush=True)
+    out.update(codec_floor_s=floor, ceiling=ceiling)
     return out
+
+
+def codec_floor(size: int, trials: int = 5) -> float:
+    """Seconds of msgspec JSON work a `size` echo job needs in all, however its bytes travel: the
+    client encodes the request and decodes the result, the worker decodes the request and encodes the
+    result (the same hex payload bench/large.py sends). The fastest of `trials`."""
+    import os
+    import time
+
+    import msgspec
+
+    data = os.urandom(size // 2).hex()
+    enc, dec = msgspec.json.Encoder(), msgspec.json.Decoder()
+    best = float("inf")
+    for _ in range(trials):
+        t0 = time.perf_counter()
+        body = enc.encode({"task": "echo", "args": [], "kwargs": {"data": data}, "timeout": 60})
+        req = dec.decode(body)
+        result = enc.encode({"w1": {"result": req["kwargs"]["data"], "failed": False}})
+        dec.decode(result)
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def main(argv: list[str] | None = None) -> int:

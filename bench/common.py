@@ -17,6 +17,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import typing
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -245,3 +246,18 @@ def report(
 def dump_json(path: str | os.PathLike[str]) -> None:
     """Write :data:`RESULTS` as a JSON list to ``path``."""
     Path(path).write_text(json.dumps(RESULTS, indent=2) + "\n")
+
+
+def pipelined(c: typing.Any, n: int, window: int = 500, service: str = "demo", timeout: float = 120) -> float:
+    """Jobs/s of n demo echo jobs through a Client, at most `window` in flight (the oldest waited on)."""
+    from collections import deque
+
+    q: deque[typing.Any] = deque()
+    t0 = time.perf_counter()
+    for i in range(n):
+        if len(q) >= window:
+            q.popleft().result(timeout)
+        q.append(c.submit(service, "echo", kwargs={"data": i}, timeout=timeout))
+    while q:
+        q.popleft().result(timeout)
+    return n / (time.perf_counter() - t0)

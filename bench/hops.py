@@ -17,23 +17,10 @@ import asyncio
 import statistics
 import tempfile
 import time
-from collections import deque
 from typing import Any
 
-from bench.common import cpu_seconds, report
+from bench.common import cpu_seconds, pipelined, report
 from bench.harness import Fabric, wait_mmi_workers
-
-
-def _pipelined(c: Any, n: int, window: int = 500) -> float:
-    q: deque[Any] = deque()
-    t0 = time.perf_counter()
-    for i in range(n):
-        if len(q) >= window:
-            q.popleft().result(120)
-        q.append(c.submit("demo", "echo", kwargs={"data": i}, timeout=120))
-    while q:
-        q.popleft().result(120)
-    return n / (time.perf_counter() - t0)
 
 
 def _fabric(tmp: str, traces: bool, workers: int) -> Fabric:
@@ -102,13 +89,13 @@ def run(quick: bool = False) -> dict[str, float]:
             try:
                 for c in clients.values():
                     wait_mmi_workers(c, workers)
-                    _pipelined(c, 2000)
+                    pipelined(c, 2000)
                 for _ in range(trials):
                     for traced in (True, False):
                         broker = fabs[traced].broker
                         assert broker is not None
                         cpu0 = cpu_seconds(broker.pid)
-                        jps = _pipelined(clients[traced], n)
+                        jps = pipelined(clients[traced], n)
                         runs[traced].append((jps, (cpu_seconds(broker.pid) - cpu0) / n * 1e6))
                 seq, gap = _sequential(clients[True], 300 if quick else 1000)
                 aio_gap = asyncio.run(_sequential_aio(on.endpoint, 300 if quick else 1000))

@@ -24,11 +24,10 @@ import argparse
 import statistics
 import tempfile
 import time
-from collections import deque
 from concurrent.futures import wait as wait_futures
 from typing import Any
 
-from bench.common import percentile, report, wait_for
+from bench.common import percentile, pipelined, report, wait_for
 from bench.harness import Fabric, wait_mmi_workers
 
 PREFETCHES = (0, 1, 4, 16, 64, -1)  # -1: adaptive (ADAPTIVE, below)
@@ -38,18 +37,6 @@ def _client(fab: Fabric, name: str, **kw: Any) -> Any:
     from service import Client, Settings
 
     return Client(settings=Settings(broker=fab.endpoint, **kw), name=name)
-
-
-def _pipelined(c: Any, n: int, window: int = 200) -> float:
-    q: deque[Any] = deque()
-    t0 = time.perf_counter()
-    for i in range(n):
-        if len(q) >= window:
-            q.popleft().result(120)
-        q.append(c.submit("demo", "echo", kwargs={"data": i}, timeout=120))
-    while q:
-        q.popleft().result(120)
-    return n / (time.perf_counter() - t0)
 
 
 def _alive(c: Any, name: str) -> bool:
@@ -116,7 +103,7 @@ def deep_queue(tmp: str, n: int) -> dict[str, float]:
         fab.start_worker("q-1")
         with _client(fab, "queue", max_client_jobs=2 * n) as c:
             wait_mmi_workers(c, 1, service="demo")
-            live = _pipelined(c, min(n, 5000))
+            live = pipelined(c, min(n, 5000), 200)
             fab.stop_worker("q-1")
             if not wait_for(lambda: not _alive(c, "q-1"), 30, 0.2):
                 raise RuntimeError("the stopped worker still shows alive")
@@ -171,7 +158,7 @@ def sweep(tmp: str, n: int, seq_n: int) -> dict[int, dict[str, float]]:
                     t = time.perf_counter()
                     c.run_job("demo", "echo", kwargs={"data": i}, timeout=10)
                     lat.append(time.perf_counter() - t)
-                rates = [_pipelined(c, n) for _ in range(2)]
+                rates = [pipelined(c, n, 200) for _ in range(2)]
                 out[p] = {"jps": max(rates), "seq_p50_ms": percentile(lat, 50) * 1000}
                 fab.stop_worker(name)
                 wait_for(lambda nm=name: not _alive(c, nm), 30, 0.2)

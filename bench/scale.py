@@ -40,14 +40,13 @@ import signal
 import sys
 import tempfile
 import time
-from collections import deque
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
 import zmq
 
-from bench.common import cpu_seconds, free_port, percentile, report, stop, wait_for
+from bench.common import cpu_seconds, free_port, percentile, pipelined, report, stop, wait_for
 from bench.harness import Fabric, log_tail, rss_bytes, wait_mmi_workers
 
 SERVICE = "scale"
@@ -345,18 +344,6 @@ def _sequential(c: Any, n: int) -> list[float]:
     return lat
 
 
-def _pipelined(c: Any, n: int, window: int) -> float:
-    q: deque[Any] = deque()
-    t0 = time.perf_counter()
-    for i in range(n):
-        if len(q) >= window:
-            q.popleft().result(60)
-        q.append(c.submit(SERVICE, "echo", kwargs={"data": i}, timeout=60))
-    while q:
-        q.popleft().result(60)
-    return n / (time.perf_counter() - t0)
-
-
 def _fleet(tmp: str, n_workers: int, n_procs: int, quick: bool, own_clock: bool, zmq_poll: bool = False,
            ) -> dict[str, float]:
     from service import Client, Settings
@@ -392,7 +379,7 @@ def _fleet(tmp: str, n_workers: int, n_procs: int, quick: bool, own_clock: bool,
                 lat = _sequential(c, seq_n)
                 out["seq_p50_ms"] = percentile(lat, 50) * 1000
                 out["seq_p99_ms"] = percentile(lat, 99) * 1000
-                out["pipe_jps"] = _pipelined(c, pipe_n, 200)
+                out["pipe_jps"] = pipelined(c, pipe_n, 200, SERVICE, 60)
                 mmi_lat, size = [], 0
                 for _ in range(mmi_n):
                     t = time.perf_counter()

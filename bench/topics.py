@@ -18,23 +18,10 @@ import statistics
 import tempfile
 import threading
 import time
-from collections import deque
 from typing import Any
 
-from bench.common import cpu_seconds, free_port, report
+from bench.common import cpu_seconds, free_port, pipelined, report
 from bench.harness import Fabric, wait_mmi_workers
-
-
-def _pipelined(c: Any, n: int, window: int = 500) -> float:
-    q: deque[Any] = deque()
-    t0 = time.perf_counter()
-    for i in range(n):
-        if len(q) >= window:
-            q.popleft().result(120)
-        q.append(c.submit("demo", "echo", kwargs={"data": i}, timeout=120))
-    while q:
-        q.popleft().result(120)
-    return n / (time.perf_counter() - t0)
 
 
 def _fabric(tmp: str, events: str | None, workers: int) -> Fabric:
@@ -49,7 +36,7 @@ def _fabric(tmp: str, events: str | None, workers: int) -> Fabric:
 def _phase(c: Any, n: int, broker_pid: int) -> tuple[float, float]:
     """(jobs/s, the broker's CPU microseconds per job) of one pipelined run."""
     cpu0 = cpu_seconds(broker_pid)
-    jps = _pipelined(c, n)
+    jps = pipelined(c, n)
     return jps, (cpu_seconds(broker_pid) - cpu0) / n * 1e6
 
 
@@ -65,14 +52,14 @@ def run(quick: bool = False) -> dict[str, float]:
         fab = _fabric(tmp + "/off", None, workers)
         with fab, Client(settings=Settings(broker=fab.endpoint), name="bench") as c:
             wait_mmi_workers(c, workers)
-            _pipelined(c, 2000)
+            pipelined(c, 2000)
             assert fab.broker is not None
             phases["off"] = [_phase(c, n, fab.broker.pid) for _ in range(trials)]
         events = f"tcp://127.0.0.1:{free_port()}"
         fab = _fabric(tmp + "/on", events, workers)
         with fab, Client(settings=Settings(broker=fab.endpoint), name="bench") as c:
             wait_mmi_workers(c, workers)
-            _pipelined(c, 2000)
+            pipelined(c, 2000)
             assert fab.broker is not None
             pid = fab.broker.pid
             ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()

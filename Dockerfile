@@ -16,7 +16,7 @@ ENV PATH=/opt/zfab/bin:$PATH
 
 WORKDIR /src
 # README* is optional: pyproject names README.md, the glob keeps the build working before it lands.
-COPY pyproject.toml README* ./
+COPY pyproject.toml setup.py README* ./
 COPY service ./service
 COPY api ./api
 COPY apiclient ./apiclient

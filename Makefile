@@ -28,7 +28,8 @@ test: $(BIN)/.installed-dev
 lint: $(BIN)/.installed-dev
 	$(BIN)/ruff check service api apiclient tests bench
 	$(BIN)/ruff format --check service api apiclient
-	$(BIN)/mypy service api apiclient
+	bash tools/typecheck-tree.sh
+	$(BIN)/mypy
 
 bench: $(BIN)/.installed-dev
 	$(BIN)/python -m bench.run

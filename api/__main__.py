@@ -1,7 +1,7 @@
-"""`python -m api [flags]`: the same as `zfab api [flags]`."""
+"""`python -m zfab.api [flags]`: the same as `zfab api [flags]`."""
 
 import sys
 
-from service.cli import main
+from zfab.cli import main
 
 sys.exit(main(["api", *sys.argv[1:]]))

@@ -1,5 +1,5 @@
 """`zfab api`: registered with the `zfab` command through the entry point group "zfab.commands"
-(pyproject.toml), so the fabric's CLI never imports the HTTP layer. Also `python -m api`.
+(pyproject.toml), so the fabric's CLI never imports the HTTP layer. Also `python -m zfab.api`.
 
 Only the standard library is imported here (the server is imported when the command runs): every
 `zfab` invocation loads this module. The commands that speak to the API over HTTP (`zfab submit`,

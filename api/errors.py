@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from service.errors import (
+from zfab.errors import (
     BackpressureError,
     BadRequestError,
     BrokerUnavailableError,

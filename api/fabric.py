@@ -11,8 +11,8 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
-from service import Client, JobFuture, wait_future
-from service.errors import BrokerUnavailableError
+from zfab import Client, JobFuture, wait_future
+from zfab.errors import BrokerUnavailableError
 
 MMI_TIMEOUT = 2.0
 METRICS_MMI_TIMEOUT = 1.0

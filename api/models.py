@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from service import MAX_NAME_BYTES
+from zfab import MAX_NAME_BYTES
 
 # The broker drops frames whose service or worker name is longer than MAX_NAME_BYTES; checking
 # here turns a job that would silently time out into a 422.

@@ -18,8 +18,8 @@ from typing import Any
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
-from service import tune_process
-from service.settings import settings_from as service_settings_from
+from zfab import tune_process
+from zfab.settings import settings_from as service_settings_from
 
 from .http.app import create_app
 from .http.auth import is_loopback_host

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from service.settings import Settings
+from zfab.settings import Settings
 
 
 class ApiSettings(Settings):

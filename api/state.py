@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from service import Client
+from zfab import Client
 
 from .fabric import FabricView
 from .settings import ApiSettings

@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
-from service.cli import EXIT_USAGE, UsageError, json_flag
-from service.cli import workers_flag as cli_workers_flag
+from zfab.cli import EXIT_USAGE, UsageError, json_flag
+from zfab.cli import workers_flag as cli_workers_flag
 
 from .http import DEFAULT_URL, ApiClient, ApiError, ApiUnreachable
 

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from service.cli import UsageError, json_flag
+from zfab.cli import UsageError, json_flag
 
 from .jobs import add_api_flags, client_of, guarded, table, when, workers_flag
 

@@ -59,7 +59,7 @@ def _wave(c: Any, pid: int, jobs: int, seconds: float) -> dict[str, float]:
 
 
 def run(quick: bool = False, jobs: int = 1000, seconds: float = 1.0) -> dict[str, Any]:
-    from service import Client, Settings
+    from zfab import Client, Settings
 
     waves = 1 if quick else 3
     print(f"-- {jobs:,} async jobs that each await {seconds:g} s, on one {SERVICE} worker; {waves} wave(s)")

@@ -91,9 +91,9 @@ def run(quick: bool = False) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="zfab-bench-api-") as tmp:
         env = {"ZFAB_BROKER": ep, "ZFAB_DATA_DIR": tmp, "ZFAB_LOG_LEVEL": "WARNING"}
         procs = [
-            spawn([py, "-m", "service.cli", "broker", "--endpoint", ep], env),
-            spawn([py, "-m", "service.cli", "worker", "--service", "demo", "--name", "bench-1"], env),
-            spawn([py, "-m", "service.cli", "api", "--host", "127.0.0.1", "--port", str(api_port)], env),
+            spawn([py, "-m", "zfab.cli", "broker", "--endpoint", ep], env),
+            spawn([py, "-m", "zfab.cli", "worker", "--service", "demo", "--name", "bench-1"], env),
+            spawn([py, "-m", "zfab.cli", "api", "--host", "127.0.0.1", "--port", str(api_port)], env),
             spawn([py, "-m", "bench.bare_app", "--port", str(bare_port)], env),
         ]
         api, bare = f"http://127.0.0.1:{api_port}", f"http://127.0.0.1:{bare_port}"

@@ -26,7 +26,7 @@ async def healthz() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from api.server import serve
+    from zfab.api.server import serve
 
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--host", default="127.0.0.1")

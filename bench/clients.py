@@ -76,15 +76,17 @@ def _lane(c: Any, start_at: float, duration: float, window: int, out: dict[str, 
 
 
 def run_load(endpoint: str, clients: int, window: int, start_at: float, duration: float, out_path: str) -> None:
-    from service import Client, Settings
+    from zfab import Client, Settings
 
     cs = [Client(settings=Settings(broker=endpoint), name=f"load{i}").start() for i in range(clients)]
     try:
         if not wait_for(lambda: all(c.broker_alive for c in cs), 30):
             raise SystemExit("clients did not hear the broker within 30 s")
         results: list[dict[str, Any]] = [{} for _ in cs]
-        threads = [threading.Thread(target=_lane, args=(c, start_at, duration, window, r), daemon=True)
-                   for c, r in zip(cs, results, strict=True)]
+        threads = [
+            threading.Thread(target=_lane, args=(c, start_at, duration, window, r), daemon=True)
+            for c, r in zip(cs, results, strict=True)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -103,8 +105,8 @@ def run_peers(endpoint: str, clients: int, window: int, start_at: float, duratio
 
     import zmq
 
-    from service.core import payloads
-    from service.core import protocol as nfp
+    from zfab.core import payloads
+    from zfab.core import protocol as nfp
 
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     socks: list[zmq.Socket[bytes]] = []
@@ -183,16 +185,36 @@ def run_peers(endpoint: str, clients: int, window: int, start_at: float, duratio
         ctx.term()
 
 
-def _drive(fab: Fabric, tmp: Path, procs: int, per_proc: int, window: int, duration: float, tag: str,
-           role: str = "load") -> list[Any]:
+def _drive(
+    fab: Fabric, tmp: Path, procs: int, per_proc: int, window: int, duration: float, tag: str, role: str = "load"
+) -> list[Any]:
     start_at = time.time() + 4.0 + 0.05 * procs * per_proc
     outs, loaders = [], []
     for i in range(procs):
         path = tmp / f"{tag}-{i}.json"
         outs.append(path)
-        loaders.append(fab.spawn([sys.executable, "-m", "bench.clients", role, "--endpoint", fab.endpoint,
-                                  "--clients", str(per_proc), "--window", str(window), "--start-at", str(start_at),
-                                  "--duration", str(duration), "--out", str(path)]))
+        loaders.append(
+            fab.spawn(
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.clients",
+                    role,
+                    "--endpoint",
+                    fab.endpoint,
+                    "--clients",
+                    str(per_proc),
+                    "--window",
+                    str(window),
+                    "--start-at",
+                    str(start_at),
+                    "--duration",
+                    str(duration),
+                    "--out",
+                    str(path),
+                ]
+            )
+        )
     limit = start_at - time.time() + duration + JOB_TIMEOUT + 90
     cpu: dict[str, float] = {}
     try:
@@ -201,8 +223,10 @@ def _drive(fab: Fabric, tmp: Path, procs: int, per_proc: int, window: int, durat
         f0, l0, t0 = _cpu(fabric_pids), _cpu([p.pid for p in loaders]), time.monotonic()
         time.sleep(duration)
         dt = time.monotonic() - t0
-        cpu = {"fabric_pct": 100 * (_cpu(fabric_pids) - f0) / dt,
-               "load_pct": 100 * (_cpu([p.pid for p in loaders]) - l0) / dt}
+        cpu = {
+            "fabric_pct": 100 * (_cpu(fabric_pids) - f0) / dt,
+            "load_pct": 100 * (_cpu([p.pid for p in loaders]) - l0) / dt,
+        }
         if not wait_for(lambda: all(p.poll() is not None for p in loaders), limit, 0.2):
             raise RuntimeError(f"load processes still running after {limit:.0f} s" + log_tail(loaders))
         lanes: list[Any] = []
@@ -227,7 +251,7 @@ def _cpu(pids: list[int]) -> float:
 
 
 def run(quick: bool = False, n_clients: int = 100, procs: int = 10) -> dict[str, float]:
-    from service import Client, Settings
+    from zfab import Client, Settings
 
     duration = 5.0 if quick else 15.0
     with tempfile.TemporaryDirectory(prefix="zfab-bench-clients-") as tmpd, Fabric(tmpd) as fab:
@@ -248,12 +272,17 @@ def run(quick: bool = False, n_clients: int = 100, procs: int = 10) -> dict[str,
         lean_many = _drive(fab, tmp, LEAN_PROCS, n_clients // LEAN_PROCS, 4, duration, "lean-many", "peers")
     n = len(many)
     print(f"-- {n} clients vs 1 client, {duration:.0f} s each, broker + 2 demo workers, echo, acks on", flush=True)
-    print(f"   zfab Clients: {procs} processes x {n // procs} threads, window 4 each; 1 Client with window 200",
-          flush=True)
+    print(
+        f"   zfab Clients: {procs} processes x {n // procs} threads, window 4 each; 1 Client with window 200",
+        flush=True,
+    )
     out = _figures(one, many, duration)
     _print(out, n, "", "the zfab Client library")
-    print(f"   lean peers: {LEAN_PROCS} processes x {n // LEAN_PROCS} DEALERs in one loop, window 4 each; 1 with "
-          "window 200", flush=True)
+    print(
+        f"   lean peers: {LEAN_PROCS} processes x {n // LEAN_PROCS} DEALERs in one loop, window 4 each; 1 with "
+        "window 200",
+        flush=True,
+    )
     lean = _figures(lean_one, lean_many, duration)
     _print(lean, n, "lean ", "lean peers")
     out.update({f"lean_{k}": v for k, v in lean.items()})
@@ -291,32 +320,53 @@ def _figures(one: list[Any], many: list[Any], duration: float) -> dict[str, floa
 def _print(out: dict[str, float], n: int, tag: str, what: str) -> None:
     report(f"{tag}1 client jobs/s", out["one_jps"], "/s")
     report(f"{tag}{n} clients jobs/s", out["many_jps"], "/s", out["one_jps"], vs="1 client")
-    print(f"   {n} clients / 1 pipelined client = {out['many_jps'] / out['one_jps']:.2f}x with {what} "
-          "(target >= 0.8x)", flush=True)
+    print(
+        f"   {n} clients / 1 pipelined client = {out['many_jps'] / out['one_jps']:.2f}x with {what} (target >= 0.8x)",
+        flush=True,
+    )
     report(f"{tag}1 client p50", out["one_p50_ms"], "ms")
     report(f"{tag}1 client p99", out["one_p99_ms"], "ms")
     report(f"{tag}{n} clients p50", out["many_p50_ms"], "ms")
     report(f"{tag}{n} clients p99", out["many_p99_ms"], "ms")
     report(f"{tag}{n} clients worst client p99", out["worst_client_p99_ms"], "ms")
     report(f"{tag}1 client: fabric cpu/job", out["one_fabric_ms_per_job"], "ms")
-    report(f"{tag}{n} clients: fabric cpu/job", out["many_fabric_ms_per_job"], "ms", out["one_fabric_ms_per_job"],
-           False, vs="1 client")
+    report(
+        f"{tag}{n} clients: fabric cpu/job",
+        out["many_fabric_ms_per_job"],
+        "ms",
+        out["one_fabric_ms_per_job"],
+        False,
+        vs="1 client",
+    )
     report(f"{tag}1 client: client cpu/job", out["one_client_ms_per_job"], "ms")
-    report(f"{tag}{n} clients: client cpu/job", out["many_client_ms_per_job"], "ms", out["one_client_ms_per_job"],
-           False, vs="1 client")
-    print(f"   (fabric = broker + 2 workers; load generators used {out['one_load_cpu_pct']:.0f} % / "
-          f"{out['many_load_cpu_pct']:.0f} % of a core, fabric {out['one_fabric_cpu_pct']:.0f} % / "
-          f"{out['many_fabric_cpu_pct']:.0f} %, of 200 % on this machine)", flush=True)
+    report(
+        f"{tag}{n} clients: client cpu/job",
+        out["many_client_ms_per_job"],
+        "ms",
+        out["one_client_ms_per_job"],
+        False,
+        vs="1 client",
+    )
+    print(
+        f"   (fabric = broker + 2 workers; load generators used {out['one_load_cpu_pct']:.0f} % / "
+        f"{out['many_load_cpu_pct']:.0f} % of a core, fabric {out['one_fabric_cpu_pct']:.0f} % / "
+        f"{out['many_fabric_cpu_pct']:.0f} %, of 200 % on this machine)",
+        flush=True,
+    )
     report(f"{tag}fewest jobs by one client", out["min_per_client"], "jobs")
     report(f"{tag}most jobs by one client", out["max_per_client"], "jobs")
     fair = out["min_per_client"] / out["max_per_client"] if out["max_per_client"] else 0.0
-    print(f"   starvation check: min/max jobs per client = {fair:.2f} (1.0 = perfectly even; "
-          f"0 = a client starved); errors {out['errors']:.0f}", flush=True)
+    print(
+        f"   starvation check: min/max jobs per client = {fair:.2f} (1.0 = perfectly even; "
+        f"0 = a client starved); errors {out['errors']:.0f}",
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.clients", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.clients", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true")
     p.add_argument("--clients", type=int, default=100)
     sub = p.add_subparsers(dest="role")

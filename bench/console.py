@@ -27,8 +27,8 @@ from bench.common import free_port, report
 
 def fill(app: Any, n: int) -> None:
     """`n` finished jobs in the table, one in 50 failed, as GET /jobs reads them after a restart."""
-    from api.jobs.table import JobRecord
-    from api.models import Job, JobState
+    from zfab.api.jobs.table import JobRecord
+    from zfab.api.models import Job, JobState
 
     table = app.state.zfab.jobs
     t0 = time.time() - n * 0.01
@@ -81,9 +81,9 @@ async def timed(c: httpx.AsyncClient, app: Any, path: str, route: str, runs: int
 
 
 async def measure(n: int, runs: int) -> dict[str, float]:
-    from api.http.app import create_app
-    from api.http.console.pages import assets
-    from api.settings import ApiSettings
+    from zfab.api.http.app import create_app
+    from zfab.api.http.console.pages import assets
+    from zfab.api.settings import ApiSettings
 
     app = create_app(ApiSettings(broker=f"tcp://127.0.0.1:{free_port()}", api_db="", job_history=n + 10))
     out: dict[str, float] = {}

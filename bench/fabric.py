@@ -14,13 +14,13 @@ from collections import deque
 from typing import Any
 
 from bench.common import free_port, idle_cpu_percent, percentile, spawn, stop, wait_for
-from service import Client, Settings
+from zfab import Client, Settings
 
 
 def _start(n_workers: int, tmp: str) -> tuple[str, list[Any]]:
     ep = f"tcp://127.0.0.1:{free_port()}"
     env = {"ZFAB_BROKER": ep, "ZFAB_DATA_DIR": tmp, "ZFAB_LOG_LEVEL": "WARNING"}
-    cli = [sys.executable, "-m", "service.cli"]
+    cli = [sys.executable, "-m", "zfab.cli"]
     procs = [spawn([*cli, "broker", "--endpoint", ep], env)]
     procs += [spawn([*cli, "worker", "--service", "demo", "--name", f"bench-{i}"], env) for i in range(n_workers)]
     return ep, procs

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from bench.common import free_port, log_path, report, spawn, stop, wait_for
 from bench.floor import measure_floor
-from service import Client, Settings
+from zfab import Client, Settings
 
 __all__ = ["run"]
 
@@ -73,7 +73,7 @@ def _start(tmp: Path) -> tuple[str, list[subprocess.Popen[bytes]]]:
         "PYTHONPATH": os.pathsep.join(paths),
         "PYTHONUNBUFFERED": "1",
     }
-    cli = [sys.executable, "-m", "service.cli"]
+    cli = [sys.executable, "-m", "zfab.cli"]
     procs = [spawn([*cli, "broker", "--endpoint", ep], env)]
     procs.append(
         spawn([*cli, "worker", "--service", "files", "--name", "bench-files", "--root", str(tmp / "root")], env)

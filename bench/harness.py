@@ -70,9 +70,7 @@ def ctx_switches(pid: int) -> tuple[int, int]:
 # --------------------------------------------------------------------------- HTTP
 
 
-def http_json(
-    url: str, body: Any = None, method: str | None = None, timeout: float = 10.0
-) -> tuple[int, Any, bytes]:
+def http_json(url: str, body: Any = None, method: str | None = None, timeout: float = 10.0) -> tuple[int, Any, bytes]:
     """(status, parsed JSON or None, raw body) of one request; status 0 when nothing answered."""
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method or ("POST" if data is not None else "GET"))
@@ -115,7 +113,7 @@ class Fabric:
         self.tmp = Path(tmp)
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
-        self.cli = [zfab] if zfab else [sys.executable, "-m", "service.cli"]
+        self.cli = [zfab] if zfab else [sys.executable, "-m", "zfab.cli"]
         self.env = {
             "ZFAB_BROKER": self.endpoint,
             "ZFAB_DATA_DIR": str(self.tmp / "data"),
@@ -179,8 +177,9 @@ class Fabric:
             return len([w for w in ws if w.get("alive") and w.get("service") == service]) >= n
 
         if not wait_for(ok, timeout, 0.2):
-            raise RuntimeError(f"the API did not see {n} live {service} workers within {timeout:.0f} s"
-                               + log_tail(self.procs))
+            raise RuntimeError(
+                f"the API did not see {n} live {service} workers within {timeout:.0f} s" + log_tail(self.procs)
+            )
 
     def check_alive(self) -> None:
         for proc in self.procs:

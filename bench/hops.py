@@ -50,7 +50,7 @@ def _sequential(c: Any, n: int) -> tuple[dict[str, float], float]:
 async def _sequential_aio(endpoint: str, n: int) -> float:
     """The median gap of n sequential jobs from a client whose socket this event loop owns, as the
     API's is: the caller awaits on the thread that reads the answer, so no thread hand-off is timed."""
-    from service import AioTransport, Client, Settings, wait_future
+    from zfab import AioTransport, Client, Settings, wait_future
 
     c = Client(settings=Settings(broker=endpoint), name="bench-aio", transport=AioTransport())
     c.start()
@@ -73,7 +73,7 @@ async def _sequential_aio(endpoint: str, n: int) -> float:
 
 
 def run(quick: bool = False) -> dict[str, float]:
-    from service import Client, Settings
+    from zfab import Client, Settings
 
     n, trials, workers = (5000, 3, 2) if quick else (20_000, 5, 2)
     out: dict[str, float] = {}

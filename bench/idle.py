@@ -61,12 +61,38 @@ def run(quick: bool = False, seconds: float | None = None) -> dict[str, float]:
         # workers and the API's client) keeping alive at the same interval (bench/scale.py).
         router_ep = f"tcp://127.0.0.1:{free_port()}"
         status = str(Path(tmp) / "router.status")
-        router = fab.spawn([sys.executable, "-m", "bench.scale", "router", "--endpoint", router_ep,
-                            "--status", status, "--max-seconds", "600"])
+        router = fab.spawn(
+            [
+                sys.executable,
+                "-m",
+                "bench.scale",
+                "router",
+                "--endpoint",
+                router_ep,
+                "--status",
+                status,
+                "--max-seconds",
+                "600",
+            ]
+        )
         if not wait_for(lambda: Path(status).exists(), 30):
             raise RuntimeError("the bare router did not start")
-        fab.spawn([sys.executable, "-m", "bench.scale", "peers", "--endpoint", router_ep, "--count", "3",
-                   "--prefix", "idle", "--max-seconds", "600"])
+        fab.spawn(
+            [
+                sys.executable,
+                "-m",
+                "bench.scale",
+                "peers",
+                "--endpoint",
+                router_ep,
+                "--count",
+                "3",
+                "--prefix",
+                "idle",
+                "--max-seconds",
+                "600",
+            ]
+        )
         fab.wait_api_workers(2)
         if not wait_for(lambda: http_json(f"http://127.0.0.1:{bare_port}/healthz")[0] == 200, 30):
             raise RuntimeError("bench.bare_app did not come up")
@@ -91,8 +117,10 @@ def run(quick: bool = False, seconds: float | None = None) -> dict[str, float]:
     bare_cpu, bare_wake = cpu.pop("bare FastAPI (baseline)"), wake.pop("bare FastAPI (baseline)")
     router_cpu, router_wake = cpu.pop("bare ROUTER (baseline)"), wake.pop("bare ROUTER (baseline)")
     total = sum(cpu.values())
-    print(f"-- idle fabric (broker, 2 demo workers, API), {window:.0f} s window, after 10 jobs and 5 s settling",
-          flush=True)
+    print(
+        f"-- idle fabric (broker, 2 demo workers, API), {window:.0f} s window, after 10 jobs and 5 s settling",
+        flush=True,
+    )
     report("idle cpu, whole fabric", total, "%core")
     print(f"   target < 0.5 % of a core together: {total:.2f} %", flush=True)
     out: dict[str, float] = {"total_cpu_pct": total}
@@ -101,25 +129,34 @@ def run(quick: bool = False, seconds: float | None = None) -> dict[str, float]:
         report(f"wake-ups/s, {n}", wake[n], "/s")
         busiest = sorted(((thr1[n].get(t, 0) - c) / dt, t) for t, c in thr0[n].items())[-3:]
         desc = ", ".join(f"{t.split(':', 1)[1]} {r:.1f}/s" for r, t in reversed(busiest) if r > 0)
-        print(f"   {threads[n]} threads; main thread {main[n]:.2f}/s; busiest: {desc or 'none'} (target <= 2/s)",
-              flush=True)
+        print(
+            f"   {threads[n]} threads; main thread {main[n]:.2f}/s; busiest: {desc or 'none'} (target <= 2/s)",
+            flush=True,
+        )
         out[f"{n}_cpu_pct"], out[f"{n}_wakeups"] = cpu[n], wake[n]
     report("idle cpu, bare FastAPI", bare_cpu, "%core")
     report("wake-ups/s, bare FastAPI", bare_wake, "/s")
-    print("   the same server setup (api/server.py: uvicorn without a main-loop tick; each request refreshes "
-          "the Date header) serving bench/bare_app.py, no fabric: the API's floor", flush=True)
+    print(
+        "   the same server setup (api/server.py: uvicorn without a main-loop tick; each request refreshes "
+        "the Date header) serving bench/bare_app.py, no fabric: the API's floor",
+        flush=True,
+    )
     out["bare_cpu_pct"], out["bare_wakeups"] = bare_cpu, bare_wake
     report("idle cpu, bare ROUTER", router_cpu, "%core")
     report("wake-ups/s, bare ROUTER", router_wake, "/s")
-    print("   a pyzmq ROUTER that only keeps 3 peers alive (bench/scale.py router), as many as the broker has: "
-          "the broker's floor", flush=True)
+    print(
+        "   a pyzmq ROUTER that only keeps 3 peers alive (bench/scale.py router), as many as the broker has: "
+        "the broker's floor",
+        flush=True,
+    )
     out["router_cpu_pct"], out["router_wakeups"] = router_cpu, router_wake
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.idle", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.idle", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true")
     p.add_argument("--seconds", type=float)
     ns = p.parse_args(argv)

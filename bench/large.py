@@ -69,8 +69,10 @@ def floor_echo(size: int, n: int) -> float:
     env = {"PYTHONPATH": str(Path(__file__).resolve().parent.parent), "PYTHONUNBUFFERED": "1"}
     role = [sys.executable, "-m", "bench.floor"]
     parent = str(os.getpid())
-    procs = [spawn([*role, "forwarder", "--frontend", str(fport), "--backend", str(bport), "--parent", parent], env),
-             spawn([*role, "echo", "--backend", str(bport), "--parent", parent], env)]
+    procs = [
+        spawn([*role, "forwarder", "--frontend", str(fport), "--backend", str(bport), "--parent", parent], env),
+        spawn([*role, "echo", "--backend", str(bport), "--parent", parent], env),
+    ]
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
         c = _Client(ctx, fport)
@@ -99,8 +101,8 @@ def floor_echo(size: int, n: int) -> float:
 
 def run_client(endpoint: str, size: int, phases: list[tuple[int, int]], out_path: str) -> None:
     """For each (in_flight, jobs): reset own peak RSS, run the jobs with that window, record."""
-    from service import Client, Settings
-    from service.core.tuning import tune
+    from zfab import Client, Settings
+    from zfab.core.tuning import tune
 
     tune()  # set up as a zfab process is (the API's client runs in one): malloc keeps 10 MB blocks in its heap
     data = os.urandom(size // 2).hex()
@@ -166,14 +168,28 @@ def measure_zfab(
     with tempfile.TemporaryDirectory(prefix="zfab-bench-large-") as tmp, Fabric(tmp, **env) as fab:
         fab.start_broker()
         worker = fab.start_worker("bench-large")
-        from service import Client, Settings
+        from zfab import Client, Settings
 
         with Client(settings=Settings(broker=fab.endpoint), name="probe") as c:
             wait_mmi_workers(c, 1, service="demo")
         path = Path(tmp) / "client.json"
         ctl = Path(str(path) + ".ctl")
-        client = fab.spawn([sys.executable, "-m", "bench.large", "client", "--endpoint", fab.endpoint,
-                            "--size", str(size), "--phases", json.dumps(phases), "--out", str(path)])
+        client = fab.spawn(
+            [
+                sys.executable,
+                "-m",
+                "bench.large",
+                "client",
+                "--endpoint",
+                fab.endpoint,
+                "--size",
+                str(size),
+                "--phases",
+                json.dumps(phases),
+                "--out",
+                str(path),
+            ]
+        )
         pids = {"worker": worker.pid, "broker": fab.broker.pid if fab.broker else 0}
         fabric_mem: list[dict[str, int]] = []
         deadline = time.monotonic() + 60 + len(phases) * 120
@@ -181,8 +197,11 @@ def measure_zfab(
             time.sleep(1.0)
             want = "idle"
             for k, _ in phases:
-                ok = wait_for(lambda w=want: client.poll() is not None or (ctl.exists() and ctl.read_text() == w),
-                              max(1.0, deadline - time.monotonic()), 0.1)
+                ok = wait_for(
+                    lambda w=want: client.poll() is not None or (ctl.exists() and ctl.read_text() == w),
+                    max(1.0, deadline - time.monotonic()),
+                    0.1,
+                )
                 if not ok or client.poll() is not None:
                     raise RuntimeError("the large-payload client stopped" + log_tail([client, worker]))
                 want = f"done {k}"
@@ -191,8 +210,11 @@ def measure_zfab(
                 for pid in pids.values():
                     reset_peak(pid)
                 ctl.write_text(str(k))
-                done = wait_for(lambda w=want: client.poll() is not None or ctl.read_text() == w,
-                                max(1.0, deadline - time.monotonic()), 0.05)
+                done = wait_for(
+                    lambda w=want: client.poll() is not None or ctl.read_text() == w,
+                    max(1.0, deadline - time.monotonic()),
+                    0.05,
+                )
                 if not done or ctl.read_text() != want:  # the client exits right after its last phase
                     raise RuntimeError(f"phase {k} did not finish" + log_tail([client, worker]))
                 mem.update({f"{r}_peak": peak_bytes(pid) for r, pid in pids.items()})
@@ -226,8 +248,9 @@ def run(quick: bool = False, mb: int = 10) -> dict[str, Any]:
     size = mb * 1_000_000
     n_seq, n_par = (6, 8) if quick else (20, 24)
     phases = [(1, n_seq), (4, n_par)]
-    print(f"-- {mb} MB payloads: floor first, then zfab (broker + 1 demo worker; client in its own process)",
-          flush=True)
+    print(
+        f"-- {mb} MB payloads: floor first, then zfab (broker + 1 demo worker; client in its own process)", flush=True
+    )
     fl = measure_floor(seq_n=200, pipe_n=2000, bulk_mib=64 if quick else 256, trials=1 if quick else 3)
     fe = floor_echo(size, 5 if quick else 10)
     out: dict[str, Any] = {"floor_bulk_mbps": fl["bulk_mbps"], "floor_echo_mbps": fe}
@@ -237,20 +260,27 @@ def run(quick: bool = False, mb: int = 10) -> dict[str, Any]:
     report(f"floor {mb} MB echo (both ways)", out["floor_echo_mbps"], "MB/s")
     for k, _ in phases:
         report(f"zfab {mb} MB echo, {k} in flight", out[f"k{k}_mbps"], "MB/s", out["floor_bulk_mbps"], vs="floor bulk")
-        print(f"   vs floor {mb} MB echo: {out[f'k{k}_mbps'] / out['floor_echo_mbps']:.2f}x; "
-              f"p50 per job {out[f'k{k}_p50_s'] * 1000:.0f} ms (target >= 0.5x the bulk floor)", flush=True)
+        print(
+            f"   vs floor {mb} MB echo: {out[f'k{k}_mbps'] / out['floor_echo_mbps']:.2f}x; "
+            f"p50 per job {out[f'k{k}_p50_s'] * 1000:.0f} ms (target >= 0.5x the bulk floor)",
+            flush=True,
+        )
     for k, _ in phases:
         for r in ("client", "worker", "broker"):
             report(f"{r} peak rss / job, {k} in flight", out[f"k{k}_{r}_per_job"], "pay")
         kept_w, kept_b = out[f"k{k}_worker_kept_mb"], out[f"k{k}_broker_kept_mb"]
-        print(f"   ('pay' = payloads of {mb} MB; target about 1 payload per in-flight job; "
-              f"RSS kept after the phase: worker {kept_w:+.0f} MB, broker {kept_b:+.0f} MB)", flush=True)
+        print(
+            f"   ('pay' = payloads of {mb} MB; target about 1 payload per in-flight job; "
+            f"RSS kept after the phase: worker {kept_w:+.0f} MB, broker {kept_b:+.0f} MB)",
+            flush=True,
+        )
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.large", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.large", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true")
     p.add_argument("--mb", type=int, default=10)
     sub = p.add_subparsers(dest="role")

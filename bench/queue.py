@@ -34,7 +34,7 @@ PREFETCHES = (0, 1, 4, 16, 64, -1)  # -1: adaptive (ADAPTIVE, below)
 
 
 def _client(fab: Fabric, name: str, **kw: Any) -> Any:
-    from service import Client, Settings
+    from zfab import Client, Settings
 
     return Client(settings=Settings(broker=fab.endpoint, **kw), name=name)
 
@@ -132,10 +132,17 @@ def deep_queue(tmp: str, n: int) -> dict[str, float]:
     if failed:
         raise RuntimeError(f"{len(failed)} queued jobs did not finish within 600 s")
     drain = t_end - (firsts[0] if firsts else t_start)
-    return {"live_jps": live, "drain_jps": n / drain, "from_start_jps": n / (t_end - t_start),
-            "startup_s": (firsts[0] - t_start) if firsts else 0.0, "queued": queued, "errors": errors,
-            "submit_s": submit_s, "depth": float(depth) if isinstance(depth, int | float) else -1.0,
-            "admitted": str(hows)}
+    return {
+        "live_jps": live,
+        "drain_jps": n / drain,
+        "from_start_jps": n / (t_end - t_start),
+        "startup_s": (firsts[0] - t_start) if firsts else 0.0,
+        "queued": queued,
+        "errors": errors,
+        "submit_s": submit_s,
+        "depth": float(depth) if isinstance(depth, int | float) else -1.0,
+        "admitted": str(hows),
+    }
 
 
 # ------------------------------------------------------------------ prefetch sweep
@@ -168,15 +175,21 @@ def sweep(tmp: str, n: int, seq_n: int) -> dict[int, dict[str, float]]:
 def run(quick: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="zfab-bench-queue-") as tmp:
-        print("-- head-of-line: 6 short jobs (sleep 0.2) while a long one (sleep 3) holds one of two "
-              "single-thread workers", flush=True)
+        print(
+            "-- head-of-line: 6 short jobs (sleep 0.2) while a long one (sleep 3) holds one of two "
+            "single-thread workers",
+            flush=True,
+        )
         trials = 1 if quick else 3
         kinds = (0, 4, ADAPTIVE) if quick else (0, 1, 4, ADAPTIVE)
         hol = {p: head_of_line(f"{tmp}/hol{p}", p, trials) for p in kinds}
         for p, r in hol.items():
             report(f"6 short jobs, prefetch {_label(p).strip()}", r["s"], "s", 1.2, False, vs="ideal 1.2 s")
-            print(f"   short jobs that waited behind the long one: {r['behind']:.0f} of 6 "
-                  "(ideal: 6 x 0.2 s back to back on the free worker)", flush=True)
+            print(
+                f"   short jobs that waited behind the long one: {r['behind']:.0f} of 6 "
+                "(ideal: 6 x 0.2 s back to back on the free worker)",
+                flush=True,
+            )
         out["hol"] = hol
         n = 2000 if quick else 10_000
         print(f"-- a queue of {n:,} jobs waiting at the broker, then one worker (pool 4) drains it", flush=True)
@@ -184,26 +197,32 @@ def run(quick: bool = False) -> dict[str, Any]:
         report("pipelined jobs/s, live worker", dq["live_jps"], "/s")
         report(f"drain of {n:,} queued, jobs/s", dq["drain_jps"], "/s", dq["live_jps"], vs="live")
         report("  counted from worker start", dq["from_start_jps"], "/s", dq["live_jps"], vs="live")
-        print(f"   admitted {dq['admitted']}; broker queue depth shown {dq['depth']:.0f}; submit took "
-              f"{dq['submit_s']:.2f} s; worker start to first result {dq['startup_s']:.2f} s; errors "
-              f"{dq['errors']}", flush=True)
+        print(
+            f"   admitted {dq['admitted']}; broker queue depth shown {dq['depth']:.0f}; submit took "
+            f"{dq['submit_s']:.2f} s; worker start to first result {dq['startup_s']:.2f} s; errors "
+            f"{dq['errors']}",
+            flush=True,
+        )
         out["deep"] = dq
-        print("-- prefetch sweep: one demo worker, pool 4, pipelined echo (window 200) and sequential p50",
-              flush=True)
+        print("-- prefetch sweep: one demo worker, pool 4, pipelined echo (window 200) and sequential p50", flush=True)
         sw = sweep(f"{tmp}/sweep", 2000 if quick else 8000, 200 if quick else 500)
         base = sw[0]["jps"]
         for p, r in sw.items():
             report(f"prefetch {_label(p)}: pipelined", r["jps"], "/s", base, vs="prefetch 0")
             report(f"prefetch {_label(p)}: sequential p50", r["seq_p50_ms"], "ms")
-        print("   the worker's credits are pool 4 + prefetch; adaptive (the default) sizes the prefetch from "
-              "the worker's run times", flush=True)
+        print(
+            "   the worker's credits are pool 4 + prefetch; adaptive (the default) sizes the prefetch from "
+            "the worker's run times",
+            flush=True,
+        )
         out["sweep"] = sw
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.queue", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.queue", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true")
     run(p.parse_args(argv).quick)
     return 0

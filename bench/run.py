@@ -91,8 +91,9 @@ def _run_section(name: str, fn: Callable[[], object], failed: list[str]) -> None
 
 def _floor_and_fabric(q: bool) -> None:
     print("== raw pyzmq floor: DEALER -> Python ROUTER forwarder -> echo DEALER (3 processes, TCP loopback)")
-    fl = measure_floor(seq_n=1000 if q else 5000, pipe_n=10_000 if q else 50_000, bulk_mib=16 if q else 64,
-                       trials=1 if q else 3)
+    fl = measure_floor(
+        seq_n=1000 if q else 5000, pipe_n=10_000 if q else 50_000, bulk_mib=16 if q else 64, trials=1 if q else 3
+    )
     report("floor seq p50", fl["seq_p50_ms"], "ms")
     report("floor seq p99", fl["seq_p99_ms"], "ms")
     report("floor pipelined", fl["pipe_mps"], "/s")

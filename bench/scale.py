@@ -82,8 +82,15 @@ def _sigterm_flag() -> list[bool]:
 
 
 def run_peers(
-    endpoint: str, count: int, prefix: str, interval: float, credits: int, own_clock: bool,
-    max_seconds: float, parent: int | None, use_poller: bool = False,
+    endpoint: str,
+    count: int,
+    prefix: str,
+    interval: float,
+    credits: int,
+    own_clock: bool,
+    max_seconds: float,
+    parent: int | None,
+    use_poller: bool = False,
 ) -> None:
     """``count`` DEALER peers in one thread until SIGTERM, the parent's exit or ``max_seconds``."""
     stopping = _sigterm_flag()
@@ -230,9 +237,19 @@ def _handle(
         now = time.time()
         entry = {
             p.name: {
-                "result": data, "failed": False, "errors": [], "messages": [], "juuid": uid.split("~")[0],
-                "task": f"{p.name}:echo", "status": "completed", "resources": [], "resources_failed": [],
-                "task_started": "", "task_completed": "", "service": SERVICE, "worker": p.name,
+                "result": data,
+                "failed": False,
+                "errors": [],
+                "messages": [],
+                "juuid": uid.split("~")[0],
+                "task": f"{p.name}:echo",
+                "status": "completed",
+                "resources": [],
+                "resources_failed": [],
+                "task_started": "",
+                "task_completed": "",
+                "service": SERVICE,
+                "worker": p.name,
                 "timestamps": {"received": now, "started": now, "completed": now},
             }
         }
@@ -306,16 +323,47 @@ def _router_floor(tmp: str, n_workers: int, n_procs: int, idle_s: float) -> dict
     with Fabric(tmp) as fab:
         endpoint = f"tcp://127.0.0.1:{free_port()}"
         status = os.path.join(tmp, "router.status")
-        router = fab.spawn([sys.executable, "-m", "bench.scale", "router", "--endpoint", endpoint, "--status", status,
-                            "--parent", str(os.getpid()), "--max-seconds", "600"])
+        router = fab.spawn(
+            [
+                sys.executable,
+                "-m",
+                "bench.scale",
+                "router",
+                "--endpoint",
+                endpoint,
+                "--status",
+                status,
+                "--parent",
+                str(os.getpid()),
+                "--max-seconds",
+                "600",
+            ]
+        )
         peers = []
         try:
             if not wait_for(lambda: os.path.exists(status), 30):
                 raise RuntimeError("the bare router did not start" + log_tail([router]))
             for i, k in enumerate(_split(n_workers, n_procs)):
-                peers.append(fab.spawn([sys.executable, "-m", "bench.scale", "peers", "--endpoint", endpoint,
-                                        "--count", str(k), "--prefix", f"f{i}", "--parent", str(os.getpid()),
-                                        "--max-seconds", "600"]))
+                peers.append(
+                    fab.spawn(
+                        [
+                            sys.executable,
+                            "-m",
+                            "bench.scale",
+                            "peers",
+                            "--endpoint",
+                            endpoint,
+                            "--count",
+                            str(k),
+                            "--prefix",
+                            f"f{i}",
+                            "--parent",
+                            str(os.getpid()),
+                            "--max-seconds",
+                            "600",
+                        ]
+                    )
+                )
 
             def registered() -> bool:
                 with open(status) as f:
@@ -344,9 +392,15 @@ def _sequential(c: Any, n: int) -> list[float]:
     return lat
 
 
-def _fleet(tmp: str, n_workers: int, n_procs: int, quick: bool, own_clock: bool, zmq_poll: bool = False,
-           ) -> dict[str, float]:
-    from service import Client, Settings
+def _fleet(
+    tmp: str,
+    n_workers: int,
+    n_procs: int,
+    quick: bool,
+    own_clock: bool,
+    zmq_poll: bool = False,
+) -> dict[str, float]:
+    from zfab import Client, Settings
 
     seq_n, pipe_n, idle_s, mmi_n = (300, 2000, 5.0, 10) if quick else (1000, 5000, 10.0, 20)
     out: dict[str, float] = {}
@@ -355,8 +409,22 @@ def _fleet(tmp: str, n_workers: int, n_procs: int, quick: bool, own_clock: bool,
         per = _split(n_workers, n_procs)
         peers = []
         for i, k in enumerate(per):
-            args = [sys.executable, "-m", "bench.scale", "peers", "--endpoint", fab.endpoint, "--count", str(k),
-                    "--prefix", f"p{i}", "--parent", str(os.getpid()), "--max-seconds", "900"]
+            args = [
+                sys.executable,
+                "-m",
+                "bench.scale",
+                "peers",
+                "--endpoint",
+                fab.endpoint,
+                "--count",
+                str(k),
+                "--prefix",
+                f"p{i}",
+                "--parent",
+                str(os.getpid()),
+                "--max-seconds",
+                "900",
+            ]
             if own_clock:
                 args.append("--own-clock")
             if zmq_poll:
@@ -400,8 +468,11 @@ def _fleet(tmp: str, n_workers: int, n_procs: int, quick: bool, own_clock: bool,
 
 def run(quick: bool = False, workers: int = 1000, procs: int = 4, zmq_poll: bool = False) -> dict[str, Any]:
     """Measure with 1 peer and with ``workers`` peers, print both with ratios."""
-    print(f"-- {workers:,} workers on one broker (harness: {procs} processes, one poll loop each); "
-          f"baseline: the same broker with 1 worker", flush=True)
+    print(
+        f"-- {workers:,} workers on one broker (harness: {procs} processes, one poll loop each); "
+        f"baseline: the same broker with 1 worker",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(prefix="zfab-bench-scale-") as tmp:
         one = _fleet(tmp + "/one", 1, 1, quick, False, zmq_poll)
         many = _fleet(tmp + "/many", workers, procs, quick, False, zmq_poll)
@@ -415,12 +486,18 @@ def run(quick: bool = False, workers: int = 1000, procs: int = 4, zmq_poll: bool
     print(f"   target < 2 % of a core with {label}; {many['broker_cpu_pct']:.2f} %", flush=True)
     report(f"bare ROUTER cpu, {label}", floor["router_cpu_pct"], "%core")
     if floor["router_cpu_pct"] > 0:
-        print(f"   the keepalive floor: a pyzmq ROUTER that only receives their keepalives and sends one back per "
-              f"interval; broker / floor = {many['broker_cpu_pct'] / floor['router_cpu_pct']:.1f}x", flush=True)
+        print(
+            f"   the keepalive floor: a pyzmq ROUTER that only receives their keepalives and sends one back per "
+            f"interval; broker / floor = {many['broker_cpu_pct'] / floor['router_cpu_pct']:.1f}x",
+            flush=True,
+        )
     if own is not None:
         report(f"broker cpu, {label} on own clocks", own["broker_cpu_pct"], "%core")
-        print("   (on own clocks: each peer sends its keepalives on a clock of its own, staggered, and does not "
-              "answer the broker's wave: as NorFab's workers, and zfab's before they answered)", flush=True)
+        print(
+            "   (on own clocks: each peer sends its keepalives on a clock of its own, staggered, and does not "
+            "answer the broker's wave: as NorFab's workers, and zfab's before they answered)",
+            flush=True,
+        )
     report("harness cpu (all peers)", many["harness_cpu_pct"], "%core")
     report("broker rss, 1 worker", one["broker_rss_mb"], "MB")
     report(f"broker rss, {label}", many["broker_rss_mb"], "MB")
@@ -441,13 +518,17 @@ def run(quick: bool = False, workers: int = 1000, procs: int = 4, zmq_poll: bool
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.scale", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true")
     p.add_argument("--workers", type=int, default=1000)
     p.add_argument("--procs", type=int, default=4)
-    p.add_argument("--zmq-poll", action="store_true",
-                   help="peers wait in zmq_poll over all their sockets (the harness before epoll), for comparison")
+    p.add_argument(
+        "--zmq-poll",
+        action="store_true",
+        help="peers wait in zmq_poll over all their sockets (the harness before epoll), for comparison",
+    )
     sub = p.add_subparsers(dest="role")
     pe = sub.add_parser("peers")
     pe.add_argument("--endpoint", required=True)
@@ -455,8 +536,11 @@ def main(argv: list[str] | None = None) -> int:
     pe.add_argument("--prefix", required=True)
     pe.add_argument("--interval", type=float, default=float(os.environ.get("ZFAB_KEEPALIVE_INTERVAL", "2.5")))
     pe.add_argument("--credits", type=int, default=8)
-    pe.add_argument("--own-clock", action="store_true",
-                    help="keep alive on the peer's own clock only; do not answer the broker's keepalives")
+    pe.add_argument(
+        "--own-clock",
+        action="store_true",
+        help="keep alive on the peer's own clock only; do not answer the broker's keepalives",
+    )
     pe.add_argument("--max-seconds", type=float, default=900)
     pe.add_argument("--parent", type=int)
     pe.add_argument("--zmq-poll", action="store_true", help="zmq_poll over all sockets (the old harness)")
@@ -471,8 +555,17 @@ def main(argv: list[str] | None = None) -> int:
         run_router(ns.endpoint, ns.interval, ns.status, ns.max_seconds, ns.parent)
         return 0
     if ns.role == "peers":
-        run_peers(ns.endpoint, ns.count, ns.prefix, ns.interval, ns.credits, ns.own_clock,
-                  ns.max_seconds, ns.parent, ns.zmq_poll)
+        run_peers(
+            ns.endpoint,
+            ns.count,
+            ns.prefix,
+            ns.interval,
+            ns.credits,
+            ns.own_clock,
+            ns.max_seconds,
+            ns.parent,
+            ns.zmq_poll,
+        )
         return 0
     run(ns.quick, ns.workers, ns.procs, ns.zmq_poll)
     return 0

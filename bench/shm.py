@@ -55,19 +55,30 @@ def run(quick: bool = False, mb: int = 10, rounds: int | None = None) -> dict[st
         for r in ("client", "worker", "broker"):
             report(f"{r} peak rss / job, {k} in flight, socket", med["socket"][f"k{k}_{r}_per_job"], "pay")
             report(f"{r} peak rss / job, {k} in flight, shm", med["shm"][f"k{k}_{r}_per_job"], "pay")
-    print(f"   ('pay' = payloads of {mb} MB; target with shm: at most 1 payload per in-flight job in every process)",
-          flush=True)
+    print(
+        f"   ('pay' = payloads of {mb} MB; target with shm: at most 1 payload per in-flight job in every process)",
+        flush=True,
+    )
     k = phases[-1][0]
     for r in ("client", "worker", "broker"):
-        print(f"   {r} RSS before the {k}-in-flight phase: socket {med['socket'][f'k{k}_{r}_rss0_mb']:.0f} MB, "
-              f"shm {med['shm'][f'k{k}_{r}_rss0_mb']:.0f} MB", flush=True)
-    print("   (with shm a process's RSS includes the pages of its pooled blocks and of the peers' blocks it keeps\n"
-          "    mapped: shared pages, in memory once for both processes; growth per job is over that)", flush=True)
+        print(
+            f"   {r} RSS before the {k}-in-flight phase: socket {med['socket'][f'k{k}_{r}_rss0_mb']:.0f} MB, "
+            f"shm {med['shm'][f'k{k}_{r}_rss0_mb']:.0f} MB",
+            flush=True,
+        )
+    print(
+        "   (with shm a process's RSS includes the pages of its pooled blocks and of the peers' blocks it keeps\n"
+        "    mapped: shared pages, in memory once for both processes; growth per job is over that)",
+        flush=True,
+    )
     floor = codec_floor(size)
     ceiling = med["socket"]["k1_p50_s"] / floor
     report("codec floor: a 10 MB job's JSON, encoded and decoded both ways", floor * 1000, "ms")
-    print(f"   the most any transport can gain here: socket p50 / codec floor = {ceiling:.2f}x "
-          f"(shm p50 is {med['shm']['k1_p50_s'] / floor:.2f}x the floor)", flush=True)
+    print(
+        f"   the most any transport can gain here: socket p50 / codec floor = {ceiling:.2f}x "
+        f"(shm p50 is {med['shm']['k1_p50_s'] / floor:.2f}x the floor)",
+        flush=True,
+    )
     out.update(codec_floor_s=floor, ceiling=ceiling)
     return out
 
@@ -95,8 +106,9 @@ def codec_floor(size: int, trials: int = 5) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.shm", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.shm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true")
     p.add_argument("--mb", type=int, default=10)
     p.add_argument("--rounds", type=int, default=None)

@@ -46,7 +46,7 @@ from types import FrameType
 from typing import Any
 
 from bench.common import free_port, log_dir, log_path, spawn, stop, wait_for
-from service import Client, JobFuture, Settings, ZfabError
+from zfab import Client, JobFuture, Settings, ZfabError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 GRACE_S = 10.0  # beyond a job's own timeout before an unresolved future counts as lost
@@ -102,7 +102,7 @@ class Fabric:
         self.closing = False
 
     def _cli(self, *args: str) -> subprocess.Popen[bytes]:
-        proc = spawn([sys.executable, "-m", "service.cli", *args], self.env)
+        proc = spawn([sys.executable, "-m", "zfab.cli", *args], self.env)
         self.spawned.append(proc)
         return proc
 

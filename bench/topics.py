@@ -43,7 +43,7 @@ def _phase(c: Any, n: int, broker_pid: int) -> tuple[float, float]:
 def run(quick: bool = False) -> dict[str, float]:
     import zmq
 
-    from service import Client, Settings, Subscriber
+    from zfab import Client, Settings, Subscriber
 
     n, trials, workers = (5000, 3, 2) if quick else (20_000, 5, 2)
     out: dict[str, float] = {}

@@ -206,7 +206,7 @@ def _pipelined(c: Any, n: int, other_every: int, window: int = 500) -> tuple[flo
 
 
 def run_sse(jobs: int) -> dict[str, Any]:
-    from service import Client, Settings
+    from zfab import Client, Settings
 
     print(f"load average at start: {loadavg()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="zfab-bench-topics-sse-") as tmp:
@@ -358,7 +358,7 @@ def _all_cpu(fab: Fabric) -> float:
 def run_slow(seconds: float, pairs: int) -> dict[str, Any]:
     import zmq
 
-    from service import Client, Settings
+    from zfab import Client, Settings
 
     print(f"load average at start: {loadavg()}", flush=True)
     rows: list[dict[str, Any]] = []

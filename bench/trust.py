@@ -42,7 +42,7 @@ LIMIT = 1024 * 1024
 #: Run by the checkout's python (-I, cwd outside any tree): a zfab Client doing one kind of job.
 CLIENT_SNIPPET = r"""
 import json, sys, time
-from service import Client
+from zfab import Client
 mode, ep, arg = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 out = {}
 with Client(broker=ep, name="trust") as c:
@@ -84,11 +84,17 @@ def _client(python: str, fab: Fabric, mode: str, arg: dict[str, Any], timeout: f
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(fab.env)
     env.pop("PYTHONPATH", None)
-    r = subprocess.run([python, "-I", "-c", CLIENT_SNIPPET, mode, fab.endpoint, json.dumps(arg)],
-                       capture_output=True, text=True, timeout=timeout, cwd=fab.tmp, env=env)
+    r = subprocess.run(
+        [python, "-I", "-c", CLIENT_SNIPPET, mode, fab.endpoint, json.dumps(arg)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=fab.tmp,
+        env=env,
+    )
     for line in r.stdout.splitlines():
         if line.startswith("TRUSTJSON "):
-            out: dict[str, Any] = json.loads(line[len("TRUSTJSON "):])
+            out: dict[str, Any] = json.loads(line[len("TRUSTJSON ") :])
             return out
     raise RuntimeError(f"client {mode} exited {r.returncode}: {r.stderr[-800:]}")
 
@@ -128,8 +134,9 @@ def metrics_after_bogus(tmp: Path, zfab: str, n: int) -> dict[str, Any]:
         def post(i: int) -> None:
             if time.monotonic() > stop_at:
                 return
-            s, _, _ = http_json(fab.api_url + "/jobs", {"service": f"bogus-{i}", "task": "echo", "kwargs": {}},
-                                timeout=20)
+            s, _, _ = http_json(
+                fab.api_url + "/jobs", {"service": f"bogus-{i}", "task": "echo", "kwargs": {}}, timeout=20
+            )
             with lock:
                 statuses[s] = statuses.get(s, 0) + 1
 
@@ -141,8 +148,15 @@ def metrics_after_bogus(tmp: Path, zfab: str, n: int) -> dict[str, Any]:
         st, _, after = http_json(fab.api_url + "/metrics", timeout=60)
         assert fab.api is not None
         api_rss = rss_bytes(fab.api.pid)
-    return {"metrics_bytes_before": len(before), "metrics_bytes": len(after), "metrics_status": st,
-            "metrics_lines": after.count(b"\n"), "post_statuses": statuses, "post_s": post_s, "api_rss": api_rss}
+    return {
+        "metrics_bytes_before": len(before),
+        "metrics_bytes": len(after),
+        "metrics_status": st,
+        "metrics_lines": after.count(b"\n"),
+        "post_statuses": statuses,
+        "post_s": post_s,
+        "api_rss": api_rss,
+    }
 
 
 def broker_after_readys(tmp: Path, zfab: str, n: int) -> dict[str, Any]:
@@ -181,15 +195,27 @@ def broker_after_readys(tmp: Path, zfab: str, n: int) -> dict[str, Any]:
             ctx.term()
         services = None
         try:
-            r = subprocess.run([*fab.cli, "mmi", "show_services", "--timeout", "20"], capture_output=True,
-                               text=True, timeout=60, env={**os.environ, **fab.env}, cwd=fab.tmp)
+            r = subprocess.run(
+                [*fab.cli, "mmi", "show_services", "--timeout", "20"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={**os.environ, **fab.env},
+                cwd=fab.tmp,
+            )
             services = len(json.loads(r.stdout)) if r.returncode == 0 else f"exit {r.returncode}"
         except (ValueError, subprocess.TimeoutExpired) as exc:
             services = f"unreadable: {type(exc).__name__}"
         if broker.poll() is not None:
             raise RuntimeError("the broker died under the flood" + log_tail([broker]))
-    return {"broker_rss_before": rss0, "broker_rss": rss1, "sent": sent, "answers": got,
-            "flood_s": flood_s, "services_listed": services}
+    return {
+        "broker_rss_before": rss0,
+        "broker_rss": rss1,
+        "sent": sent,
+        "answers": got,
+        "flood_s": flood_s,
+        "services_listed": services,
+    }
 
 
 def api_after_events(tmp: Path, zfab: str, jobs: int, steps: int) -> dict[str, Any]:
@@ -205,8 +231,11 @@ def api_after_events(tmp: Path, zfab: str, jobs: int, steps: int) -> dict[str, A
         for _ in range(jobs):
             if time.monotonic() - t0 > 400:
                 break
-            st, body, _ = http_json(fab.api_url + "/jobs?wait=60", {"service": "demo", "task": "progress",
-                                    "kwargs": {"steps": steps, "delay": 0}, "timeout": 120}, timeout=90)
+            st, body, _ = http_json(
+                fab.api_url + "/jobs?wait=60",
+                {"service": "demo", "task": "progress", "kwargs": {"steps": steps, "delay": 0}, "timeout": 120},
+                timeout=90,
+            )
             key = f"{st} {body.get('state') if isinstance(body, dict) else ''}"
             states[key] = states.get(key, 0) + 1
         run_s = time.monotonic() - t0
@@ -259,22 +288,32 @@ def measure(zfab: str, python: str, quick: bool = False, label: str = "") -> dic
     mb = 1e6
     if "metrics_bytes" in a:
         report(f"(a) /metrics after {n_bogus:,} bogus{tag}", a["metrics_bytes"] / 1000, "kB")
-        print(f"    {a['metrics_lines']:,} lines (before: {a['metrics_bytes_before'] / 1000:.0f} kB); POST answers "
-              f"{a['post_statuses']}; API RSS {a['api_rss'] / mb:.0f} MB", flush=True)
+        print(
+            f"    {a['metrics_lines']:,} lines (before: {a['metrics_bytes_before'] / 1000:.0f} kB); POST answers "
+            f"{a['post_statuses']}; API RSS {a['api_rss'] / mb:.0f} MB",
+            flush=True,
+        )
     if "broker_rss" in b:
         report(f"(b) broker rss after {b['sent']:,} READY{tag}", b["broker_rss"] / mb, "MB")
         grew = (b["broker_rss"] - b["broker_rss_before"]) / mb
-        print(f"    before {b['broker_rss_before'] / mb:.0f} MB (+{grew:.0f} MB); "
-              f"services listed after: {b['services_listed']}", flush=True)
+        print(
+            f"    before {b['broker_rss_before'] / mb:.0f} MB (+{grew:.0f} MB); "
+            f"services listed after: {b['services_listed']}",
+            flush=True,
+        )
     if "api_rss" in c:
         report(f"(c) api rss after {n_ev} x {steps:,} events{tag}", c["api_rss"] / mb, "MB")
-        print(f"    before {c['api_rss_before'] / mb:.0f} MB (+{(c['api_rss'] - c['api_rss_before']) / mb:.0f} MB, "
-              f"{(c['api_rss'] - c['api_rss_before']) / mb / n_ev:.1f} MB/job); answers {c['answers']}", flush=True)
+        print(
+            f"    before {c['api_rss_before'] / mb:.0f} MB (+{(c['api_rss'] - c['api_rss_before']) / mb:.0f} MB, "
+            f"{(c['api_rss'] - c['api_rss_before']) / mb / n_ev:.1f} MB/job); answers {c['answers']}",
+            flush=True,
+        )
     if "worker_rss" in d:
         report(f"(d) worker rss after {n_big} x 4 MB{tag}", d["worker_rss"] / mb, "MB")
         grew = (d["worker_rss"] - d["worker_rss_before"]) / mb
-        print(f"    before {d['worker_rss_before'] / mb:.0f} MB (+{grew:.0f} MB, {grew / n_big:.1f} MB/job)",
-              flush=True)
+        print(
+            f"    before {d['worker_rss_before'] / mb:.0f} MB (+{grew:.0f} MB, {grew / n_big:.1f} MB/job)", flush=True
+        )
     if "seconds" in e:
         report(f"(e) answer to an oversize result{tag}", e["seconds"], "s")
         print(f"    outcome: {e['outcome']}: {e['detail'][:160]}", flush=True)
@@ -282,8 +321,9 @@ def measure(zfab: str, python: str, quick: bool = False, label: str = "") -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.trust", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.trust", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     here = Path(sys.executable).parent
     p.add_argument("--zfab", default=str(here / "zfab"), help="the checkout's zfab (default: this venv's)")
     p.add_argument("--python", default=sys.executable, help="the checkout's python (default: this one)")

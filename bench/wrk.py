@@ -84,8 +84,13 @@ def find_wrk() -> tuple[str | None, str]:
         r = subprocess.run(install, capture_output=True, text=True, timeout=300, env=env)
         if r.returncode != 0:
             # A fresh machine's package lists may be missing or stale: refresh them once and retry.
-            subprocess.run(["apt-get", "-o", "DPkg::Lock::Timeout=120", "update", "-qq"],
-                           capture_output=True, text=True, timeout=300, env=env)
+            subprocess.run(
+                ["apt-get", "-o", "DPkg::Lock::Timeout=120", "update", "-qq"],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                env=env,
+            )
             r = subprocess.run(install, capture_output=True, text=True, timeout=300, env=env)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"apt-get install -y wrk failed: {exc}"
@@ -110,8 +115,18 @@ def children_of(pid: int) -> list[int]:
 
 
 def run_wrk(wrk: str, url: str, seconds: float, script: Path) -> dict[str, Any]:
-    cmd = [wrk, f"-t{THREADS}", f"-c{CONNECTIONS}", f"-d{int(seconds)}s", "--timeout", "15s", "--latency",
-           "-s", str(script), url]
+    cmd = [
+        wrk,
+        f"-t{THREADS}",
+        f"-c{CONNECTIONS}",
+        f"-d{int(seconds)}s",
+        "--timeout",
+        "15s",
+        "--latency",
+        "-s",
+        str(script),
+        url,
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
     m = re.search(r"^WRKJSON (.*)$", r.stdout, re.M)
     if r.returncode != 0 or m is None:
@@ -122,8 +137,9 @@ def run_wrk(wrk: str, url: str, seconds: float, script: Path) -> dict[str, Any]:
     return out
 
 
-def _measure(wrk: str, script: Path, seconds: float, warm: float, extra_path: str | None,
-             rounds: int = 1) -> dict[str, Any]:
+def _measure(
+    wrk: str, script: Path, seconds: float, warm: float, extra_path: str | None, rounds: int = 1
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="zfab-bench-wrk-") as tmp, Fabric(tmp) as fab:
         env = {}
         if extra_path:
@@ -163,7 +179,9 @@ def _measure(wrk: str, script: Path, seconds: float, warm: float, extra_path: st
                 fab_pids = (
                     children_of(proc.pid)
                     if tag == "floor"
-                    else [p.pid for p in (fab.broker, *fab.workers.values()) if p is not None] if tag == "api" else []
+                    else [p.pid for p in (fab.broker, *fab.workers.values()) if p is not None]
+                    if tag == "api"
+                    else []
                 )
                 f0 = sum(cpu_seconds(p) for p in fab_pids)
                 res = run_wrk(wrk, url, seconds, script)
@@ -191,9 +209,12 @@ def run(quick: bool = False, try_asyncio: bool = True) -> dict[str, Any]:
     rounds = 1 if quick else 2
     script = Path(tempfile.mkdtemp(prefix="zfab-wrk-")) / "post.lua"
     script.write_text(LUA)
-    print(f"-- wrk -t{THREADS} -c{CONNECTIONS} -d{seconds:.0f}s, POST a JSON echo job: bare FastAPI /jobs, the REST "
-          f"floor /jobs and zfab api /jobs?wait=10 (+ broker + 1 demo worker), interleaved, best of {rounds}, "
-          f"{os.cpu_count()} CPUs", flush=True)
+    print(
+        f"-- wrk -t{THREADS} -c{CONNECTIONS} -d{seconds:.0f}s, POST a JSON echo job: bare FastAPI /jobs, the REST "
+        f"floor /jobs and zfab api /jobs?wait=10 (+ broker + 1 demo worker), interleaved, best of {rounds}, "
+        f"{os.cpu_count()} CPUs",
+        flush=True,
+    )
     variants: list[tuple[str, str | None]] = [("uvloop+httptools", None)]
     if try_asyncio:
         variants.append(("asyncio+h11", hide_uvloop(script.parent)))
@@ -212,13 +233,19 @@ def run(quick: bool = False, try_asyncio: bool = True) -> dict[str, Any]:
         if fl is not None:
             report(f"wrk REST floor POST ({label})", fl["rps"], "/s", b["rps"], vs="bare")
             report(f"wrk api POST ?wait ({label})", a["rps"], "/s", fl["rps"], vs="REST floor")
-            print(f"   wrk api / REST floor = {a['rps'] / fl['rps']:.2f}x (target >= 0.9x); api / bare = "
-                  f"{a['rps'] / b['rps']:.2f}x; runs: api {_runs(a)}, floor {_runs(fl)}, bare {_runs(b)}", flush=True)
+            print(
+                f"   wrk api / REST floor = {a['rps'] / fl['rps']:.2f}x (target >= 0.9x); api / bare = "
+                f"{a['rps'] / b['rps']:.2f}x; runs: api {_runs(a)}, floor {_runs(fl)}, bare {_runs(b)}",
+                flush=True,
+            )
         else:
             report(f"wrk api POST ?wait ({label})", a["rps"], "/s", b["rps"], vs="bare")
         non2xx = sum(v for k, v in a["statuses"].items() if not k.startswith("2"))
-        print(f"   answers: bare {b['statuses']}, api {a['statuses']} ({non2xx} not 2xx); socket errors api "
-              f"{a['errors_read'] + a['errors_timeout']}", flush=True)
+        print(
+            f"   answers: bare {b['statuses']}, api {a['statuses']} ({non2xx} not 2xx); socket errors api "
+            f"{a['errors_read'] + a['errors_timeout']}",
+            flush=True,
+        )
         report(f"wrk bare p50 ({label})", b["p50_us"] / 1000, "ms")
         report(f"wrk api p50 ({label})", a["p50_us"] / 1000, "ms", b["p50_us"] / 1000, False, vs="bare")
         report(f"wrk bare p99 ({label})", b["p99_us"] / 1000, "ms")
@@ -228,20 +255,26 @@ def run(quick: bool = False, try_asyncio: bool = True) -> dict[str, Any]:
             report(f"REST floor server cpu/job ({label})", fl["cpu_ms"], "ms", b["cpu_ms"], False, vs="bare")
             print(f"   REST floor's broker + worker {fl['fabric_cpu_ms']:.2f} ms CPU per job", flush=True)
         report(f"api server cpu/job ({label})", a["cpu_ms"], "ms", b["cpu_ms"], False, vs="bare")
-        print(f"   api process {a['cpu_pct']:.0f} % of a core; broker + worker {a['fabric_cpu_ms']:.2f} ms CPU per job",
-              flush=True)
+        print(
+            f"   api process {a['cpu_pct']:.0f} % of a core; broker + worker {a['fabric_cpu_ms']:.2f} ms CPU per job",
+            flush=True,
+        )
     if len(results) == 2:
         base, fast = results["asyncio+h11"], results["uvloop+httptools"]
-        print(f"   uvloop+httptools vs asyncio+h11: api {fast['api']['rps'] / base['api']['rps']:.2f}x jobs/s, "
-              f"{fast['api']['cpu_ms']:.2f} vs {base['api']['cpu_ms']:.2f} ms CPU/job; bare "
-              f"{fast['bare']['rps'] / base['bare']['rps']:.2f}x", flush=True)
+        print(
+            f"   uvloop+httptools vs asyncio+h11: api {fast['api']['rps'] / base['api']['rps']:.2f}x jobs/s, "
+            f"{fast['api']['cpu_ms']:.2f} vs {base['api']['cpu_ms']:.2f} ms CPU/job; bare "
+            f"{fast['bare']['rps'] / base['bare']['rps']:.2f}x",
+            flush=True,
+        )
     shutil.rmtree(script.parent, ignore_errors=True)
     return results
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.wrk", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.wrk", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true")
     p.add_argument("--no-asyncio", action="store_true", help="skip the asyncio+h11 comparison run")
     ns = p.parse_args(argv)

@@ -1,6 +1,6 @@
 """zfab: a job fabric on ZeroMQ that speaks NorFab's NFP.
 
-from service import Client
+from zfab import Client
 with Client(broker="tcp://127.0.0.1:5555") as c:
     print(c.run_job("demo", "echo", kwargs={"data": "hi"}))
 """

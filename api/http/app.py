@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from service import AioTransport, Client
-from service.metrics import ClientMetrics, FabricCollector, version
+from zfab import AioTransport, Client
+from zfab.metrics import ClientMetrics, FabricCollector, version
 
 from ..fabric import FabricView
 from ..jobs.admission import TaskSchemas

@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.metrics import LATENCY_BUCKETS
+from zfab.metrics import LATENCY_BUCKETS
 
 from .problems import problem
 from .routeindex import full_match

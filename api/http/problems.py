@@ -19,7 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.errors import ZfabError
+from zfab.errors import ZfabError
 
 from ..errors import ProblemError, from_fabric_error
 from ..models import Problem

@@ -14,7 +14,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from service import check_arguments
+from zfab import check_arguments
 
 from ..errors import ProblemError
 from ..fabric import mmi

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from service.errors import BadRequestError, JobNotFoundError, JobTimeoutError, ZfabError
+from zfab.errors import BadRequestError, JobNotFoundError, JobTimeoutError, ZfabError
 
 from ..errors import ProblemError, admission_problem, database_unavailable, from_fabric_error, unavailable
 from ..fabric import wait_done

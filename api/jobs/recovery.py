@@ -6,8 +6,8 @@ import asyncio
 import logging
 import time
 
-from service import State
-from service.errors import ZfabError
+from zfab import State
+from zfab.errors import ZfabError
 
 from ..fabric import mmi
 from ..models import JobRequest

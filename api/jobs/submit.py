@@ -7,8 +7,8 @@ from __future__ import annotations
 # random bits come from the OS 256 uuids at a time, so the event loop rarely gives up the GIL.
 import time
 
-from service import new_job_uuid
-from service.errors import ZfabError
+from zfab import new_job_uuid
+from zfab.errors import ZfabError
 
 from ..errors import from_fabric_error, unavailable
 from ..models import JobRequest

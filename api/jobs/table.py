@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from service import JobFuture, final_state
-from service.errors import BackpressureError, BrokerUnavailableError, BusyError, ClosedError, JobError, NoWorkersError
+from zfab import JobFuture, final_state
+from zfab.errors import BackpressureError, BrokerUnavailableError, BusyError, ClosedError, JobError, NoWorkersError
 
 from ..models import Attempt, Job, JobErrorInfo, JobRequest, JobState
 from .inputs import is_open, pending_input, snapshot

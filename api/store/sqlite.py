@@ -15,8 +15,8 @@ import logging
 import threading
 from pathlib import Path
 
-from service.errors import ClosedError
-from service.storage import open_sqlite
+from zfab.errors import ClosedError
+from zfab.storage import open_sqlite
 
 from ..jobs.table import JobRecord
 from ..models import Job, JobRequest, JobState

@@ -1,4 +1,4 @@
-"""`python -m service.cli`: the `zfab` command."""
+"""`python -m zfab.cli`: the `zfab` command."""
 
 import sys
 

@@ -32,7 +32,7 @@ def cmd_up(ns: argparse.Namespace) -> int:
     """A broker, N demo workers and the API as child processes; Ctrl-C stops them all."""
     s = settings_of(ns)
     setup_logging(s.log_level)
-    exe = [sys.executable, "-m", "service.cli"]
+    exe = [sys.executable, "-m", "zfab.cli"]
     env = dict(os.environ)
     env["ZFAB_BROKER"] = s.broker
     procs: list[subprocess.Popen[bytes]] = []

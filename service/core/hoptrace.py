@@ -95,26 +95,12 @@ def hops(total: float, frame: bytes | bytearray | memoryview, held: float = 0.0)
         return {}, 1
     if not (_ok(queue) and _ok(wait)):
         return {}, (not _ok(queue)) + (not _ok(wait)) + max(0, bad)
-    wire = max(0.0, total - queue - wait)
-    if bad == 0:  # built in the order the job passed them, in one go
-        if held > 0:
-            return {
-                API: held,
-                CLIENT_BROKER: wire,
-                BROKER_QUEUE: queue,
-                BROKER_WORKER: max(0.0, wait - wq - run - wr),
-                WORKER_QUEUE: wq,
-                RUN: run,
-                WORKER_RESULT: wr,
-            }, 0
-        return {
-            CLIENT_BROKER: wire,
-            BROKER_QUEUE: queue,
-            BROKER_WORKER: max(0.0, wait - wq - run - wr),
-            WORKER_QUEUE: wq,
-            RUN: run,
-            WORKER_RESULT: wr,
-        }, 0
-    out = {API: held} if held > 0 else {}
-    out.update({CLIENT_BROKER: wire, BROKER_QUEUE: queue, BROKER_WORKER: wait})
+    out = {API: held} if held > 0 else {}  # in the order the job passed them
+    out[CLIENT_BROKER] = max(0.0, total - queue - wait)
+    out[BROKER_QUEUE] = queue
+    if bad == 0:
+        out[BROKER_WORKER] = max(0.0, wait - wq - run - wr)
+        out[WORKER_QUEUE], out[RUN], out[WORKER_RESULT] = wq, run, wr
+    else:
+        out[BROKER_WORKER] = wait
     return out, max(0, bad)

@@ -40,7 +40,7 @@ from typing import Any
 import pytest
 from realstack import IN_CI, Engine, Project, poll, run, show_report, tail
 
-from service.transport.security import create_keys
+from zfab.transport.security import create_keys
 
 pytestmark = pytest.mark.compose
 

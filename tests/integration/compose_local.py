@@ -127,7 +127,7 @@ def zfab_executable() -> tuple[list[str], dict[str, str]]:
     script = Path(sys.executable).parent / "zfab"
     if script.exists():
         return [str(script)], {}
-    return [sys.executable, "-m", "service.cli"], {"PYTHONPATH": str(ROOT)}
+    return [sys.executable, "-m", "zfab.cli"], {"PYTHONPATH": str(ROOT)}
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service import Job, Worker, task
+from zfab import Job, Worker, task
 
 
 class Secrets(Worker):

@@ -15,7 +15,7 @@ from typing import Any
 
 from conftest import wait_for as wait_for  # re-exported: the integration tests take it from here
 
-from service import Client, Settings
+from zfab import Client, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,7 +70,7 @@ class Fabric:
         e.update(env or {})
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
         p = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", *args],
+            [sys.executable, "-m", "zfab.cli", *args],
             env=e,
             stdout=log,
             stderr=subprocess.STDOUT,

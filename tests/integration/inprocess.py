@@ -11,8 +11,8 @@ from contextlib import asynccontextmanager
 import httpx
 from fabric import Fabric
 
-from api.http.app import create_app
-from api.settings import ApiSettings
+from zfab.api.http.app import create_app
+from zfab.api.settings import ApiSettings
 
 
 @asynccontextmanager

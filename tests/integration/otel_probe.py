@@ -23,10 +23,10 @@ provider = TracerProvider()
 provider.add_span_processor(SimpleSpanProcessor(exporter))
 trace.set_tracer_provider(provider)
 
-from api.http.app import create_app  # noqa: E402 - after the provider: the app sees it configured
-from api.settings import ApiSettings  # noqa: E402
-from service import Broker, Settings  # noqa: E402
-from service.workers.demo import DemoWorker  # noqa: E402
+from zfab import Broker, Settings  # noqa: E402
+from zfab.api.http.app import create_app  # noqa: E402 - after the provider: the app sees it configured
+from zfab.api.settings import ApiSettings  # noqa: E402
+from zfab.workers.demo import DemoWorker  # noqa: E402
 
 TRACEPARENTS = {
     "echo": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",

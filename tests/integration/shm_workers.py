@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from service import Job, Worker, task
+from zfab import Job, Worker, task
 
 
 class Holder(Worker):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from fabric import fabric, wait_workers
 
-from service import Client, Settings
-from service.transport.aioloop import AioLoop, AioTransport, wait_future
+from zfab import Client, Settings
+from zfab.transport.aioloop import AioLoop, AioTransport, wait_future
 
 DEADLINE = 20.0
 

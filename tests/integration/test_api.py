@@ -23,12 +23,12 @@ import pytest
 from conftest import require_binary
 from fabric import ROOT, Fabric, fabric, free_port, wait_for
 
-from api.http.app import create_app
-from api.http.auth import TokenSet
-from api.http.routes.jobs import prefer_wait, wait_bound
-from api.jobs.table import JobRecord, JobTable
-from api.settings import ApiSettings
-from service.client.clientjob import JobFuture
+from zfab.api.http.app import create_app
+from zfab.api.http.auth import TokenSet
+from zfab.api.http.routes.jobs import prefer_wait, wait_bound
+from zfab.api.jobs.table import JobRecord, JobTable
+from zfab.api.settings import ApiSettings
+from zfab.client.clientjob import JobFuture
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -382,7 +382,7 @@ def test_metrics_pass_promtool(tmp_path: Path) -> None:
 
 def test_zfab_api_refuses_a_public_address_without_a_token() -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "service.cli", "api", "--host", "0.0.0.0", "--port", str(free_port())],
+        [sys.executable, "-m", "zfab.cli", "api", "--host", "0.0.0.0", "--port", str(free_port())],
         capture_output=True,
         text=True,
         timeout=30,

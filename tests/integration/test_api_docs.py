@@ -12,9 +12,9 @@ import re
 import httpx
 import pytest
 
-from api.http.app import create_app
-from api.http.docs import ASSETS, STATIC_URL
-from api.settings import ApiSettings
+from zfab.api.http.app import create_app
+from zfab.api.http.docs import ASSETS, STATIC_URL
+from zfab.api.settings import ApiSettings
 
 pytestmark = pytest.mark.timeout(60)
 

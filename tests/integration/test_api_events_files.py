@@ -24,11 +24,11 @@ import uvicorn
 from fabric import Fabric, fabric, free_port, wait_for
 from fastapi import FastAPI
 
-from api.errors import ProblemError
-from api.http.app import create_app
-from api.http.routes.files import byte_range
-from api.jobs.inputs import is_open, pending_input
-from api.settings import ApiSettings
+from zfab.api.errors import ProblemError
+from zfab.api.http.app import create_app
+from zfab.api.http.routes.files import byte_range
+from zfab.api.jobs.inputs import is_open, pending_input
+from zfab.api.settings import ApiSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

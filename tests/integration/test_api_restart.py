@@ -13,11 +13,11 @@ import httpx
 import pytest
 from fabric import Fabric, fabric, free_port, wait_for
 
-from api.jobs.table import JobRecord
-from api.models import JobState
-from api.store.sqlite import JobDB, row_of
-from service.client.clientjob import JobFuture
-from service.errors import ClosedError
+from zfab.api.jobs.table import JobRecord
+from zfab.api.models import JobState
+from zfab.api.store.sqlite import JobDB, row_of
+from zfab.client.clientjob import JobFuture
+from zfab.errors import ClosedError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

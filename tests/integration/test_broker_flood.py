@@ -16,7 +16,7 @@ import pytest
 import zmq
 from fabric import fabric, wait_for, wait_workers
 
-from service.broker.memory import LOOK_EVERY, MAX_DEFER, QUIET, STEP, MemoryKeeper
+from zfab.broker.memory import LOOK_EVERY, MAX_DEFER, QUIET, STEP, MemoryKeeper
 
 FLOOD = 100_000  # READY frames, as the issue sends them
 NAME_BYTES = 200  # each one's service name, new every frame

@@ -42,7 +42,7 @@ def zfab(args: list[str], env: dict[str, str], timeout: float = 30) -> Run:
     """`zfab ARGS` as a subprocess; on timeout its process group is killed and rc is None."""
     t = time.monotonic()
     p = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", *args],
+        [sys.executable, "-m", "zfab.cli", *args],
         env=env,
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -66,7 +66,7 @@ def zfab_on_terminal(
     """`zfab ARGS` with stdout and stderr on one pseudo-terminal: (rc, [(time, text)] as it came)."""
     master, slave = os.openpty()
     p = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", *args],
+        [sys.executable, "-m", "zfab.cli", *args],
         env=env,
         cwd=ROOT,
         stdout=slave,
@@ -340,7 +340,7 @@ def test_up_prints_its_banner_once_the_api_answers(tmp_path: Path) -> None:
         "PYTHONUNBUFFERED": "1",
     }
     p = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "up", "--workers", "1", "--api-port", str(port)],
+        [sys.executable, "-m", "zfab.cli", "up", "--workers", "1", "--api-port", str(port)],
         env=env,
         cwd=ROOT,
         stdout=subprocess.PIPE,

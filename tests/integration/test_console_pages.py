@@ -14,11 +14,11 @@ import httpx
 import pytest
 from fabric import free_port
 
-from api.http.app import create_app
-from api.http.console.pages import VIEWS, assets
-from api.jobs.table import JobRecord
-from api.models import Job, JobState
-from api.settings import ApiSettings
+from zfab.api.http.app import create_app
+from zfab.api.http.console.pages import VIEWS, assets
+from zfab.api.jobs.table import JobRecord
+from zfab.api.models import Job, JobState
+from zfab.api.settings import ApiSettings
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -16,7 +16,7 @@ import pytest
 import zmq
 from fabric import ROOT, fabric, free_port, wait_for, wait_workers
 
-from service import (
+from zfab import (
     BackpressureError,
     BadRequestError,
     Client,
@@ -286,7 +286,7 @@ def test_cli_run_and_mmi_print_json(tmp_path: Path) -> None:
             [
                 sys.executable,
                 "-m",
-                "service.cli",
+                "zfab.cli",
                 "run",
                 "demo",
                 "echo",
@@ -304,7 +304,7 @@ def test_cli_run_and_mmi_print_json(tmp_path: Path) -> None:
         assert run.returncode == 0, run.stderr
         assert json.loads(run.stdout)["w1"]["result"] == "cli"
         mmi = subprocess.run(
-            [sys.executable, "-m", "service.cli", "mmi", "show_workers"],
+            [sys.executable, "-m", "zfab.cli", "mmi", "show_workers"],
             env=env,
             cwd=ROOT,
             capture_output=True,
@@ -314,7 +314,7 @@ def test_cli_run_and_mmi_print_json(tmp_path: Path) -> None:
         assert mmi.returncode == 0, mmi.stderr
         assert [w["name"] for w in json.loads(mmi.stdout)] == ["w1"]
         bad = subprocess.run(
-            [sys.executable, "-m", "service.cli", "run", "nope", "echo"],
+            [sys.executable, "-m", "zfab.cli", "run", "nope", "echo"],
             env=env,
             cwd=ROOT,
             capture_output=True,

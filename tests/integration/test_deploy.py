@@ -13,6 +13,7 @@ A missing tool skips with the reason; under CI=true it fails instead.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import os
@@ -317,17 +318,14 @@ def test_dockerignore_keeps_git_venv_and_tests_out_of_the_build_context() -> Non
     for path in (".git", ".venv", "tests"):
         excluded = allow_list and f"!{path}" not in patterns and f"!{path}/" not in patterns
         assert excluded or path in patterns or f"{path}/" in patterns, f"{path} is sent to the build"
-    for needed in ("pyproject.toml", *PACKAGES):
+    for needed in ("pyproject.toml", "setup.py", *PACKAGES):
         assert not allow_list or f"!{needed}" in patterns or f"!{needed}/" in patterns, f"{needed} is not sent"
 
 
-# Every package the distribution installs (pyproject's packages.find include list), so a new one
-# (apiclient/ was) reaches the image: sent to the build and copied before `pip install .`.
+# Every folder the distribution installs (setup.py maps each into `zfab`), so a new one (apiclient/
+# was) reaches the image: sent to the build and copied before `pip install .`.
 PACKAGES = tuple(
-    p.rstrip("*")
-    for p in re.findall(
-        r'"([a-z_]+\*)"', re.search(r"include = \[(.*?)\]", (ROOT / "pyproject.toml").read_text()).group(1)
-    )
+    ast.literal_eval(re.search(r"^FOLDERS = (\{.*?\})$", (ROOT / "setup.py").read_text(), re.M).group(1)).values()
 )
 
 
@@ -441,7 +439,7 @@ class Stack:
 def stack(tmp_path_factory: pytest.TempPathFactory, tools: Tools) -> Iterator[Stack]:
     """broker → workers → api in compose's depends_on order, each healthy before the next, then
     Debian's Prometheus with deploy/prometheus/prometheus.yml's jobs pointed at the local processes."""
-    if importlib.util.find_spec("api.server") is None:
+    if importlib.util.find_spec("zfab.api.server") is None:
         pytest.skip("the HTTP API (api/server.py) has not landed yet: the stack cannot run without it")
     prometheus = require_binary("prometheus")
     tmp = tmp_path_factory.mktemp("compose-local")

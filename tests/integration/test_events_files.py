@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from fabric import ROOT, fabric, wait_for, wait_workers
 
-from service import BadRequestError
+from zfab import BadRequestError
 
 pytestmark = pytest.mark.integration
 
@@ -64,7 +64,7 @@ def test_a_100_mb_file_arrives_intact_with_bounded_memory(tmp_path: Path) -> Non
         # The client runs in its own process so its peak memory is its own.
         code = (
             "import json, resource, sys\n"
-            "from service import Client\n"
+            "from zfab import Client\n"
             "def peak():\n"
             "    return [int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM')][0]\n"
             f"with Client(broker={f.endpoint!r}, name='dl') as c:\n"

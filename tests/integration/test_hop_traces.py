@@ -14,7 +14,7 @@ import pytest
 from fabric import Fabric, fabric, wait_workers
 from inprocess import in_process_api
 
-from service.core.hoptrace import HOPS
+from zfab.core.hoptrace import HOPS
 
 pytestmark = pytest.mark.integration
 

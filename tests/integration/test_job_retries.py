@@ -11,7 +11,7 @@ import pytest
 from fabric import Fabric, fabric, wait_workers
 from inprocess import in_process_api as api
 
-from service import Backoff
+from zfab import Backoff
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import require_binary
 from fabric import fabric, free_port, wait_for
 
-from service import Client, Settings
+from zfab import Client, Settings
 
 pytestmark = pytest.mark.integration
 

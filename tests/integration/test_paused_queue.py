@@ -14,7 +14,7 @@ import pytest
 from fabric import ROOT, Fabric, fabric, wait_for, wait_workers
 from inprocess import in_process_api as api
 
-from service import Client
+from zfab import Client
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -28,7 +28,7 @@ def demo(c: Client) -> dict[str, Any]:
 
 def zfab(f: Fabric, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "service.cli", *args], env=f.env, cwd=ROOT, capture_output=True, text=True, timeout=30
+        [sys.executable, "-m", "zfab.cli", *args], env=f.env, cwd=ROOT, capture_output=True, text=True, timeout=30
     )
 
 

@@ -119,7 +119,7 @@ def post(c: httpx.Client, body: dict[str, Any], **kw: Any) -> dict[str, Any]:
 
 
 def test_replicas_started_together_migrate_once(two: Replicas, pg: pgserver.PgServer) -> None:
-    from api.store.schema import SCHEMA_VERSION
+    from zfab.api.store.schema import SCHEMA_VERSION
 
     rows = pg.sql(two.url, "SELECT version FROM schema_version ORDER BY version")
     assert [r[0] for r in rows] == list(range(1, SCHEMA_VERSION + 1))

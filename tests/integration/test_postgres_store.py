@@ -13,12 +13,12 @@ import pgserver
 import psycopg
 import pytest
 
-from api.jobs.table import JobRecord
-from api.store.pgschedules import PgSchedules
-from api.store.postgres import EVENT_BYTES_PER_JOB, EVENTS_PER_JOB, PgDatabase, PgJobStore
-from api.store.schedules import ScheduleRecord
-from api.store.schema import MIGRATIONS, SCHEMA_VERSION, migrate
-from service.client.clientjob import JobFuture
+from zfab.api.jobs.table import JobRecord
+from zfab.api.store.pgschedules import PgSchedules
+from zfab.api.store.postgres import EVENT_BYTES_PER_JOB, EVENTS_PER_JOB, PgDatabase, PgJobStore
+from zfab.api.store.schedules import ScheduleRecord
+from zfab.api.store.schema import MIGRATIONS, SCHEMA_VERSION, migrate
+from zfab.client.clientjob import JobFuture
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from fabric import fabric, free_port, wait_for, wait_workers
 
-from service.errors import BusyError, JobExpiredError, WorkerLostError
+from zfab.errors import BusyError, JobExpiredError, WorkerLostError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -16,7 +16,7 @@ from fabric import alive_workers, fabric, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service import JobError, JobNotFoundError, JobTimeoutError, WorkerLostError
+from zfab import JobError, JobNotFoundError, JobTimeoutError, WorkerLostError
 
 pytestmark = pytest.mark.integration
 

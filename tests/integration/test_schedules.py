@@ -180,7 +180,7 @@ def test_schedules_are_bounded_and_need_the_bearer_token(tmp_path: Path) -> None
 
 def zfab(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "service.cli", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=30
+        [sys.executable, "-m", "zfab.cli", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=30
     )
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from fabric import ROOT, Fabric, fabric, wait_for
 
-from service import BrokerUnavailableError, Client, JobTimeoutError, Settings
-from service.transport.security import create_keys
+from zfab import BrokerUnavailableError, Client, JobTimeoutError, Settings
+from zfab.transport.security import create_keys
 
 pytestmark = pytest.mark.integration
 
@@ -75,7 +75,7 @@ def test_curve_admits_known_keys_and_refuses_the_rest(tmp_path: Path) -> None:
 
 def test_a_non_loopback_endpoint_without_curve_needs_insecure(tmp_path: Path) -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "service.cli", "broker", "--endpoint", "tcp://0.0.0.0:0"],
+        [sys.executable, "-m", "zfab.cli", "broker", "--endpoint", "tcp://0.0.0.0:0"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -86,7 +86,7 @@ def test_a_non_loopback_endpoint_without_curve_needs_insecure(tmp_path: Path) ->
 
 def test_zfab_keys_writes_a_usable_pair(tmp_path: Path) -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "service.cli", "keys", "--dir", str(tmp_path), "--name", "w1", "--worker", "w1"],
+        [sys.executable, "-m", "zfab.cli", "keys", "--dir", str(tmp_path), "--name", "w1", "--worker", "w1"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -17,10 +17,10 @@ import pytest
 import zmq
 from fabric import Fabric, wait_for, wait_workers
 
-from service import Client, Settings
-from service.core import protocol as nfp
-from service.core import shmhandle
-from service.errors import WorkerLostError
+from zfab import Client, Settings
+from zfab.core import protocol as nfp
+from zfab.core import shmhandle
+from zfab.errors import WorkerLostError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

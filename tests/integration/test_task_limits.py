@@ -16,7 +16,7 @@ import pytest
 from fabric import ROOT, Fabric, fabric, wait_workers
 from inprocess import in_process_api as api
 
-from service import Client
+from zfab import Client
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -131,7 +131,7 @@ def test_a_limit_set_at_run_time_over_rest_and_the_cli_holds_jobs_without_failin
         with f.client() as c:
             wait_workers(c, {"w1", "w2"})
             asyncio.run(go(f, c))
-            cli = [sys.executable, "-m", "service.cli", "limit", "demo", "echo"]
+            cli = [sys.executable, "-m", "zfab.cli", "limit", "demo", "echo"]
             r = subprocess.run([*cli, "--rate", "5/s"], env=f.env, cwd=ROOT, capture_output=True, text=True, timeout=30)
             assert r.returncode == 0 and r.stdout.strip() == "demo.echo: rate 5/s (set)", r
             r = subprocess.run([*cli, "--clear"], env=f.env, cwd=ROOT, capture_output=True, text=True, timeout=30)

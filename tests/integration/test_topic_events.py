@@ -18,9 +18,9 @@ from fabric import Fabric, fabric, free_port, wait_for, wait_workers
 from prometheus_client.parser import text_string_to_metric_families
 from test_security import curve_client, keys
 
-from service import Settings, Subscriber
-from service.client.subscriber import SubscriptionError
-from service.transport.security import curve_client as curve_sub
+from zfab import Settings, Subscriber
+from zfab.client.subscriber import SubscriptionError
+from zfab.transport.security import curve_client as curve_sub
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -15,9 +15,9 @@ import pytest
 import zmq
 from fabric import alive_workers, fabric, free_port, wait_for, wait_workers
 
-from service import Settings, Worker
-from service.errors import JobError, WorkerLostError
-from service.workers.demo import DemoWorker
+from zfab import Settings, Worker
+from zfab.errors import JobError, WorkerLostError
+from zfab.workers.demo import DemoWorker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -136,7 +136,7 @@ def test_a_result_too_large_to_send_is_a_failure_that_says_so_at_once(tmp_path: 
         f.broker()
         f.worker("w1")
         s = Settings(broker=f.endpoint, max_message_bytes=limit, keepalive_interval=0.3, keepalive_multiplier=3)
-        from service import Client
+        from zfab import Client
 
         with Client(settings=s).start() as c:
             wait_workers(c, {"w1"})

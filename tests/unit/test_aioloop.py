@@ -17,9 +17,9 @@ import zmq
 from conftest import wait_for
 from test_loop import EchoRole, GuardedSocket
 
-from service.errors import BackpressureError, ClosedError
-from service.transport.aioloop import AioLoop, AioTransport, wait_future
-from service.transport.wire import Frames
+from zfab.errors import BackpressureError, ClosedError
+from zfab.transport.aioloop import AioLoop, AioTransport, wait_future
+from zfab.transport.wire import Frames
 
 DEADLINE = 5.0  # every wait in these tests ends by then
 

@@ -8,7 +8,7 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
-from api.fabric import await_result, wait_done
+from zfab.api.fabric import await_result, wait_done
 
 
 def test_a_future_completed_on_another_thread_ends_the_wait() -> None:

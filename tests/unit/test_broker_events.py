@@ -14,11 +14,11 @@ import pytest
 import zmq
 from test_broker_handlers import finish, make_broker, post, ready, stub
 
-from service import Broker
-from service.broker import events as ev
-from service.broker.events import EventPublisher, result_state, topic_part
-from service.core import protocol as nfp
-from service.transport import FakeClock
+from zfab import Broker
+from zfab.broker import events as ev
+from zfab.broker.events import EventPublisher, result_state, topic_part
+from zfab.core import protocol as nfp
+from zfab.transport import FakeClock
 
 
 def with_events(clock: FakeClock, **kw: Any) -> tuple[Broker, EventPublisher]:

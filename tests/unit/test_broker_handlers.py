@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from service import Broker, Settings
-from service.core import protocol as nfp
-from service.transport import FakeClock, StubLoop, StubTransport
+from zfab import Broker, Settings
+from zfab.core import protocol as nfp
+from zfab.transport import FakeClock, StubLoop, StubTransport
 
 INTERVAL, MULTIPLIER = 1.0, 3
 TASKS = {"echo": {"type": "object"}, "sleep": {"type": "object"}}

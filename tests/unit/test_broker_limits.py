@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from test_broker_handlers import finish, jobs_sent, make_broker, replies, stub
 
-from service import Broker
-from service.core import protocol as nfp
-from service.core.limits import parse_rate, read_rule
-from service.transport import FakeClock
+from zfab import Broker
+from zfab.core import protocol as nfp
+from zfab.core.limits import parse_rate, read_rule
+from zfab.transport import FakeClock
 
 SITE = {"type": "object", "properties": {"site": {"type": "string"}, "n": {"type": "integer"}}}
 TASKS: dict[str, Any] = {

@@ -9,9 +9,9 @@ from typing import Any
 
 from test_broker_handlers import finish, jobs_sent, make_broker, post, ready, replies, stub
 
-from service import Broker
-from service.core import protocol as nfp
-from service.transport import FakeClock
+from zfab import Broker
+from zfab.core import protocol as nfp
+from zfab.transport import FakeClock
 
 SENT: list[list[bytes]] = []  # what the broker sent along with the last control's answer
 

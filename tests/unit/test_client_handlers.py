@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from service import Client, Settings
-from service.core import protocol as nfp
-from service.errors import (
+from zfab import Client, Settings
+from zfab.core import protocol as nfp
+from zfab.errors import (
     BusyError,
     JobCancelledError,
     JobExpiredError,
@@ -22,7 +22,7 @@ from service.errors import (
     OutcomeUnknownError,
     WorkerLostError,
 )
-from service.transport import FakeClock, StubLoop, StubTransport
+from zfab.transport import FakeClock, StubLoop, StubTransport
 
 INTERVAL, MULTIPLIER = 1.0, 3
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from service.client.clientjob import ClientJob, JobFuture
-from service.core import protocol as nfp
-from service.errors import (
+from zfab.client.clientjob import ClientJob, JobFuture
+from zfab.core import protocol as nfp
+from zfab.errors import (
     BadRequestError,
     BusyError,
     JobNotFoundError,
@@ -382,7 +382,7 @@ def test_a_refused_get_poll_does_not_end_a_dispatched_job() -> None:
 
 
 def test_a_retried_job_travels_under_a_new_wire_uuid() -> None:
-    from service.core.payloads import split_wire_uuid
+    from zfab.core.payloads import split_wire_uuid
 
     job = make_job()
     job.retries_left = 1

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from service import Settings
-from service.worker.credits import ADAPTIVE_MAX, credits_for, worth_telling
+from zfab import Settings
+from zfab.worker.credits import ADAPTIVE_MAX, credits_for, worth_telling
 
 
 def settings(**kw: object) -> Settings:

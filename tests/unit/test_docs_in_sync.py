@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from api.settings import ApiSettings
-from service.settings import Settings
+from zfab.api.settings import ApiSettings
+from zfab.settings import Settings
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -7,8 +7,8 @@ import struct
 
 import pytest
 
-from service.core import hoptrace
-from service.core import protocol as nfp
+from zfab.core import hoptrace
+from zfab.core import protocol as nfp
 
 
 def figures(*values: float) -> bytes:

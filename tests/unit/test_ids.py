@@ -6,7 +6,7 @@ import threading
 import time
 import uuid
 
-from service.core import ids
+from zfab.core import ids
 
 
 def test_uuids_are_version_7_in_32_hex_digits_and_distinct_across_refills() -> None:

@@ -3,8 +3,8 @@ position as the task declares, withheld when the declaration cannot be read, bou
 
 from __future__ import annotations
 
-from api.jobs.arguments import SHOWN_BYTES, shown
-from api.models import JobRequest
+from zfab.api.jobs.arguments import SHOWN_BYTES, shown
+from zfab.api.models import JobRequest
 
 SCHEMA = {
     "properties": {"user": {"type": "string"}, "password": {"type": "string"}, "site": {"type": "string"}},

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.broker.jobqueue import ALL, ANY, QueuedJob, ServiceQueue, Spot
+from zfab.broker.jobqueue import ALL, ANY, QueuedJob, ServiceQueue, Spot
 
 
 def job(uuid: bytes, *, seq: int, priority: int = 5, kind: str = ANY, not_before: float = 0.0) -> QueuedJob:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import wait_for
 
-from service.worker.job import Job, JobState
-from service.worker.jobstore import SCHEMA_VERSION, JobStore, StoredJob
+from zfab.worker.job import Job, JobState
+from zfab.worker.jobstore import SCHEMA_VERSION, JobStore, StoredJob
 
 WAIT = 10.0  # seconds; a deadline, never a sleep
 
@@ -286,7 +286,7 @@ def test_store_with_another_schema_version_is_moved_aside_not_misread(
     conn.close()
 
     # When the store opens
-    with caplog.at_level(logging.WARNING, logger="service.worker.jobstore"):
+    with caplog.at_level(logging.WARNING, logger="zfab.worker.jobstore"):
         store = open_store(path)
     try:
         found, _ = read_now(store, "old-job")

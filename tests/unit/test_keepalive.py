@@ -7,7 +7,7 @@ import itertools
 import pytest
 from fakeclock import FakeClock
 
-from service.core.keepalive import DEFAULT_INTERVAL, DEFAULT_MULTIPLIER, KeepAlive
+from zfab.core.keepalive import DEFAULT_INTERVAL, DEFAULT_MULTIPLIER, KeepAlive
 
 
 @pytest.fixture
@@ -153,7 +153,6 @@ def test_non_positive_interval_is_rejected(interval: float) -> None:
 def test_multiplier_below_one_is_rejected(multiplier: int) -> None:
     with pytest.raises(ValueError, match="multiplier"):
         KeepAlive(multiplier=multiplier)
-
 
 
 def test_a_keepalive_due_within_half_an_interval_answers_the_peers(clock: FakeClock) -> None:

@@ -14,19 +14,21 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("service", "api", "apiclient")
+# Each source folder and the name it installs under (pyproject.toml maps them into `zfab`).
+FOLDERS = {"service": "zfab", "api": "zfab.api", "apiclient": "zfab.apiclient"}
+PACKAGES = tuple(FOLDERS.values())
 
 # The order the layers of api/ may import in: a package may import its own modules, any top-level
 # base module of api/ and the packages after it in this list, never one before it.
-API_LAYERS = ("api.http", "api.schedules", "api.replicas", "api.store", "api.jobs")
-API_BASE = {"api.settings", "api.models", "api.errors", "api.fabric", "api.state"}
+API_LAYERS = tuple(f"zfab.api.{p}" for p in ("http", "schedules", "replicas", "store", "jobs"))
+API_BASE = {f"zfab.api.{m}" for m in ("settings", "models", "errors", "fabric", "state")}
 
 
 def module_of(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
-    return ".".join(parts)
+    return ".".join([FOLDERS[parts[0]], *parts[1:]])
 
 
 def imports_of(path: Path, mod: str) -> set[str]:
@@ -59,7 +61,7 @@ def imports_of(path: Path, mod: str) -> set[str]:
 
 
 def modules() -> dict[str, Path]:
-    return {module_of(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    return {module_of(p): p for folder in FOLDERS for p in (ROOT / folder).rglob("*.py")}
 
 
 def graph() -> dict[str, set[str]]:
@@ -101,8 +103,13 @@ def test_the_walker_sees_lazy_imports_and_skips_type_checking(tmp_path: Path) ->
 @pytest.mark.parametrize("package", PACKAGES)
 def test_no_import_cycle(package: str) -> None:
     g = graph()
-    found = [" -> ".join(c) for c in cycles(g) if c[0].split(".")[0] == package]
+    found = [" -> ".join(c) for c in cycles(g) if package_of(c[0]) == package]
     assert not found, found
+
+
+def package_of(mod: str) -> str:
+    """The installed package a module belongs to: zfab.api.x is the API's, zfab.x the fabric's."""
+    return next(p for p in sorted(PACKAGES, key=len, reverse=True) if mod == p or mod.startswith(p + "."))
 
 
 def layer_of(mod: str) -> str | None:
@@ -112,7 +119,7 @@ def layer_of(mod: str) -> str | None:
 def test_api_layers_import_one_way() -> None:
     wrong = []
     for mod, targets in graph().items():
-        if not mod.startswith("api."):
+        if not mod.startswith("zfab.api."):
             continue
         here = layer_of(mod)
         for t in targets:
@@ -123,7 +130,7 @@ def test_api_layers_import_one_way() -> None:
                     wrong.append(f"{mod} -> {t}")
             elif there is not None and there != here and API_LAYERS.index(there) < API_LAYERS.index(here):
                 wrong.append(f"{mod} -> {t}")
-            elif there is None and t.startswith("api.") and t not in API_BASE and here != "api.http":
+            elif there is None and t.startswith("zfab.api.") and t not in API_BASE and here != "zfab.api.http":
                 wrong.append(f"{mod} -> {t} (only the HTTP app imports the composition modules)")
     assert not wrong, wrong
 
@@ -136,21 +143,50 @@ def test_top_level_of_api_stays_small() -> None:
 def test_the_job_layer_reaches_replicas_only_through_its_interface() -> None:
     g = graph()
     for mod, targets in g.items():
-        if mod.startswith("api.jobs"):
-            assert not {t for t in targets if t.startswith(("api.replicas", "api.store", "api.http"))}, mod
+        if mod.startswith("zfab.api.jobs"):
+            assert not {t for t in targets if t.startswith(("zfab.api.replicas", "zfab.api.store", "zfab.api.http"))}, (
+                mod
+            )
 
 
 def test_api_never_imports_the_cli_commands_and_service_never_imports_api() -> None:
     for mod, path in modules().items():
         names = imports_of(path, mod)
-        if mod == "api" or mod.startswith("api."):
-            assert not {n for n in names if n == "apiclient" or n.startswith("apiclient.")}, mod
-        if mod.startswith("service"):
-            assert not {n for n in names if n.split(".")[0] in ("api", "apiclient")}, mod
+        names = {n for n in names if n.startswith("zfab")}
+        if package_of(mod) == "zfab.api":
+            assert not {n for n in names if package_of(n) == "zfab.apiclient"}, mod
+        if package_of(mod) == "zfab":
+            assert not {n for n in names if package_of(n) != "zfab"}, mod
 
 
 def test_the_cli_commands_do_not_load_the_server() -> None:
     for mod, path in modules().items():
-        if mod.startswith("apiclient"):
-            heavy = {n for n in imports_of(path, mod) if n.split(".")[0] in ("api", "fastapi", "uvicorn", "pydantic")}
+        if package_of(mod) == "zfab.apiclient":
+            names = imports_of(path, mod)
+            heavy = {n for n in names if n.split(".")[0] in ("fastapi", "uvicorn", "pydantic")}
+            heavy |= {n for n in names if n.startswith("zfab") and package_of(n) == "zfab.api"}
             assert not heavy, (mod, heavy)
+
+
+def test_one_import_name_nothing_named_service_or_api_is_installed(tmp_path: Path) -> None:
+    """Given a user project with its own service.py and api/ package, `from zfab import Client` and
+    `zfab.api` still load ours, and `service`, `api` and `apiclient` are that project's (or nothing)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "service.py").write_text("MINE = 'service'\n")
+    (tmp_path / "api").mkdir()
+    (tmp_path / "api" / "__init__.py").write_text("MINE = 'api'\n")
+    code = (
+        "import importlib.util, service, api\n"
+        "from zfab import Client, Worker, task, Job, Backoff\n"
+        "import zfab.api, zfab.apiclient\n"
+        "assert service.MINE == 'service' and api.MINE == 'api'\n"
+        "assert importlib.util.find_spec('apiclient') is None\n"
+        "print(zfab.api.__name__, Client.__module__.split('.')[0])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60, env={"PATH": ""}
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["zfab.api", "zfab"]

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from starlette.routing import Match
 
-from api.http.app import create_app
-from api.http.lean import PASSED, LeanSubmitRoute
-from api.settings import ApiSettings
+from zfab.api.http.app import create_app
+from zfab.api.http.lean import PASSED, LeanSubmitRoute
+from zfab.api.settings import ApiSettings
 
 
 class Documented:

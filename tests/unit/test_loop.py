@@ -10,9 +10,9 @@ import pytest
 import zmq
 from conftest import wait_for
 
-from service.errors import BackpressureError, ClosedError
-from service.transport.loop import OwnerLoop
-from service.transport.wire import Frames
+from zfab.errors import BackpressureError, ClosedError
+from zfab.transport.loop import OwnerLoop
+from zfab.transport.wire import Frames
 
 
 class GuardedSocket(zmq.Socket):  # type: ignore[type-arg]
@@ -222,6 +222,7 @@ def test_bursts_are_read_whole_in_bounded_batches_and_a_lone_message_alone(route
     wait_for(lambda: role.batches == [1], 5.0, what="the lone message's batch")
     # (sent while the owner is held in a queued call, so they pile up in its socket)
     release = threading.Event()
+
     def hold() -> None:
         release.wait(5)
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from service.broker.admission import Refusal, read_job
-from service.core import protocol as nfp
-from service.core.payloads import read_post_body
-from service.core.schemacheck import check
+from zfab.broker.admission import Refusal, read_job
+from zfab.core import protocol as nfp
+from zfab.core.payloads import read_post_body
+from zfab.core.schemacheck import check
 
 
 def _job(**flags: Any) -> Any:

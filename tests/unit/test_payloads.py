@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from service.core.payloads import iso
+from zfab.core.payloads import iso
 
 EDGES = [0.0, 1e9, 1_700_000_000.0, 1_700_000_000.9999995, 1_700_000_000.0000005, 1e9 + 1.5e-6, 1e9 - 0.5e-6, -1.25]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import time
 
-from api.jobs.table import JobRecord
-from api.store.base import is_postgres_url, redacted
-from api.store.postgres import NOTIFY_BYTES, notify_payloads, written
-from service.client.clientjob import JobFuture
+from zfab.api.jobs.table import JobRecord
+from zfab.api.store.base import is_postgres_url, redacted
+from zfab.api.store.postgres import NOTIFY_BYTES, notify_payloads, written
+from zfab.client.clientjob import JobFuture
 
 
 def test_postgres_urls_and_paths() -> None:

@@ -10,7 +10,7 @@ from collections import deque
 import pytest
 from conftest import wait_for
 
-from service.worker.pool import JobPool
+from zfab.worker.pool import JobPool
 
 
 def test_one_job_at_a_time_runs_on_one_thread_while_the_others_sleep() -> None:

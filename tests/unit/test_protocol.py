@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.core import protocol as nfp
+from zfab.core import protocol as nfp
 
 REASONS = {"frame_count", "delimiter", "header", "command", "json", "oversize", "field", "status", "type"}
 

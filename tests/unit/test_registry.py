@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from fakeclock import FakeClock
 
-from service.broker.jobqueue import ANY, QueuedJob
-from service.broker.registry import Registry, ServiceRecord, WorkerRecord
+from zfab.broker.jobqueue import ANY, QueuedJob
+from zfab.broker.registry import Registry, ServiceRecord, WorkerRecord
 
 SVC = b"demo"
 INTERVAL, MULTIPLIER = 1.0, 3  # hold time 3 s

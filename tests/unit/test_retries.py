@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 
-from service import Backoff, Client, Settings, Worker, task
-from service.core import payloads
-from service.core import protocol as nfp
-from service.core.errors import ProtocolError
-from service.core.retries import MAX_RETRIES, read_backoff
-from service.transport import FakeClock, StubLoop, StubTransport
-from service.worker.job import Job
-from service.worker.task import build_spec
-from service.workers.demo import DemoWorker
+from zfab import Backoff, Client, Settings, Worker, task
+from zfab.core import payloads
+from zfab.core import protocol as nfp
+from zfab.core.errors import ProtocolError
+from zfab.core.retries import MAX_RETRIES, read_backoff
+from zfab.transport import FakeClock, StubLoop, StubTransport
+from zfab.worker.job import Job
+from zfab.worker.task import build_spec
+from zfab.workers.demo import DemoWorker
 
 PAUSE = threading.Event()  # never set: bounded waits below poll with a deadline
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from api.schedules.timing import CRON_PATTERN, cron_problem, first, following, next_cron, next_every
+from zfab.api.schedules.timing import CRON_PATTERN, cron_problem, first, following, next_cron, next_every
 
 
 def at(text: str) -> float:

@@ -8,8 +8,8 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from api.schedules.scheduler import Scheduler, next_wake, plan
-from api.store.schedules import ScheduleRecord, ScheduleStore
+from zfab.api.schedules.scheduler import Scheduler, next_wake, plan
+from zfab.api.store.schedules import ScheduleRecord, ScheduleStore
 
 JOB = {"service": "demo", "task": "echo"}
 

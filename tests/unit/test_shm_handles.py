@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from service import Settings
-from service.core import protocol as nfp
-from service.core import shmhandle
-from service.core.shmhandle import HEADER_BYTES, Handle, HandleError
-from service.transport.shm import ShmArena, host_id
+from zfab import Settings
+from zfab.core import protocol as nfp
+from zfab.core import shmhandle
+from zfab.core.shmhandle import HEADER_BYTES, Handle, HandleError
+from zfab.transport.shm import ShmArena, host_id
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -189,7 +189,7 @@ def test_host_ids_differ_for_different_directories_and_match_for_the_same(tmp_pa
 def test_the_blocks_of_a_process_that_died_are_reclaimed_and_a_live_ones_are_not(tmp_path: Path) -> None:
     # Given a real process that made a block and was killed
     code = (
-        "import sys; from service import Settings; from service.transport.shm import ShmArena; "
+        "import sys; from zfab import Settings; from zfab.transport.shm import ShmArena; "
         f"a = ShmArena(Settings(shm_dir={str(tmp_path)!r})); a.put(b'x' * 300_000, ttl=60); "
         "print('made', flush=True); sys.stdin.read()"
     )
@@ -234,7 +234,7 @@ def test_the_header_is_what_the_reader_checks() -> None:
 
 
 def test_a_retried_attempt_of_a_job_sent_by_handle_carries_its_attempt_in_the_handle() -> None:
-    from service.core import payloads
+    from zfab.core import payloads
 
     h = shmhandle.encode_handle(Handle("zfab-00000000-1-1-0123456789abcdef", 5, b"\x07" * 16))
     again = payloads.with_attempt(h, 3)

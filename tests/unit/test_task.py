@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from service.worker.job import Job
-from service.worker.task import TaskArgumentsError, TaskSpec, build_spec, is_task, task
+from zfab.worker.job import Job
+from zfab.worker.task import TaskArgumentsError, TaskSpec, build_spec, is_task, task
 
 
 class Inventory:

@@ -8,10 +8,10 @@ import json
 
 from test_broker_handlers import make_broker, ready, replies, stub
 
-from service import Client, Settings, tracing
-from service.core import payloads
-from service.core import protocol as nfp
-from service.transport import FakeClock, StubLoop, StubTransport
+from zfab import Client, Settings, tracing
+from zfab.core import payloads
+from zfab.core import protocol as nfp
+from zfab.transport import FakeClock, StubLoop, StubTransport
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 

@@ -14,8 +14,8 @@ import pytest
 
 CHILD = """
 import gc, json, sys, weakref
-from service import tune_process
-from service.core.tuning import GC_THRESHOLDS
+from zfab import tune_process
+from zfab.core.tuning import GC_THRESHOLDS
 
 class Cycle:
     def __init__(self):
@@ -34,7 +34,7 @@ print(json.dumps({"before": before, "frozen": frozen, "thresholds": gc.get_thres
 # Page faults of 30 rounds of a 10 MB job's allocations (a frame, its JSON, a result), before and after.
 FAULTS = """
 import json, resource, sys
-from service.core.tuning import allocator
+from zfab.core.tuning import allocator
 
 def rounds():
     start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import zmq
 
-from service.transport.wire import Wire
+from zfab.transport.wire import Wire
 
 
 class RecordingSocket(zmq.Socket):  # type: ignore[type-arg]

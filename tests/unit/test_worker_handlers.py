@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from service import Settings
-from service.core import hoptrace
-from service.core import protocol as nfp
-from service.transport import FakeClock, StubLoop, StubTransport
-from service.worker.runner import STARTED_NOTICE_DELAY
-from service.workers.demo import AsyncDemoWorker, DemoWorker
+from zfab import Settings
+from zfab.core import hoptrace
+from zfab.core import protocol as nfp
+from zfab.transport import FakeClock, StubLoop, StubTransport
+from zfab.worker.runner import STARTED_NOTICE_DELAY
+from zfab.workers.demo import AsyncDemoWorker, DemoWorker
 
 Frames = list[bytes]
 PAUSE = threading.Event()  # never set: waits below are bounded polls with a deadline

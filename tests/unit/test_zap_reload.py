@@ -11,7 +11,7 @@ import zmq
 import zmq.auth
 from zmq.utils import z85
 
-from service.transport.security import ZapHandler, create_keys
+from zfab.transport.security import ZapHandler, create_keys
 
 
 def zap_request(public_file: Path) -> list[bytes]:

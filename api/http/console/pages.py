@@ -10,7 +10,7 @@ from html import escape
 from importlib.resources import files
 from string import Template
 
-PACKAGE = "api.http.console"
+PACKAGE = "zfab.api.http.console"
 # view -> (path under /ui, title, shown in the navigation)
 VIEWS = {
     "jobs": ("", "Jobs", True),

@@ -14,7 +14,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from service import MAX_JOB_UUID
+from zfab import MAX_JOB_UUID
 
 from ...errors import ProblemError
 from ...jobs.arguments import arguments_of

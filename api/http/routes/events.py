@@ -17,7 +17,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Request, Response
 from fastapi.responses import StreamingResponse
 
-from service.errors import ZfabError
+from zfab.errors import ZfabError
 
 from ...errors import ProblemError
 from ...fabric import await_result

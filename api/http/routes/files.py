@@ -19,8 +19,8 @@ from urllib.parse import quote
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
-from service import MAX_NAME_BYTES, Client, FileStream
-from service.errors import BadRequestError, JobTimeoutError, ZfabError
+from zfab import MAX_NAME_BYTES, Client, FileStream
+from zfab.errors import BadRequestError, JobTimeoutError, ZfabError
 
 from ...errors import ProblemError, from_fabric_error
 from ...fabric import await_result, wait_done

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Header, Path, Query, Request, Response
 # A job the API submits gets the fabric's own kind of uuid: UUIDv7, time-ordered, so each
 # worker's job store and the shared PostgreSQL table insert at the end of their uuid index; its
 # random bits come from the OS 256 uuids at a time, so the event loop rarely gives up the GIL.
-from service import MAX_JOB_UUID
+from zfab import MAX_JOB_UUID
 
 from ...errors import ProblemError
 from ...jobs.arguments import arguments_of

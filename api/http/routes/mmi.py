@@ -6,8 +6,8 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request
 
-from service import MAX_NAME_BYTES
-from service.errors import BadRequestError, NoWorkersError, ZfabError
+from zfab import MAX_NAME_BYTES
+from zfab.errors import BadRequestError, NoWorkersError, ZfabError
 
 from ...errors import ProblemError, from_fabric_error, unavailable
 from ...fabric import MMI_TIMEOUT, mmi, wait_done

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, Field
 
-from service.metrics import version
+from zfab.metrics import version
 
 from ...state import ApiState
 

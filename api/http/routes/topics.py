@@ -29,7 +29,7 @@ from fastapi.responses import StreamingResponse
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from service import Subscriber, ZfabError
+from zfab import Subscriber, ZfabError
 
 from ...errors import ProblemError, unavailable
 from ..auth import Principal

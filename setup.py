@@ -1,0 +1,17 @@
+"""One import name, `zfab`, for the repository's three folders: service/ installs as `zfab`, api/ as
+`zfab.api` and apiclient/ as `zfab.apiclient`, so nothing named `service` or `api` lands in
+site-packages to shadow (or be shadowed by) a user's own modules. Everything else is in pyproject.toml.
+"""
+
+from setuptools import find_packages, setup
+
+FOLDERS = {"zfab": "service", "zfab.api": "api", "zfab.apiclient": "apiclient"}
+
+setup(
+    packages=[
+        name + sub[len(folder) :]
+        for name, folder in FOLDERS.items()
+        for sub in find_packages(include=[folder, folder + ".*"])
+    ],
+    package_dir=FOLDERS,
+)

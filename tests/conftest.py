@@ -11,16 +11,23 @@ import pytest
 
 
 def wait_for(cond: Callable[[], bool], timeout: float, interval: float = 0.05, what: str = "condition") -> None:
-    """Poll cond until it holds; fail the test with `what` after the deadline."""
+    """Poll cond until it holds; fail the test with `what` after the deadline.
+
+    A condition that raises is polled again (a server still starting refuses connections), but the
+    last exception it raised is what the timeout reports, chained, so the real failure is not lost.
+    """
     deadline = time.monotonic() + timeout
+    last: Exception | None = None
     while True:
         try:
             if cond():
                 return
-        except Exception:
-            pass
+            last = None
+        except Exception as e:
+            last = e
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            why = f"; the condition last raised {type(last).__name__}: {last}" if last is not None else ""
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}{why}") from last
         time.sleep(interval)
 
 

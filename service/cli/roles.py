@@ -48,7 +48,7 @@ def _user_worker_class(spec: str, service: str | None) -> type[Any]:
     module = _import_user_module(spec, mod_name)
     cls = getattr(module, cls_name, None)
     if cls is None:
-        raise UsageError(f"--worker {spec}: module {mod_name!r} ({module.__file__}) has no {cls_name!r}")
+        raise UsageError(f"--worker {spec}: module {mod_name!r} has no {cls_name!r} (read from {module.__file__})")
     from ..worker.worker import Worker
 
     if not (isinstance(cls, type) and issubclass(cls, Worker)):

@@ -123,7 +123,8 @@ def failure_lines(results: Any) -> list[str]:
         errors = [str(e) for e in entry.get("errors") or [] if str(e).strip()]
         if not errors:
             continue
-        lines.append(f"worker {worker} failed ({entry.get('status') or 'failed'}):")
+        status = entry.get("status")
+        lines.append(f"worker {worker} failed" + (f" ({status})" if status and status != "failed" else "") + ":")
         for error in errors:
             lines.extend("  " + line for line in error.rstrip().splitlines())
     return lines

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ..settings import Settings
 from .common import UsageError, settings_of, setup_logging
 from .supervise import Stage, Supervisor, exit_text
 
@@ -27,6 +28,7 @@ log = logging.getLogger("zfab")
 
 
 UP_READY_DEADLINE = 60.0
+DEFAULT_API = "http://127.0.0.1:8000"  # where `zfab submit` goes without ZFAB_API_URL (apiclient/http.py)
 UP_GRACE = 10.0  # seconds running jobs get when the stack stops, unless --grace or ZFAB_DRAIN_TIMEOUT says
 STOP_MARGIN = 5.0  # beyond a worker's drain: flushing its results, closing its store, exiting
 BROKER_STOP_SECONDS = 5.0
@@ -73,6 +75,14 @@ def endpoint_port(endpoint: str) -> tuple[str, int] | None:
     return ("0.0.0.0" if host in ("*", "") else host), int(port)
 
 
+def connect_to(endpoint: str) -> str:
+    """Where the stack's workers and API reach a broker bound at `endpoint` (a wildcard is this host)."""
+    where = endpoint_port(endpoint)
+    if where is None or where[0] not in ("0.0.0.0", "::"):
+        return endpoint
+    return f"tcp://127.0.0.1:{where[1]}"
+
+
 def check_ports(endpoint: str, api_host: str, api_port: int) -> None:
     """UsageError naming the first port `zfab up` would need that is already taken."""
     broker = endpoint_port(endpoint)
@@ -107,7 +117,8 @@ def cli_hint() -> str:
     return f"in another terminal here: source {shown.parent / 'activate'}   (or call {shown} directly)"
 
 
-def banner(endpoint: str, workers: list[str], base: str | None, grace: float) -> list[str]:
+def banner(endpoint: str, connect: str, workers: list[str], base: str | None, grace: float) -> list[str]:
+    """What `zfab up` prints once its stack is ready: where to look, and commands that work as shown."""
     names = f" ({', '.join(workers)})" if workers else ""
     lines = [f"zfab up: broker {endpoint}, {len(workers)} demo worker(s){names}"]
     if base:
@@ -116,9 +127,10 @@ def banner(endpoint: str, workers: list[str], base: str | None, grace: float) ->
             f"  API      {base}/docs   health {base}/healthz   metrics {base}/metrics",
         ]
     lines.append(f"  CLI      {cli_hint()}")
-    lines.append('  try:     zfab run demo echo --kwargs \'{"data": "hi"}\'')
+    broker_env = "" if connect == Settings.model_fields["broker"].default else f"ZFAB_BROKER={connect} "
+    lines.append(f'  try:     {broker_env}zfab run demo echo --kwargs \'{{"data": "hi"}}\'')
     if base:
-        api_env = "" if base == "http://127.0.0.1:8000" else f"ZFAB_API_URL={base} "
+        api_env = "" if base == DEFAULT_API else f"ZFAB_API_URL={base} "
         lines += [
             f'           {api_env}zfab submit demo echo --kwargs \'{{"data": "hi"}}\'',
             f"           curl -s -XPOST '{base}/jobs?wait=5' -H 'content-type: application/json' "
@@ -151,7 +163,7 @@ def cmd_up(ns: argparse.Namespace) -> int:
     )
     check_ports(s.bind_endpoint, ns.api_host, ns.api_port)
     env = dict(os.environ)
-    env["ZFAB_BROKER"] = s.broker
+    env["ZFAB_BROKER"] = connect = connect_to(s.bind_endpoint) if ns.endpoint else s.broker
     stop, hurry = stop_signals()  # before the first start: a Ctrl-C from now on stops them all
     sup = Supervisor([sys.executable, "-m", "zfab.cli"])
     try:
@@ -168,7 +180,7 @@ def cmd_up(ns: argparse.Namespace) -> int:
         code = _until_ready(sup, base, s.bind_endpoint, stop)
         if code is not None:
             return code
-        print("\n".join(banner(s.bind_endpoint, names, base, grace)), flush=True)
+        print("\n".join(banner(s.bind_endpoint, connect, names, base, grace)), flush=True)
         while not stop.wait(0.2):
             for child in sup.watch():
                 if child.stage != Stage.WORKERS:

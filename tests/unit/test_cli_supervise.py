@@ -11,7 +11,7 @@ import pytest
 
 from zfab.apiclient.jobs import show_job
 from zfab.cli import UsageError, failure_lines, load_worker_class
-from zfab.cli.local import banner, check_ports, endpoint_port
+from zfab.cli.local import banner, check_ports, connect_to, endpoint_port
 from zfab.cli.supervise import RestartPolicy, exit_text
 
 TRACEBACK = (
@@ -58,10 +58,17 @@ def test_a_taken_port_is_a_usage_error_naming_it_and_the_flag() -> None:
 
 
 def test_the_banner_names_the_api_url_only_when_it_is_not_the_default() -> None:
-    default = "\n".join(banner("tcp://127.0.0.1:5555", ["demo-1"], "http://127.0.0.1:8000", 10))
-    assert "ZFAB_API_URL" not in default and "zfab submit demo echo" in default
-    other = "\n".join(banner("tcp://127.0.0.1:5555", ["demo-1"], "http://127.0.0.1:8123", 10))
+    ep = "tcp://127.0.0.1:5555"
+    default = "\n".join(banner(ep, ep, ["demo-1"], "http://127.0.0.1:8000", 10))
+    assert "ZFAB_API_URL" not in default and "ZFAB_BROKER" not in default and "zfab submit demo echo" in default
+    other = "\n".join(banner("tcp://0.0.0.0:5601", "tcp://127.0.0.1:5601", ["demo-1"], "http://127.0.0.1:8123", 10))
     assert "ZFAB_API_URL=http://127.0.0.1:8123 zfab submit" in other
+    assert "ZFAB_BROKER=tcp://127.0.0.1:5601 zfab run" in other
+
+
+def test_a_wildcard_endpoint_is_reached_on_this_host() -> None:
+    assert connect_to("tcp://0.0.0.0:5601") == "tcp://127.0.0.1:5601" == connect_to("tcp://*:5601")
+    assert connect_to("tcp://127.0.0.2:5601") == "tcp://127.0.0.2:5601"
 
 
 def test_failure_lines_print_a_traceback_as_its_lines() -> None:

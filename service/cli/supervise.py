@@ -31,6 +31,7 @@ from ..core.retries import Backoff
 log = logging.getLogger("zfab")
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+HURRIED_SECONDS = 1.0  # what each stage still gets after a second Ctrl-C: the broker and API stop cleanly
 
 
 class Stage(IntEnum):
@@ -180,8 +181,9 @@ class Supervisor:
         return gave_up
 
     def stop(self, deadlines: dict[Stage, float], hurry: threading.Event) -> None:
-        """Stop the children stage by stage: SIGTERM, then wait up to the stage's deadline (or until
-        `hurry` is set: a second Ctrl-C) before SIGKILL. Children waiting to restart stay down."""
+        """Stop the children stage by stage: SIGTERM, then wait up to the stage's deadline (at most
+        HURRIED_SECONDS once `hurry` is set: a second Ctrl-C) before SIGKILL. Children waiting to
+        restart stay down."""
         for child in self.children:
             child.restart_at = None
         for stage in Stage:
@@ -190,12 +192,20 @@ class Supervisor:
                 assert child.proc is not None
                 child.proc.send_signal(signal.SIGTERM)
             until = self.clock() + deadlines[stage]
-            while any(c.running for c in group) and self.clock() < until and not hurry.is_set():
-                hurry.wait(0.05)
+            while any(c.running for c in group):
+                now = self.clock()
+                if hurry.is_set():
+                    until = min(until, now + HURRIED_SECONDS)
+                if now >= until:
+                    break
+                if hurry.is_set():
+                    time.sleep(0.05)
+                else:
+                    hurry.wait(0.05)  # wakes at once on a second Ctrl-C
             for child in group:
                 if child.running:
                     assert child.proc is not None
-                    why = "at a second Ctrl-C" if hurry.is_set() else f"after {deadlines[stage]:g} s"
+                    why = "after a second Ctrl-C" if hurry.is_set() else f"after {deadlines[stage]:g} s"
                     log.warning("zfab up: %s had not stopped %s; killing it", child.name, why)
                     child.proc.kill()
                     child.proc.wait(5)

@@ -248,3 +248,28 @@ def test_a_child_that_keeps_dying_is_reported_and_left_down_while_the_rest_runs(
     finally:
         sup.stop({stage: 10.0 for stage in Stage}, threading.Event())
     assert not steady.running and steady.proc is not None and steady.proc.returncode == -signal.SIGTERM
+
+
+def ignores_sigterm(pid: int) -> bool:
+    ignored = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("SigIgn:"))
+    return bool(int(ignored.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+
+
+@pytest.mark.parametrize("hurried", [False, True])
+def test_a_child_that_ignores_sigterm_is_killed_past_its_deadline_or_a_second_ctrl_c(
+    caplog: pytest.LogCaptureFixture, hurried: bool
+) -> None:
+    from zfab.cli.supervise import Stage, Supervisor
+
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    sup = Supervisor([sys.executable, "-c"])
+    child = sup.add("worker stubborn", Stage.WORKERS, [stubborn], dict(os.environ))
+    assert child.proc is not None
+    wait_for(lambda: ignores_sigterm(child.proc.pid), 20, what="the child ignoring SIGTERM")
+    hurry = threading.Event()
+    if hurried:
+        hurry.set()  # a second Ctrl-C: the 60 s below are cut to about a second
+    sup.stop({Stage.WORKERS: 60.0 if hurried else 0.5, Stage.BROKER: 1.0, Stage.API: 1.0}, hurry)
+    assert child.proc is not None and child.proc.returncode == -signal.SIGKILL
+    why = "after a second Ctrl-C" if hurried else "after 0.5 s"
+    assert [r.getMessage() for r in caplog.records] == [f"zfab up: worker stubborn had not stopped {why}; killing it"]

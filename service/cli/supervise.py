@@ -151,7 +151,12 @@ class Supervisor:
             if child.restart_at is not None:
                 if now >= child.restart_at:
                     child.restarts += 1
-                    self.start(child)
+                    try:
+                        self.start(child)
+                    except OSError as exc:  # no more processes, a full disk: not worth a loop
+                        log.error("zfab up: cannot start %s again: %s; leaving it down", child.name, exc)
+                        child.given_up, child.restart_at = True, None
+                        gave_up.append(child)
                 continue
             if child.proc is None or child.proc.poll() is None:
                 continue

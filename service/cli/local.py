@@ -156,6 +156,8 @@ def cmd_up(ns: argparse.Namespace) -> int:
     """A broker, N demo workers and the API as supervised child processes; Ctrl-C stops them in order."""
     s = settings_of(ns)
     setup_logging(s.log_level)
+    if ns.workers < 0:
+        raise UsageError(f"--workers must be 0 or more, got {ns.workers}")
     if ns.grace is not None and ns.grace < 0:
         raise UsageError(f"--grace must be 0 or more seconds, got {ns.grace:g}")
     grace = (

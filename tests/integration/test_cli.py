@@ -274,6 +274,8 @@ def test_run_reports_a_silent_broker_within_its_hold_time(stack: Stack) -> None:
         (["run", "demo", "echo", "--args", '{"a": 1}'], {}, r"--args must be a JSON list"),
         (["mmi", "show_workers", "--kwargs", "[1"], {}, r"--kwargs is not JSON"),
         (["api", "--port", "70000"], {}, r"^zfab api: bad setting --port=70000: Input should be less than"),
+        (["up", "--workers", "-1"], {}, r"^zfab up: --workers must be 0 or more, got -1$"),
+        (["up", "--grace", "-1"], {}, r"^zfab up: --grace must be 0 or more seconds, got -1$"),
     ],
 )
 def test_bad_settings_and_arguments_are_one_line_and_exit_2(

@@ -1,4 +1,4 @@
-"""`zfab submit|status|result|cancel|watch|jobs|schedules`: the CLI as a client of the HTTP API.
+"""`zfab submit|status|result|retry|input|cancel|watch|jobs|schedules`: the CLI as a client of the HTTP API.
 
 Not part of the API server: these commands speak HTTP only (the standard library's urllib, so
 `zfab status` starts fast) and the server never imports them. They join the `zfab` command through

@@ -1,6 +1,6 @@
-"""`zfab submit|status|result|cancel|watch|jobs`: jobs through the HTTP API, as a user at a shell wants them.
+"""`zfab submit|status|result|retry|input|cancel|watch|jobs`: jobs through the HTTP API, as a user wants them.
 
-They speak HTTP only (`--api URL`, or ZFAB_API_URL; ZFAB_API_TOKEN for the bearer token), so they
+They speak HTTP only (`--api URL`, or ZFAB_API_URL; `--token` or ZFAB_API_TOKEN for the bearer token), so they
 work from anywhere the API is reachable. Output for people goes to stdout (a uuid, a table, a
 result's JSON), progress and errors to stderr.
 
@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
-from zfab.cli import EXIT_USAGE, UsageError, json_flag
+from zfab.cli import EXIT_USAGE, UsageError, failure_lines, json_flag
 from zfab.cli import workers_flag as cli_workers_flag
 
 from .http import DEFAULT_URL, ApiClient, ApiError, ApiUnreachable
@@ -43,13 +43,26 @@ def add_api_flags(p: argparse.ArgumentParser) -> None:
         "--api",
         dest="api_url",
         default=None,
-        help=f"the zfab API's base URL (ZFAB_API_URL, default {DEFAULT_URL}); token from ZFAB_API_TOKEN",
+        help=f"the zfab API's base URL (ZFAB_API_URL, default {DEFAULT_URL})",
+    )
+    p.add_argument(
+        "--token",
+        dest="api_token",
+        default=None,
+        help="bearer token for an API with ZFAB_API_TOKENS set (ZFAB_API_TOKEN)",
     )
 
 
 def client_of(ns: argparse.Namespace) -> ApiClient:
     base = ns.api_url or os.environ.get("ZFAB_API_URL") or DEFAULT_URL
-    return ApiClient(base=base, token=os.environ.get("ZFAB_API_TOKEN") or None)
+    return ApiClient(base=base, token=ns.api_token or os.environ.get("ZFAB_API_TOKEN") or None)
+
+
+def auth_hint(exc: ApiError) -> str:
+    """What to do about a 401: the API wants a token this command did not send, or not this one."""
+    if exc.status != 401:
+        return ""
+    return " (give the API's token: ZFAB_API_TOKEN=... or --token ...; the API's own ZFAB_API_TOKENS lists them)"
 
 
 def workers_flag(text: str | None) -> str | list[str] | None:
@@ -65,7 +78,10 @@ def guarded(name: str, fn: Callable[[argparse.Namespace], int]) -> Callable[[arg
         except UsageError as exc:
             print(f"zfab {name}: {exc}", file=sys.stderr)
             return EXIT_USAGE
-        except (ApiError, ApiUnreachable) as exc:
+        except ApiError as exc:
+            print(f"zfab {name}: {exc}{auth_hint(exc)}", file=sys.stderr)
+            return EXIT_FAILED
+        except ApiUnreachable as exc:
             print(f"zfab {name}: {exc}", file=sys.stderr)
             return EXIT_FAILED
 
@@ -165,13 +181,23 @@ def show_job(job: dict[str, Any], out: TextIO) -> None:
             lines.append((f"attempt {earlier.get('attempt')}", ended))
     ask = job.get("input_request")
     if isinstance(ask, dict):
-        lines.append(("waiting for input", f"{ask.get('question')} (zfab API: POST /jobs/{job.get('uuid')}/input)"))
+        lines.append(("waiting for input", f"{ask.get('question')} (answer: zfab input {job.get('uuid')} VALUE)"))
     for worker, entry in sorted((job.get("results") or {}).items()):
         if isinstance(entry, dict):
             lines.append((f"worker {worker}", worker_outcome(entry)))
     for key, value in lines:
         if value is not None:
             out.write(f"{key + ':':<18} {value}\n")
+    # Tracebacks (an API with ZFAB_API_EXPOSE_TRACEBACKS on) as the lines they are, below the summary.
+    if any(len(e.strip().splitlines()) > 1 for e in _errors(job)):
+        out.write("\n".join(failure_lines(job.get("results"))) + "\n")
+
+
+def _errors(job: dict[str, Any]) -> list[str]:
+    results = job.get("results")
+    if not isinstance(results, dict):
+        return []
+    return [str(e) for entry in results.values() if isinstance(entry, dict) for e in entry.get("errors") or []]
 
 
 def worker_outcome(entry: dict[str, Any]) -> str:
@@ -226,9 +252,32 @@ def cmd_retry(ns: argparse.Namespace) -> int:
         raise UsageError(f"--wait must be 0 or more seconds, got {ns.wait:g}")
     query = {"wait": f"{ns.wait:g}"} if ns.wait else None
     job = client_of(ns).call("POST", f"/jobs/{ns.uuid}/retry", query=query, timeout=(ns.wait or 0) + 30)
-    print(job["uuid"])
-    if ns.wait and is_final(job):
-        return 0 if job.get("state") in SUCCESS else EXIT_FAILED
+    print(job["uuid"], flush=True)
+    if not ns.wait:
+        return 0
+    if not is_final(job):
+        print(f"zfab retry: job {job['uuid']} is {job.get('state')}: not finished after {ns.wait:g} s", file=sys.stderr)
+        return EXIT_UNFINISHED
+    if job.get("state") in SUCCESS:
+        return 0
+    print(f"zfab retry: job {job['uuid']} {job.get('state')}" + (f": {why(job)}" if why(job) else ""), file=sys.stderr)
+    return EXIT_FAILED
+
+
+def cmd_input(ns: argparse.Namespace) -> int:
+    """POST /jobs/{uuid}/input: the answer to a job's input request (a string, or JSON with --json)."""
+    value: Any = ns.value
+    if ns.json:
+        try:
+            value = json.loads(ns.value)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"VALUE is not JSON (--json): {exc.msg} at column {exc.colno}") from None
+    body: dict[str, Any] = {"value": value}
+    if ns.input_id is not None:
+        body["input_id"] = ns.input_id
+    job = client_of(ns).call("POST", f"/jobs/{ns.uuid}/input", body)
+    state = job.get("state") if isinstance(job, dict) else None
+    print(f"answered {ns.uuid}" + (f" (state: {state})" if state else ""))
     return 0
 
 
@@ -401,8 +450,20 @@ def register(sub: Any) -> None:
     rt = sub.add_parser("retry", help="submit a dead job again (same request) as a new job; prints its uuid")
     add_api_flags(rt)
     rt.add_argument("uuid")
-    rt.add_argument("--wait", type=float, help="seconds to wait for the new job (exit 1 if it does not complete)")
+    rt.add_argument(
+        "--wait",
+        type=float,
+        help="seconds to wait for the new job (exit 1 and its reason if it fails, 3 if it has not finished)",
+    )
     rt.set_defaults(fn=guarded("retry", cmd_retry))
+
+    i = sub.add_parser("input", help="answer a job's input request (state waiting)")
+    add_api_flags(i)
+    i.add_argument("uuid")
+    i.add_argument("value", help="the answer, sent as a string (with --json: parsed as JSON)")
+    i.add_argument("--json", action="store_true", help="VALUE is JSON (a number, true, an object...)")
+    i.add_argument("--input-id", dest="input_id", help="the request's id, when the job asks more than once")
+    i.set_defaults(fn=guarded("input", cmd_input))
 
     c = sub.add_parser("cancel", help="cancel a job (through the API)")
     add_api_flags(c)

@@ -4,11 +4,20 @@ every flag is also a ZFAB_* environment variable.
 A mistake the user can fix (a bad setting, a module that does not import, a port in use) is one
 line on stderr and exit code 2, never a traceback.
 
-common.py: what every command shares; roles.py: broker and worker; local.py: `up`; client.py: run,
+common.py: what every command shares; roles.py: broker and worker; local.py: `up`, supervise.py: its
+supervisor; client.py: run,
 mmi, healthcheck, keys; main.py: the parser and main.
 """
 
-from .common import EXIT_USAGE, ProgressLine, UsageError, json_flag, setting_error, workers_flag
+from .common import (
+    EXIT_USAGE,
+    ProgressLine,
+    UsageError,
+    failure_lines,
+    json_flag,
+    setting_error,
+    workers_flag,
+)
 from .main import build_parser, main
 from .roles import load_worker_class
 
@@ -17,6 +26,7 @@ __all__ = [
     "ProgressLine",
     "UsageError",
     "build_parser",
+    "failure_lines",
     "json_flag",
     "load_worker_class",
     "main",

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from .common import ProgressLine, UsageError, json_flag, settings_of, setup_logging, workers_flag
+from .common import ProgressLine, UsageError, failure_lines, json_flag, settings_of, setup_logging, workers_flag
 
 log = logging.getLogger("zfab")
 
@@ -62,7 +62,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
             print(f"zfab run: {type(exc).__name__}: {exc}", file=sys.stderr)
             return 1
         progress.done()
-    print(json.dumps(result, indent=2, default=str))
+    print(json.dumps(result, indent=2, default=str), flush=True)
+    failed = failure_lines(result)
+    if failed:  # the result above stays JSON for scripts; people read the tracebacks here
+        print("\n".join(failed), file=sys.stderr)
     return 1 if any(isinstance(v, dict) and v.get("failed") for v in result.values()) else 0
 
 

@@ -111,6 +111,25 @@ class ProgressLine:
                 self.drawn = False
 
 
+def failure_lines(results: Any) -> list[str]:
+    """Each failed worker's errors of a result dictionary as lines to print: a traceback reads as the
+    traceback it is, not as one JSON string full of \\n."""
+    lines: list[str] = []
+    if not isinstance(results, dict):
+        return lines
+    for worker, entry in sorted(results.items(), key=lambda kv: str(kv[0])):
+        if not (isinstance(entry, dict) and entry.get("failed")):
+            continue
+        errors = [str(e) for e in entry.get("errors") or [] if str(e).strip()]
+        if not errors:
+            continue
+        status = entry.get("status")
+        lines.append(f"worker {worker} failed" + (f" ({status})" if status and status != "failed" else "") + ":")
+        for error in errors:
+            lines.extend("  " + line for line in error.rstrip().splitlines())
+    return lines
+
+
 def setup_logging(level: str) -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),

@@ -7,6 +7,7 @@ import argparse
 import importlib
 import importlib.metadata
 import logging
+import os
 import sys
 
 from .client import cmd_healthcheck, cmd_keys, cmd_limit, cmd_mmi, cmd_pause, cmd_run
@@ -15,6 +16,8 @@ from .local import cmd_up
 from .roles import cmd_broker, cmd_worker
 
 log = logging.getLogger("zfab")
+
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a command killed by it would exit
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,7 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("worker", help="run a worker")
     common_flags(w)
     metrics_flags(w)
-    w.add_argument("--service", default="demo", help="built-in service (demo, demo-async, files) or the service name")
+    w.add_argument(
+        "--service", help="built-in service (demo, demo-async, files; default demo), or your --worker class's name"
+    )
     w.add_argument("--worker", help="module:Class of your own Worker subclass")
     w.add_argument("--name", help="worker name (default: SERVICE-HOSTNAME, stable across restarts)")
     w.add_argument("--root", help="files service: directory to serve")
@@ -43,12 +48,19 @@ def build_parser() -> argparse.ArgumentParser:
     curve_flags(w)
     w.set_defaults(fn=cmd_worker)
 
-    u = sub.add_parser("up", help="broker + N demo workers (+ API) in one command")
+    u = sub.add_parser(
+        "up", help="broker + N demo workers (+ API) in one command, supervised: a child that dies is restarted"
+    )
     common_flags(u)
     u.add_argument("--workers", type=int, default=2)
     u.add_argument("--api-port", dest="api_port", type=int, default=8000, help="0 = no API")
     u.add_argument("--api-host", dest="api_host", default="127.0.0.1")
     u.add_argument("--endpoint", help="endpoint the broker binds")
+    u.add_argument(
+        "--grace",
+        type=float,
+        help="seconds running jobs get to finish when the stack stops (default 10, or ZFAB_DRAIN_TIMEOUT)",
+    )
     u.set_defaults(fn=cmd_up)
 
     r = sub.add_parser("run", help="run one job and print its result dictionary")
@@ -137,6 +149,14 @@ def main(argv: list[str] | None = None) -> int:
     return_large_blocks()  # a long-running process moving payloads (core/memory.py)
     try:
         code: int = ns.fn(ns)
+        sys.stdout.flush()  # here, inside the try: a reader that left is found now, not at exit
+    except BrokenPipeError:
+        # `zfab jobs | head`: the reader is gone, which is no error of ours. Point stdout at
+        # /dev/null so the interpreter's last flush does not complain either.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        code = EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
         code = 130
     except (SecurityError, UsageError) as exc:

@@ -6,6 +6,10 @@ import argparse
 import importlib
 import importlib.metadata
 import logging
+import os
+import sys
+import traceback
+from types import ModuleType
 from typing import Any
 
 from ..core.tuning import tune as tune_process
@@ -14,24 +18,12 @@ from .common import UsageError, catch_stop_signals, metrics_server, settings_of,
 log = logging.getLogger("zfab")
 
 
-def load_worker_class(spec: str | None, service: str) -> type[Any]:
-    """`module:Class` for user code, else a built-in service by name (UsageError when neither loads)."""
+def load_worker_class(spec: str | None, service: str | None) -> type[Any]:
+    """`module:Class` for user code (imported from the current directory first, as Celery's -A and
+    Dramatiq's --path . do), else a built-in service by name (UsageError when neither loads)."""
     if spec:
-        mod_name, _, cls_name = spec.partition(":")
-        if not mod_name or not cls_name:
-            raise UsageError(f"--worker must look like module:Class, got {spec!r}")
-        try:
-            module = importlib.import_module(mod_name)
-        except ImportError as exc:
-            raise UsageError(f"--worker {spec}: cannot import {mod_name!r}: {exc}") from None
-        cls = getattr(module, cls_name, None)
-        if cls is None:
-            raise UsageError(f"--worker {spec}: module {mod_name!r} has no {cls_name!r}") from None
-        from ..worker.worker import Worker
-
-        if not (isinstance(cls, type) and issubclass(cls, Worker)):
-            raise UsageError(f"--worker {spec}: {cls_name} is not a subclass of service.Worker")
-        return cls
+        return _user_worker_class(spec, service)
+    service = service or "demo"
     if service == "demo":
         from ..workers.demo import DemoWorker
 
@@ -47,6 +39,52 @@ def load_worker_class(spec: str | None, service: str) -> type[Any]:
             raise UsageError("the files service is not available in this version") from None
         return FilesWorker  # type: ignore[no-any-return, unused-ignore]
     raise UsageError(f"no built-in service {service!r} (demo, files); use --worker module:Class for your own")
+
+
+def _user_worker_class(spec: str, service: str | None) -> type[Any]:
+    mod_name, _, cls_name = spec.partition(":")
+    if not mod_name or not cls_name:
+        raise UsageError(f"--worker must look like module:Class, got {spec!r}")
+    module = _import_user_module(spec, mod_name)
+    cls = getattr(module, cls_name, None)
+    if cls is None:
+        raise UsageError(f"--worker {spec}: module {mod_name!r} has no {cls_name!r} (read from {module.__file__})")
+    from ..worker.worker import Worker
+
+    if not (isinstance(cls, type) and issubclass(cls, Worker)):
+        raise UsageError(f"--worker {spec}: {cls_name} is not a subclass of zfab.Worker")
+    if not (service or cls.service):
+        raise UsageError(
+            f'--worker {spec}: {cls_name} has no service name; set `service = "..."` in the class '
+            "(or pass --service NAME)"
+        )
+    return cls
+
+
+def _import_user_module(spec: str, mod_name: str) -> ModuleType:
+    """The user's module, looked for in the current directory first (a console script's sys.path
+    starts at its own bin/ folder, not where the user is), then wherever Python looks."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(mod_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if mod_name == missing or mod_name.startswith(missing + "."):
+            top = mod_name.split(".")[0]
+            raise UsageError(
+                f"--worker {spec}: no module {missing!r}: looked for {top}.py or {top}/ in {cwd} (the current "
+                "directory), then on PYTHONPATH and in site-packages; run zfab worker from the directory that holds "
+                "it, or set PYTHONPATH=/path/to/that/directory"
+            ) from None
+        raise UsageError(f"--worker {spec}: {mod_name} imports {missing!r}, which is not installed: {exc}") from None
+    except SyntaxError as exc:
+        raise UsageError(f"--worker {spec}: {exc.filename}:{exc.lineno}: SyntaxError: {exc.msg}") from None
+    except Exception as exc:  # the module's own code raised: say where, in one line
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+        raise UsageError(f"--worker {spec}: importing {mod_name} raised {type(exc).__name__}: {exc}{where}") from None
 
 
 def bind_error(exc: Exception) -> bool:
@@ -92,17 +130,19 @@ def cmd_broker(ns: argparse.Namespace) -> int:
 
 
 def cmd_worker(ns: argparse.Namespace) -> int:
+    from ..errors import ZfabError
+
     s = settings_of(ns)
     setup_logging(s.log_level)
     cls = load_worker_class(ns.worker, ns.service)
     kwargs: dict[str, Any] = {"broker": s.broker, "name": ns.name, "settings": s}
-    if ns.service and not ns.worker:
-        kwargs["service"] = ns.service
+    if ns.service or not ns.worker:
+        kwargs["service"] = ns.service or "demo"
     if ns.root is not None:
         kwargs["root"] = ns.root
     try:
         worker = cls(**kwargs)
-    except TypeError as exc:  # e.g. --root given to a service that takes none
+    except (TypeError, ValueError, ZfabError) as exc:  # --root to a service without one, a name in use
         raise UsageError(f"cannot make worker {cls.__name__}: {exc}") from None
     server = metrics_server(s, worker=worker)  # bound first: a port in use fails before anything starts
     stop = catch_stop_signals()

@@ -6,6 +6,7 @@ drawn only for terminals, so those commands get a pseudo-terminal, as at a user'
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import select
@@ -173,6 +174,9 @@ def test_jobs_dead_lists_a_failed_job_and_retry_submits_it_again_linked_to_it(st
     r = zfab(["retry", old, "--wait", "10"], stack.env)
     new = r.out.strip()
     assert r.rc == 1 and re.fullmatch(r"[0-9a-f]{32}", new) and new != old, r
+    # And says why it failed, in one line: the reason `status` gives
+    reason = re.search(r"^reason:\s+(.+)$", zfab(["status", new], stack.env).out, re.M)
+    assert reason and r.err_lines == [f"zfab retry: job {new} failed: {reason.group(1)}"], (r, reason)
     # Then each names the other, and the old one is no dead letter any more
     assert re.search(rf"^retry of:\s+{old}$", zfab(["status", new], stack.env).out, re.M)
     assert re.search(rf"^retried as:\s+{new}$", zfab(["status", old], stack.env).out, re.M)
@@ -259,13 +263,19 @@ def test_run_reports_a_silent_broker_within_its_hold_time(stack: Stack) -> None:
     [
         (["worker"], {"ZFAB_POOL_SIZE": "abc"}, r"^zfab worker: bad setting ZFAB_POOL_SIZE='abc': Input should be"),
         (["broker", "--keepalive-interval", "-1"], {}, r"^zfab broker: bad setting --keepalive-interval=-1.0: "),
-        (["worker", "--worker", "nomod:X"], {}, r"^zfab worker: --worker nomod:X: cannot import 'nomod'"),
+        (
+            ["worker", "--worker", "nomod:X"],
+            {},
+            r"^zfab worker: --worker nomod:X: no module 'nomod': looked for",
+        ),
         (["worker", "--worker", "json:nothing"], {}, r"module 'json' has no 'nothing'"),
-        (["worker", "--worker", "json:loads"], {}, r"not a subclass of service.Worker"),
+        (["worker", "--worker", "json:loads"], {}, r"not a subclass of zfab.Worker"),
         (["worker", "--worker", "nocolon"], {}, r"--worker must look like module:Class"),
         (["run", "demo", "echo", "--args", '{"a": 1}'], {}, r"--args must be a JSON list"),
         (["mmi", "show_workers", "--kwargs", "[1"], {}, r"--kwargs is not JSON"),
         (["api", "--port", "70000"], {}, r"^zfab api: bad setting --port=70000: Input should be less than"),
+        (["up", "--workers", "-1"], {}, r"^zfab up: --workers must be 0 or more, got -1$"),
+        (["up", "--grace", "-1"], {}, r"^zfab up: --grace must be 0 or more seconds, got -1$"),
     ],
 )
 def test_bad_settings_and_arguments_are_one_line_and_exit_2(
@@ -364,3 +374,165 @@ def test_up_prints_its_banner_once_the_api_answers(tmp_path: Path) -> None:
         os.killpg(p.pid, signal.SIGTERM)
         out, _ = p.communicate(timeout=30)
     assert b"zfab up: stopped" in out
+
+
+# ---- user code, tracebacks, input, pipes and tokens (issue 37) ----------------------------------------
+
+ZFAB_SCRIPT = Path(sys.executable).parent / "zfab"  # the console script, as a user types it
+
+
+def zfab_script(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 30) -> Run:
+    """The `zfab` console script (not `python -m`, which would put the cwd on sys.path) run from `cwd`."""
+    if not ZFAB_SCRIPT.exists():
+        pytest.skip(f"no zfab console script beside {sys.executable}")
+    t = time.monotonic()
+    r = subprocess.run(
+        [str(ZFAB_SCRIPT), *args], env=env, cwd=cwd, capture_output=True, stdin=subprocess.DEVNULL, timeout=timeout
+    )
+    return Run(r.returncode, r.stdout.decode(errors="replace"), r.stderr.decode(errors="replace"), time.monotonic() - t)
+
+
+USER_WORKER = """
+import service  # the project's own service.py, beside this file
+
+from zfab import Worker, task
+
+
+class Inventory(Worker):
+    service = "inventory-cwd"
+
+    @task
+    def whoami(self) -> str:
+        return service.GREETING
+
+
+class Nameless(Worker):
+    @task
+    def noop(self) -> None:
+        return None
+"""
+
+
+def user_project(tmp_path: Path) -> Path:
+    """A project holding its own service.py and api/ package, and a worker module."""
+    d = tmp_path / "myproject"
+    (d / "api").mkdir(parents=True)
+    (d / "api" / "__init__.py").write_text("ROUTES = ['/users']\n")
+    (d / "service.py").write_text("GREETING = 'the project s own service module'\n")
+    (d / "mytasks.py").write_text(USER_WORKER)
+    return d
+
+
+def test_worker_imports_user_code_from_the_current_directory_without_pythonpath(stack: Stack, tmp_path: Path) -> None:
+    # Given a project with its own service.py and api/, and no PYTHONPATH
+    proj = user_project(tmp_path)
+    env = {k: v for k, v in stack.env.items() if k != "PYTHONPATH"}
+    env["ZFAB_DATA_DIR"] = str(tmp_path / "data")
+    # When its worker is started from that directory with the console script
+    p = subprocess.Popen(
+        [str(ZFAB_SCRIPT), "worker", "--worker", "mytasks:Inventory", "--name", "inv-cwd"],
+        env=env,
+        cwd=proj,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        got: dict[str, object] = {}
+
+        def served() -> bool:
+            if p.poll() is not None:
+                raise AssertionError(f"the worker exited {p.returncode}: {p.communicate()[0]!r}")
+            r = httpx.post(stack.api + "/jobs?wait=5", json={"service": "inventory-cwd", "task": "whoami"}, timeout=15)
+            got.update(r.json())
+            return r.status_code == 200 and got.get("state") == "completed"
+
+        wait_for(served, 30, interval=0.5, what="a job on the user's worker")
+        # Then its `import service` is the project's own module, not anything of zfab's
+        results = got["results"]
+        assert isinstance(results, dict) and results["inv-cwd"]["result"] == "the project s own service module"
+    finally:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.communicate(timeout=30)
+
+
+def test_a_worker_module_not_found_says_where_it_looked_and_how_to_fix_it(tmp_path: Path) -> None:
+    env = {**os.environ, "ZFAB_BROKER": f"tcp://127.0.0.1:{free_port()}", "ZFAB_DATA_DIR": str(tmp_path)}
+    env.pop("PYTHONPATH", None)
+    r = zfab_script(["worker", "--worker", "nosuchmod:Inventory"], env, tmp_path)
+    assert r.rc == 2 and len(r.err_lines) == 1, r
+    assert str(tmp_path) in r.err and "PYTHONPATH" in r.err and "run zfab worker from the directory" in r.err, r
+
+
+def test_a_worker_class_without_a_service_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    proj = user_project(tmp_path)
+    env = {**os.environ, "ZFAB_BROKER": f"tcp://127.0.0.1:{free_port()}", "ZFAB_DATA_DIR": str(tmp_path / "d")}
+    r = zfab_script(["worker", "--worker", "mytasks:Nameless"], env, proj)
+    assert r.rc == 2 and len(r.err_lines) == 1 and "Nameless has no service name" in r.err, r
+    assert "Traceback" not in r.err
+
+
+def test_run_prints_a_failed_tasks_traceback_as_lines(stack: Stack) -> None:
+    r = zfab(["run", "demo", "fail", "--kwargs", '{"message": "boom-lines"}'], stack.env)
+    assert r.rc == 1, r
+    result = json.loads(r.out)  # stdout stays the result dictionary, for scripts
+    assert any(v["failed"] for v in result.values()), r.out
+    lines = r.err.splitlines()
+    assert any(line.strip() == "Traceback (most recent call last):" for line in lines), r.err
+    assert any(re.fullmatch(r'\s+File ".*", line \d+, in \w+', line) for line in lines), r.err
+    assert "\\n" not in r.err, r.err
+
+
+def test_input_answers_a_jobs_input_request_from_the_command_line(stack: Stack) -> None:
+    uuid = zfab(["submit", "demo", "ask", "--kwargs", '{"question": "name?"}'], stack.env).out.strip()
+
+    def waiting() -> bool:
+        return bool(re.search(r"^waiting for input:\s+name\?", zfab(["status", uuid], stack.env).out, re.M))
+
+    wait_for(waiting, 20, interval=0.3, what="the job to wait for input")
+    assert f"zfab input {uuid} VALUE" in zfab(["status", uuid], stack.env).out
+    r = zfab(["input", uuid, "Ada"], stack.env)
+    assert r.rc == 0 and r.out.startswith(f"answered {uuid}"), r
+    r = zfab(["result", uuid, "--wait", "10"], stack.env)
+    assert r.rc == 0 and "Ada" in r.out, r
+    # A job that waits for nothing: one line, exit 1
+    r = zfab(["input", uuid, "again"], stack.env)
+    assert r.rc == 1 and len(r.err_lines) == 1 and "409" in r.err, r
+
+
+def test_output_into_a_closed_pipe_exits_quietly(stack: Stack) -> None:
+    uuid = zfab(["submit", "demo", "echo"], stack.env).out.strip()
+    zfab(["result", uuid, "--wait", "10"], stack.env)
+    for args in (["status", uuid], ["jobs", "--limit", "200"], ["result", uuid]):
+        read, write = os.pipe()
+        os.close(read)  # as `| head` does once it has its lines: every write now fails with EPIPE
+        try:
+            p = subprocess.run(
+                [sys.executable, "-m", "zfab.cli", *args],
+                env=stack.env,
+                stdout=write,
+                stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                timeout=30,
+            )
+        finally:
+            os.close(write)
+        assert p.returncode == 141 and p.stderr == b"", (args, p.returncode, p.stderr)
+
+
+def test_a_401_names_the_token_variable_and_the_token_flag_works(stack: Stack) -> None:
+    f = stack.fabric
+    port = free_port()
+    f.start("api-auth", "api", "--port", str(port), env={"ZFAB_API_DB": "", "ZFAB_API_TOKENS": "s3cret"})
+    env = {**stack.env, "ZFAB_API_URL": f"http://127.0.0.1:{port}"}
+    env.pop("ZFAB_API_TOKEN", None)
+
+    def answers() -> bool:
+        return zfab(["jobs", "--token", "s3cret"], env).rc == 0
+
+    wait_for(answers, 30, interval=0.5, what="the API with a token")
+    r = zfab(["jobs"], env)
+    assert r.rc == 1 and len(r.err_lines) == 1 and "401" in r.err, r
+    assert "ZFAB_API_TOKEN" in r.err and "--token" in r.err, r
+    assert zfab(["jobs"], {**env, "ZFAB_API_TOKEN": "s3cret"}).rc == 0

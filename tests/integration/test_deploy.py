@@ -22,6 +22,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -557,3 +558,29 @@ def test_every_dashboard_query_evaluates_on_the_live_prometheus(stack: Stack) ->
     )
     for q in dashboard_check.queries(dashboard_check.load(DASHBOARD)):
         stack.query(q.promql)  # a many-to-many match or a type error fails here, not in Grafana
+
+
+def test_the_fabric_image_is_built_here_never_looked_for_in_a_registry(tools: Tools) -> None:
+    services = compose_config(tools)["services"]
+    for name in ZFAB_SERVICES:
+        assert services[name].get("pull_policy") == "build", f"{name}: zfab:local is in no registry"
+    pushed = compose_config(tools, ZFAB_IMAGE="registry.example/zfab:1", ZFAB_PULL_POLICY="missing")["services"]
+    assert {pushed[name].get("pull_policy") for name in ZFAB_SERVICES} == {"missing"}
+
+
+def test_deploy_md_names_compose_workers_as_the_default_name_rule_makes_them(compose: dict[str, Any]) -> None:
+    import socket
+
+    from zfab.worker.naming import claim_name
+
+    worker = compose["services"]["worker"]
+    argv = argv_of(worker["command"])
+    assert _flag(argv, "--name") is None and _flag(argv, "--service") == "demo"
+    assert not worker.get("hostname"), "a fixed hostname would give every replica one name"
+    # No --name: the default, `demo-<hostname>`, and a container's hostname is its short id
+    with tempfile.TemporaryDirectory() as tmp:
+        name, lock = claim_name(Path(tmp), "demo", None)
+        lock.close()
+    assert name == f"demo-{socket.gethostname()}"
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    assert "under the name `demo-<container id>`" in text and "<pid>" not in text

@@ -33,7 +33,7 @@ from .contact import BrokerContact, Silence
 from .credits import RECHECK_SECONDS, credits_for, worth_telling
 from .job import Job
 from .jobstore import JobStore
-from .naming import claim_name
+from .naming import claim_name, worker_file
 from .pool import JobPool
 from .recent import RecentJobs
 from .requests import JobRequests
@@ -92,7 +92,7 @@ class Worker:
         self.counts: dict[str, int] = {"rejected_frames": 0, "busy": 0, "handler_errors": 0}
         self._draining = False  # set by stop(): new jobs are answered busy, admitted ones finish
         self.store = JobStore(
-            Path(s.data_dir) / "workers" / f"{self.name}.sqlite",
+            worker_file(Path(s.data_dir), self.name, ".sqlite"),
             queue_size=s.job_queue_size * 4 + 64,
             retention_seconds=s.job_retention_seconds,
             retention_count=s.job_retention_count,

@@ -59,7 +59,7 @@ def test_a_service_name_that_is_a_path_is_refused_when_it_makes_the_default_name
 
 def test_a_worker_refuses_a_path_as_its_name_before_it_opens_its_store(tmp_path: Path) -> None:
     s = Settings(data_dir=str(tmp_path / "data"))
-    with pytest.raises(BadNameError, match="worker name '../x'"):
+    with pytest.raises(BadNameError, match=r"worker name '\.\./x'"):
         Echo(name="../x", settings=s)
     with pytest.raises(BadNameError, match="service name"):
         Echo(name=None, service="x/../../y", settings=s)

@@ -12,7 +12,7 @@ import time
 from collections import Counter, OrderedDict
 from typing import Any
 
-from ..core import hoptrace, payloads, shmhandle
+from ..core import hoptrace, payloads, shmhandle, sizes
 from ..core import protocol as nfp
 from ..core.keepalive import Clock
 from ..settings import Settings
@@ -85,6 +85,27 @@ class WorkerSide:
         if worker is None:
             self._disconnect_unknown(sender, b"")
             return
+        worker.keepalive.heard(keepalive=False)
+        self.forward(worker, msg)
+
+    def oversize_result(self, sender: bytes, body: Frames) -> None:
+        """A worker's final answer over our message limit (its own limit is larger): its client gets a
+        failed entry naming the limit in its place, and the worker's credit is freed, instead of the
+        job waiting out its deadline. Events and stream chunks over it are dropped (counted)."""
+        limit = self.settings.max_message_bytes
+        worker = self.registry.workers.get(sender)
+        try:
+            msg = nfp.decode_worker(body, sizes.socket_cap(limit))
+        except nfp.ProtocolError:
+            return
+        if worker is None or not isinstance(msg, nfp.WorkerReply) or msg.command != nfp.RESPONSE:
+            return
+        if msg.status not in nfp.FINAL_STATUSES:
+            return
+        uuid = msg.uuid.decode(errors="replace")
+        why = sizes.too_large(f"the answer of job {uuid} from worker {worker.label}", sum(len(f) for f in body), limit)
+        entry = payloads.failure(worker.label, worker.service.decode(errors="replace"), uuid, "", [why])
+        msg.status, msg.payload, msg.trace = nfp.ST_ERROR, nfp.dumps(entry), None
         worker.keepalive.heard(keepalive=False)
         self.forward(worker, msg)
 

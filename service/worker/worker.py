@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import zmq
 
-from ..core import payloads, shmhandle
+from ..core import payloads, shmhandle, sizes
 from ..core import protocol as nfp
 from ..core.errors import ProtocolError
 from ..core.keepalive import Clock, KeepAlive
@@ -306,6 +306,8 @@ class Worker:
             self.counts["rejected_frames"] += 1
             if self.counts["rejected_frames"] <= 3 or self.counts["rejected_frames"] % 1000 == 0:
                 log.warning("worker %s dropped a malformed message: %s", self.name, exc)
+            if exc.reason == "oversize":
+                self._refuse_oversize(frames)
             return
         self._heard_since_ready = True
         if isinstance(msg, nfp.BrokerControl):
@@ -349,6 +351,19 @@ class Worker:
             log.exception("worker %s failed on a %s", self.name, nfp.COMMAND_NAMES[msg.command])
             why = f"the worker could not handle this request: {type(exc).__name__}: {str(exc)[:200]}"
             self._reply(msg, nfp.ST_ERROR, self.runner.failure(msg.uuid.decode(errors="replace"), "", [why]))
+
+    def _refuse_oversize(self, frames: Frames) -> None:
+        """A job over our message limit (the broker's is larger): answered 400 naming the limit, so its
+        client hears why now, not at its deadline. The socket's cap bounded what came in (core/sizes.py)."""
+        limit = self.settings.max_message_bytes
+        try:
+            msg = nfp.decode_broker_to_worker(frames, sizes.socket_cap(limit))
+        except nfp.ProtocolError:
+            return
+        if isinstance(msg, nfp.BrokerJob):
+            uuid = msg.uuid.decode(errors="replace")
+            why = sizes.too_large(f"the request of job {uuid}", sum(len(f) for f in frames), limit)
+            self._reply(msg, nfp.ST_BAD_REQUEST, self.runner.failure(uuid, "", [why]))
 
     def _name_refused(self, msg: nfp.BrokerControl) -> None:
         """The broker refused our READY: a live worker holds our name. We do not spin: we wait (the

@@ -146,3 +146,11 @@ def test_a_worker_answers_a_job_over_its_limit_with_a_failure_naming_the_limit(
         assert w.counts["rejected_frames"] == 1
     finally:
         w.stop(drain=0)
+
+
+def test_the_api_answers_a_payload_over_the_limit_413_with_the_sentence() -> None:
+    from zfab.api.errors import admission_problem, from_fabric_error
+
+    exc = PayloadTooLargeError(sizes.too_large("the request of job j1", 6 * 2**20, 4 * 2**20), uuid="j1")
+    for problem in (from_fabric_error(exc), admission_problem(exc, "j1")):
+        assert problem.status == 413 and "ZFAB_MAX_MESSAGE_BYTES = 4194304" in problem.detail

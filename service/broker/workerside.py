@@ -177,7 +177,7 @@ class WorkerSide:
         restarted after a crash gets its name back on its first READY, not a hold time later."""
         own_key = self.zap is None or self.keys.get(holder.ident) == self.loop.user_id  # CURVE: same key only
         if own_key and ann.get("previous") == holder.ident.decode(errors="replace"):
-            return "was its own (it reconnected)", True
+            return "was its own (it reconnected)", False  # it closed that socket itself: nobody reads there
         silent = holder.keepalive.heard_ago()
         if silent >= self.registry.silence_bound:
             return f"was silent for {silent:.1f} s", True

@@ -596,8 +596,10 @@ def test_a_worker_that_reconnects_names_its_previous_connection_and_takes_its_na
     stub(broker).take()
     announce_ready(broker, b"w1~bbbb", "w1", previous="w1~zzzz")  # not the holder's: refused
     assert broker.registry.by_name[b"w1"].ident == b"w1~aaaa"
+    stub(broker).take()
     announce_ready(broker, b"w1~cccc", "w1", previous="w1~aaaa")
     assert broker.registry.by_name[b"w1"].ident == b"w1~cccc" and broker.counts["worker_replaced"] == 1
+    assert not [f for f in stub(broker).take() if f[0] == b"w1~aaaa"]  # it closed that socket: nothing sent there
 
 
 def test_under_curve_only_the_holders_key_may_say_it_was_the_previous_connection(clock: FakeClock) -> None:

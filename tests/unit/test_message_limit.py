@@ -154,3 +154,15 @@ def test_the_api_answers_a_payload_over_the_limit_413_with_the_sentence() -> Non
     exc = PayloadTooLargeError(sizes.too_large("the request of job j1", 6 * 2**20, 4 * 2**20), uuid="j1")
     for problem in (from_fabric_error(exc), admission_problem(exc, "j1")):
         assert problem.status == 413 and "ZFAB_MAX_MESSAGE_BYTES = 4194304" in problem.detail
+
+
+def test_the_clients_refusals_are_a_metric(client: Client) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from zfab.metrics.client import ClientMetrics
+
+    registry = CollectorRegistry()
+    ClientMetrics(client, registry)
+    with pytest.raises(PayloadTooLargeError):
+        client.submit("demo", "echo", kwargs={"data": "x" * LIMIT}, timeout=5)
+    assert "zfab_client_oversize_total 1.0" in generate_latest(registry).decode()

@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import IO
 
 from ..core.names import check_path_name
-from ..errors import ZfabError
+from ..errors import BadNameError
 
 MAX_SUFFIX = 100
 
 
-class WorkerNameInUse(ZfabError):
-    """Another live worker holds this name in this data directory."""
+class WorkerNameInUse(BadNameError):
+    """Another live worker holds this name in this data directory (its lock): a name that cannot be this
+    worker's files, so, like a name that is a path, the CLI says it in one line (exit code 2)."""
 
 
 def worker_file(data_dir: Path, name: str, suffix: str) -> Path:

@@ -74,3 +74,14 @@ def test_a_key_pair_name_and_its_worker_binding_follow_the_same_rule(tmp_path: P
     assert not (tmp_path / "keys").exists() and not (tmp_path / "broker.key").exists()
     public, _ = create_keys(tmp_path / "keys", "w1", worker="zfab-worker-*")  # a prefix binding
     assert 'worker = "zfab-worker-*"' in public.read_text()
+
+
+def test_a_name_held_by_a_live_worker_of_the_same_data_directory_is_refused_like_a_bad_name(tmp_path: Path) -> None:
+    _, lock = claim_name(tmp_path, "demo", "w1")
+    try:
+        with pytest.raises(BadNameError, match="another worker named 'w1' is running"):
+            claim_name(tmp_path, "demo", "w1")
+    finally:
+        lock.close()
+    _, again = claim_name(tmp_path, "demo", "w1")  # free once its holder let go
+    again.close()

@@ -111,3 +111,21 @@ def test_a_refused_worker_takes_the_name_over_once_its_holder_stops(tmp_path: Pa
             f.signal("w1", signal.SIGTERM)  # the holder leaves (DISCONNECT): the name is free
             wait_for(lambda: "registered with the broker" in f.log("w1-second"), 10, what="the second w1 takes over")
             assert c.run_job("demo", "echo", kwargs={"data": "x"}, workers="w1", timeout=10)["w1"]["result"] == "x"
+
+
+def test_a_second_zfab_worker_under_a_name_held_in_the_same_data_directory_says_so_in_one_line(
+    tmp_path: Path,
+) -> None:
+    with fabric(tmp_path) as f:
+        f.worker("w1")  # no broker needed: the name is held by its lock in the data directory
+        wait_for(lambda: " ready" in f.log("w1"), 15, what="the first w1 started")
+        r = subprocess.run(
+            [sys.executable, "-m", "zfab.cli", "worker", "--service", "demo", "--name", "w1"],
+            env=f.env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        lines = [line for line in r.stderr.splitlines() if line.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and "another worker named 'w1' is running" in lines[0], r.stderr

@@ -19,6 +19,7 @@ from zfab.errors import (
     JobError,
     JobTimeoutError,
     NoWorkersError,
+    PayloadTooLargeError,
     ZfabError,
 )
 
@@ -65,6 +66,8 @@ def from_fabric_error(exc: ZfabError, uuid: str | None = None) -> ProblemError:
         return ProblemError(503, "busy", "Fabric busy", str(exc), {"Retry-After": RETRY_AFTER}, **extra)
     if isinstance(exc, BrokerUnavailableError | ClosedError):
         return ProblemError(503, "fabric-unavailable", "Fabric unavailable", str(exc), {"Retry-After": RETRY_AFTER})
+    if isinstance(exc, PayloadTooLargeError):  # over ZFAB_MAX_MESSAGE_BYTES: the sentence names it
+        return ProblemError(413, "payload-too-large", "Payload over the fabric's message limit", str(exc), **extra)
     if isinstance(exc, BadRequestError):
         return ProblemError(400, "bad-request", "Request rejected by the fabric", str(exc), **extra)
     if isinstance(exc, JobTimeoutError):
@@ -83,6 +86,8 @@ def admission_problem(exc: ZfabError, uuid: str) -> ProblemError:
         return ProblemError(503, "busy", "Fabric busy", str(exc), {"Retry-After": str(int(hint))}, job=uuid)
     if isinstance(exc, BrokerUnavailableError | ClosedError):
         return unavailable(str(exc))
+    if isinstance(exc, PayloadTooLargeError):
+        return from_fabric_error(exc, uuid)
     if isinstance(exc, BadRequestError):
         return ProblemError(400, "bad-request", "Request rejected by the fabric", str(exc), job=uuid)
     return from_fabric_error(exc, uuid)

@@ -2,6 +2,7 @@
 
 from .core.errors import (
     BackpressureError,
+    BadNameError,
     BadRequestError,
     BrokerUnavailableError,
     BusyError,
@@ -14,6 +15,7 @@ from .core.errors import (
     JobTimeoutError,
     NoWorkersError,
     OutcomeUnknownError,
+    PayloadTooLargeError,
     ProtocolError,
     SecurityError,
     WorkerLostError,
@@ -22,6 +24,7 @@ from .core.errors import (
 
 __all__ = [
     "BackpressureError",
+    "BadNameError",
     "BadRequestError",
     "BrokerUnavailableError",
     "BusyError",
@@ -34,6 +37,7 @@ __all__ = [
     "JobTimeoutError",
     "NoWorkersError",
     "OutcomeUnknownError",
+    "PayloadTooLargeError",
     "ProtocolError",
     "SecurityError",
     "WorkerLostError",

@@ -17,7 +17,7 @@ from typing import Any
 
 import zmq
 
-from ..core import payloads
+from ..core import payloads, sizes
 from ..core import protocol as nfp
 from ..core.keepalive import Clock, KeepAlive
 from ..core.payloads import Word
@@ -171,7 +171,9 @@ class Broker(WorkerSide):
         sock.setsockopt(zmq.ROUTER_HANDOVER, 0)
         # Unroutable sends raise instead of vanishing silently, so they are counted.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        sock.setsockopt(zmq.MAXMSGSIZE, s.max_message_bytes)
+        # Above the limit: a message a little over it is answered (TOO LARGE) and counted, not the
+        # connection of its sender silently dropped by libzmq (core/sizes.py).
+        sock.setsockopt(zmq.MAXMSGSIZE, sizes.socket_cap(s.max_message_bytes))
         sock.setsockopt(zmq.SNDHWM, 10_000)
         # Per peer: what one connection may have waiting in libzmq before it is read no further (its
         # sender then waits). 10,000 let one peer's flood of small frames take 13 MB there, which
@@ -241,6 +243,26 @@ class Broker(WorkerSide):
                 raise nfp.ProtocolError("header", f"unknown header {bytes(header[:16])!r}")
         except nfp.ProtocolError as exc:
             self.reject(exc.reason, f"from {sender[:64]!r}: {exc.detail}")
+            if exc.reason == "oversize" and header == nfp.CLIENT:
+                self._refuse_oversize(sender, body)
+            elif exc.reason == "oversize" and header == nfp.WORKER:
+                self.oversize_result(sender, body)
+
+    def _refuse_oversize(self, sender: bytes, body: Frames) -> None:
+        """A client's request over the message limit (its own limit was larger, or it is no zfab
+        client): answered 400 TOO LARGE naming the limit, so it fails now instead of at its timeout.
+        The socket's cap (core/sizes.py) let it in; the envelope is read at that bound, not the body."""
+        limit = self.settings.max_message_bytes
+        try:
+            req = nfp.decode_client(body, sizes.socket_cap(limit))
+        except nfp.ProtocolError:
+            return  # not a request that could be answered (counted above)
+        if req.command in (nfp.KEEPALIVE, nfp.OPEN, nfp.DISCONNECT) or not req.uuid:
+            return
+        size = sum(len(f) for f in body)
+        uuid = req.uuid.decode(errors="replace")
+        why = sizes.too_large(f"the request of job {uuid}", size, limit)
+        self._refuse(sender, req, Refusal(nfp.ST_BAD_REQUEST, Word.TOO_LARGE, why))
 
     # ---- helpers -------------------------------------------------------------
 
@@ -329,7 +351,10 @@ class Broker(WorkerSide):
 
     def _send_client_keepalive(self, client: bytes, ka: KeepAlive) -> bool:
         """The keepalive answer frame, carrying this broker's incarnation; False when the client is gone."""
-        boot = nfp.dumps({"boot": self.boot, "host": self.shm.host} if self.shm.host else {"boot": self.boot})
+        facts: dict[str, Any] = {"boot": self.boot, "max": self.settings.max_message_bytes}
+        if self.shm.host:
+            facts["host"] = self.shm.host
+        boot = nfp.dumps(facts)
         ka.mark_sent()
         return self.loop.send_now(nfp.broker_reply(client, nfp.KEEPALIVE, nfp.MMI_SERVICE, b"", nfp.ST_OK, boot))
 

@@ -19,6 +19,11 @@ from ..core.keepalive import Clock, KeepAlive
 from .jobqueue import QueuedJob, ServiceQueue
 
 PROTOCOL_V2 = 2  # a worker whose READY says {"v": 2} speaks zfab's extensions (meta frame, reasons)
+# A live worker is never silent for more than 1.2 keepalive intervals (core/keepalive.py ANSWER_DELAY):
+# one silent for twice that, and at least a second, has lost its connection or is stopped, and a new
+# connection may take its name (docs/protocol.md, "One owner per name").
+SILENT_INTERVALS = 2.0
+MIN_SILENCE = 1.0
 
 
 @dataclass(slots=True, eq=False)
@@ -39,6 +44,8 @@ class WorkerRecord:
     level: int = -1  # its bucket in the service's free levels (-1: not free)
     throttle: int = 0  # credits held back after it answered busy: it knows better than we do
     host: str | None = None  # its shared-memory host id (READY announce): a client's handle may go to it
+    origin: str = "another connection"  # where it runs, as its READY said (host name, pid): for refusals
+    rivals: int = 0  # READYs under its name the broker refused while it held the name
 
     @property
     def label(self) -> str:
@@ -221,6 +228,11 @@ class Registry:
                     self.drop_route(uuid)
         rec.inflight.clear()
         return lost
+
+    @property
+    def silence_bound(self) -> float:
+        """How long a worker may go unheard and still hold its name against a new connection."""
+        return min(self.interval * self.multiplier, max(SILENT_INTERVALS * self.interval, MIN_SILENCE))
 
     def expired_workers(self) -> list[WorkerRecord]:
         return [w for w in self.workers.values() if w.keepalive.expired()]

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import Counter, OrderedDict
 from typing import Any
 
-from ..core import hoptrace, payloads, shmhandle
+from ..core import hoptrace, payloads, shmhandle, sizes
 from ..core import protocol as nfp
 from ..core.keepalive import Clock
 from ..settings import Settings
@@ -41,6 +42,7 @@ class WorkerSide:
     counts: Counter[str]
     gone: OrderedDict[bytes, dict[str, Any]]
     told_to_leave: OrderedDict[bytes, tuple[float, str | None]]
+    keys: OrderedDict[bytes, bytes]
     _next_keepalive: float
     TOLD_TO_LEAVE_MAX: int
     GONE_MAX: int
@@ -86,6 +88,27 @@ class WorkerSide:
         worker.keepalive.heard(keepalive=False)
         self.forward(worker, msg)
 
+    def oversize_result(self, sender: bytes, body: Frames) -> None:
+        """A worker's final answer over our message limit (its own limit is larger): its client gets a
+        failed entry naming the limit in its place, and the worker's credit is freed, instead of the
+        job waiting out its deadline. Events and stream chunks over it are dropped (counted)."""
+        limit = self.settings.max_message_bytes
+        worker = self.registry.workers.get(sender)
+        try:
+            msg = nfp.decode_worker(body, sizes.socket_cap(limit))
+        except nfp.ProtocolError:
+            return
+        if worker is None or not isinstance(msg, nfp.WorkerReply) or msg.command != nfp.RESPONSE:
+            return
+        if msg.status not in nfp.FINAL_STATUSES:
+            return
+        uuid = msg.uuid.decode(errors="replace")
+        why = sizes.too_large(f"the answer of job {uuid} from worker {worker.label}", sum(len(f) for f in body), limit)
+        entry = payloads.failure(worker.label, worker.service.decode(errors="replace"), uuid, "", [why])
+        msg.status, msg.payload, msg.trace = nfp.ST_ERROR, nfp.dumps(entry), None
+        worker.keepalive.heard(keepalive=False)
+        self.forward(worker, msg)
+
     def _relevel(self, w: WorkerRecord) -> None:
         svc = self.registry.services.get(w.service)
         if svc is not None:
@@ -109,15 +132,22 @@ class WorkerSide:
         old = reg.workers.get(sender)
         if old is not None:  # same connection, fresh start: its jobs in flight are gone
             self._lose(old, "re-registered")
+        origin = _origin(ann)
         other = reg.by_name.get(name_b)
         if other is not None:
-            # Another connection holds the name: a restart whose old connection is not gone yet, or
-            # a second process under the same name. The newest wins; the other is told to leave and
-            # its jobs are reported lost (retried where the client asked).
+            # Another connection holds the name. A name has one owner: a live holder keeps it (and
+            # its jobs), and the newcomer is refused; a holder whose connection is gone, or silent
+            # past the bound, or that the newcomer says was its own, gives it up at once.
+            released = self._name_released(other, ann)
+            if released is None:
+                self._refuse_name(sender, msg.service, other, origin, v2=ann.get("v") == PROTOCOL_V2)
+                return
+            why, reachable = released
             self.counts["worker_replaced"] += 1
-            log.warning("worker %s registered again from a new connection; the previous one is dropped", other.label)
-            self._lose(other, "replaced by a new connection under the same name")
-            self._tell_to_leave(other, "replaced")
+            log.warning("worker %s registered from a new connection; its previous one %s", other.label, why)
+            self._lose(other, f"replaced by a new connection: the previous one {why}")
+            if reachable:
+                self._tell_to_leave(other, "replaced")
         svc = reg.service(msg.service, create=True)
         if svc is None:
             self.counts["services_full"] += 1
@@ -127,6 +157,7 @@ class WorkerSide:
         svc.tentative = False
         rec = reg.register_worker(sender, name_b, svc, credits=credits, v2=ann.get("v") == PROTOCOL_V2, tasks=tasks)
         rec.host = shmhandle.check_host(ann.get("host"))
+        rec.origin = origin
         if len(svc.workers_seen) < MAX_NAMES_SEEN:
             svc.workers_seen.add(name_b)
         self.gone.pop(name_b, None)
@@ -138,6 +169,43 @@ class WorkerSide:
         if self.events is not None:
             self.events.worker(svc.name, name_b, "ready")
         log.debug("worker %s ready for service %s (%d credits)", rec.label, svc.label, rec.credits)
+
+    def _name_released(self, holder: WorkerRecord, ann: dict[str, Any]) -> tuple[str, bool] | None:
+        """Why the connection holding a name gives it up to a new one, and whether it can still be
+        told; None while it holds it. The probe is a KEEPALIVE: with ROUTER_MANDATORY a send to a
+        connection libzmq has closed (its process died, its socket closed) fails at once, so a worker
+        restarted after a crash gets its name back on its first READY, not a hold time later."""
+        own_key = self.zap is None or self.keys.get(holder.ident) == self.loop.user_id  # CURVE: same key only
+        if own_key and ann.get("previous") == holder.ident.decode(errors="replace"):
+            return "was its own (it reconnected)", False  # it closed that socket itself: nobody reads there
+        silent = holder.keepalive.heard_ago()
+        if silent >= self.registry.silence_bound:
+            return f"was silent for {silent:.1f} s", True
+        if not self.loop.send_now(nfp.broker_control(holder.ident, nfp.KEEPALIVE, holder.service)):
+            return "is gone", False
+        holder.keepalive.mark_sent()
+        return None
+
+    def _refuse_name(self, sender: bytes, service: bytes, holder: WorkerRecord, origin: str, *, v2: bool) -> None:
+        """A READY under the name of a live worker: the newcomer is told why and when to try again
+        (a zfab worker backs off and logs it once); the holder keeps its place and its jobs."""
+        self.counts["worker_name_taken"] += 1
+        holder.rivals += 1
+        age = max(0.0, time.time() - holder.registered_at)
+        why = (
+            f"a worker named {holder.label} is already connected from {holder.origin} (for {age:.0f} s); "
+            "choose another --name"
+        )
+        frames = nfp.broker_control(sender, nfp.DISCONNECT, service)
+        if v2:
+            wait = round(self.registry.silence_bound, 3)
+            frames.append(nfp.dumps({"reason": "name_taken", "detail": why, "retry_after": wait}))
+        self.send(frames)
+        # One line for the first refusal of a rival, then one per hundred: a rival that keeps trying
+        # (a standby, or a NorFab worker that reconnects at once) cannot flood the log.
+        n = holder.rivals
+        level = logging.WARNING if n == 1 or n % 100 == 0 else logging.DEBUG
+        log.log(level, "refused a worker named %s from %s: %s (%d refused so far)", holder.label, origin, why, n)
 
     def forward(self, worker: WorkerRecord, msg: nfp.WorkerReply) -> None:
         """Route a worker's reply to its client; final replies free the worker's credit."""
@@ -266,3 +334,13 @@ class WorkerSide:
             self._tell_to_leave(w, "purged")
             self._lose(w, "keepalives expired")
         return soonest
+
+
+def _origin(ann: dict[str, Any]) -> str:
+    """Where a worker says it runs (READY's `hostname` and `pid`), fit for a log line: printable, short.
+    A peer's word, shown to people only: never a key, a label or a path."""
+    host, pid = ann.get("hostname"), ann.get("pid")
+    where = "".join(ch for ch in host[:64] if ch.isprintable()) if isinstance(host, str) else ""
+    if isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 1 << 32:
+        where = f"{where or 'a host'} (pid {pid})"
+    return where or "another connection"

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import tracing
-from ..core import ids, payloads
+from ..core import ids, payloads, sizes
 from ..core import protocol as nfp
 from ..core.keepalive import Clock, KeepAlive
 from ..core.retries import MAX_RETRIES, Backoff, read_backoff
@@ -30,6 +30,7 @@ from ..errors import (
     BusyError,
     ClosedError,
     JobNotFoundError,
+    PayloadTooLargeError,
     ZfabError,
 )
 from ..settings import Settings
@@ -102,6 +103,7 @@ class Client(ClientSession):
             "reconnects": 0,
             "reestablished": 0,
             "trace_rejected": 0,  # hop-trace figures that were no duration, in the traces its metrics read
+            "oversize": 0,  # payloads over the message limit: refused before sending, or answered so
         }
         self._bytes = 0  # bytes of bodies and results held for jobs in flight (under _lock)
         self._boot: str | None = None  # the broker's incarnation, from its keepalive answers
@@ -111,6 +113,7 @@ class Client(ClientSession):
         # this host (its keepalive answers say), and results may come back as one.
         self.shm = ShmArena(s, clock=clock)
         self._broker_host: str | None = None  # the broker's host id, from its keepalive answers
+        self._broker_limit: int | None = None  # the broker's ZFAB_MAX_MESSAGE_BYTES, from its keepalive answers
         self._shm_blocks: dict[str, bytes] = {}  # job uuid -> the handle of its body's block (under _lock)
         self.loop: Transport = (transport or OwnerLoop)(
             self, name=f"client {name}", outbound_size=s.outbound_queue_size, submit_timeout=s.submit_timeout
@@ -322,7 +325,14 @@ class Client(ClientSession):
         job = self._jobs.get(uuid)
         if job is None:
             raise JobNotFoundError(f"this client does not track job {uuid}", uuid=uuid)
-        answer_input(self.loop, job.service, job.future, job.wire_uuid, value, input_id, timeout)
+        limit = self.message_limit()
+        answer_input(self.loop, job.service, job.future, job.wire_uuid, value, input_id, timeout, limit=limit)
+
+    def message_limit(self) -> int:
+        """The largest message this client may send: its own ZFAB_MAX_MESSAGE_BYTES, or the broker's
+        when that one (said in its keepalive answers) is smaller."""
+        own = self.settings.max_message_bytes
+        return own if self._broker_limit is None else min(own, self._broker_limit)
 
     def open_stream(
         self,
@@ -393,6 +403,13 @@ class Client(ClientSession):
         if stream_window:
             fields = {"push": True, "ack": True, "task": "fetch_file", "timeout": timeout}
         flags = nfp.dumps(fields) if fields else self._flags
+        limit = self.message_limit()
+        size = sum(map(len, nfp.client_request(nfp.POST, service, target, juuid.encode(), body, flags)))
+        if not sizes.fits(size, limit):
+            # Refused here, at once: sent, it would be dropped on the way (or cost the peer its
+            # connection) and the caller would wait out the whole timeout (core/sizes.py).
+            self.counts["oversize"] += 1
+            raise PayloadTooLargeError(sizes.too_large(f"the request of job {juuid}", size, limit), uuid=juuid)
         handle = None
         if len(body) >= self.shm.threshold and not mmi and not stream_window and expected is None:
             handle = self._shm_body(body, timeout)
@@ -437,9 +454,9 @@ class Client(ClientSession):
     def _shm_body(self, body: bytes, timeout: float) -> bytes | None:
         """The handle of a new block holding `body`, when the broker shares this host's shared
         memory (it reads the block itself for a worker that does not); None: send the bytes."""
-        if self._broker_host != self.shm.host or len(body) > self.settings.max_message_bytes - 4096:
-            # A body too large for a message stays one (refused as ever): the broker may have to
-            # send it as bytes to a worker on another host, whose socket would drop the connection.
+        if self._broker_host != self.shm.host:
+            # (A body over the message limit never gets here: the limit is the payload's, however it
+            # travels, since the broker may have to send it as bytes to a worker on another host.)
             return None
         # Freed when the job ends (_forget); the expiry is a backstop for a job this client lost track of.
         return self.shm.put(body, ttl=timeout + 60.0)

@@ -30,6 +30,7 @@ from ..errors import (
     JobNotFoundError,
     NoWorkersError,
     OutcomeUnknownError,
+    PayloadTooLargeError,
     WorkerLostError,
 )
 
@@ -356,6 +357,8 @@ class ClientJob:
                 return False
             why = payloads.errors_of(payload, "refused by the broker")
             cls = _REFUSAL_ERRORS.get(status, BadRequestError)
+            if payload.get("status") == Word.TOO_LARGE:
+                cls = PayloadTooLargeError
             if self.resubmitted and cls not in (JobExpiredError, JobCancelledError):
                 # Sent again after the broker came back: the first copy may have run meanwhile.
                 why = f"the job may have run before the broker restarted; submitting it again was refused: {why}"

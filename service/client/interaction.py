@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
-from ..core import payloads
+from ..core import payloads, sizes
 from ..core import protocol as nfp
-from ..errors import BadRequestError, JobTimeoutError
+from ..errors import BadRequestError, JobTimeoutError, PayloadTooLargeError
 from ..transport.base import Transport
 from .clientjob import JobFuture
 
@@ -34,9 +34,18 @@ def iter_events(fut: JobFuture, timeout: float) -> Iterator[dict[str, Any]]:
 
 
 def answer_input(
-    loop: Transport, service: bytes, fut: JobFuture, wire_uuid: str, value: Any, input_id: str | None, timeout: float
+    loop: Transport,
+    service: bytes,
+    fut: JobFuture,
+    wire_uuid: str,
+    value: Any,
+    input_id: str | None,
+    timeout: float,
+    *,
+    limit: int,
 ) -> None:
-    """PUT the answer to the job's latest input request and wait for the worker's verdict."""
+    """PUT the answer to the job's latest input request and wait for the worker's verdict (an answer
+    over the message `limit` is refused before it is sent: PayloadTooLargeError)."""
     uuid = fut.uuid
     requests = [e for e in fut.events if e.get("event_type") == "input_request"]
     if not requests:
@@ -45,6 +54,9 @@ def answer_input(
     rid = input_id or str(((req.get("extras") or {}).get("input_request") or {}).get("id", ""))
     worker = str(req.get("worker", ""))
     body = nfp.dumps({"input_id": rid, "value": value})
+    size = len(body) + sizes.ENVELOPE_BYTES
+    if not sizes.fits(size, limit):
+        raise PayloadTooLargeError(sizes.too_large(f"the input answer for job {uuid}", size, limit), uuid=uuid)
     before = len(fut.events)
     loop.submit(nfp.client_request(nfp.PUT, service, worker.encode(), wire_uuid.encode(), body, payloads.NO_ACK))
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import zmq
 
-from ..core import payloads, shmhandle
+from ..core import payloads, shmhandle, sizes
 from ..core import protocol as nfp
 from ..core.keepalive import Clock, KeepAlive
 from ..core.states import State
@@ -27,6 +27,7 @@ from ..errors import (
     BrokerUnavailableError,
     JobExpiredError,
     JobTimeoutError,
+    PayloadTooLargeError,
     ZfabError,
 )
 from ..settings import Settings
@@ -60,6 +61,7 @@ class ClientSession:
     _bytes: int
     _boot: str | None
     _broker_host: str | None
+    _broker_limit: int | None
     shm: ShmArena
     _reconnect_at: float
     _broker_seen: bool
@@ -213,6 +215,8 @@ class ClientSession:
             self.counts["rejected_frames"] += 1
             if self.counts["rejected_frames"] <= 3:
                 log.warning("client %s dropped a malformed message: %s", self.name, exc)
+            if exc.reason == "oversize":
+                self._oversize_answer(frames)
             return
         was_alive = self.broker_alive or not self._broker_seen  # the first contact is no return
         self._broker_seen = True
@@ -223,6 +227,7 @@ class ClientSession:
             if boot is not None:
                 self._boot = boot
                 self._broker_host = _host_of(reply.payload)
+                self._broker_limit = _limit_of(reply.payload)
             if restarted:
                 log.info("client %s: the broker restarted; re-establishing %d jobs", self.name, len(self._jobs))
             if restarted or not was_alive:
@@ -256,6 +261,23 @@ class ClientSession:
             self._result_from_shm(job, reply)
             return
         self._apply(job, reply)
+
+    def _oversize_answer(self, frames: Frames) -> None:
+        """An answer over our message limit (the broker's and the worker's are larger): its job fails
+        now, naming the limit, instead of waiting out its timeout (core/sizes.py). Events over it are
+        only counted."""
+        limit = self.settings.max_message_bytes
+        try:
+            reply = nfp.decode_broker_to_client(frames, sizes.socket_cap(limit))
+        except nfp.ProtocolError:
+            return
+        uuid, attempt = payloads.split_wire_uuid(reply.uuid.decode(errors="replace"))
+        job = self._jobs.get(uuid)
+        self.counts["oversize"] += 1
+        if job is None or attempt != job.attempt or reply.command != nfp.RESPONSE:
+            return
+        why = sizes.too_large(f"the answer for job {uuid}", sum(len(f) for f in frames), limit)
+        self._finish(job, PayloadTooLargeError(why, uuid=uuid))
 
     def _result_from_shm(self, job: ClientJob, reply: nfp.BrokerReply) -> None:
         """A result its worker (on this host) left in a block: parsed from the mapping, then the
@@ -341,6 +363,14 @@ def _host_of(payload: nfp.Frame) -> str | None:
     """The shared-memory host id a zfab broker's keepalive answer carries."""
     try:
         return shmhandle.check_host(nfp.loads(payload).get("host"))
+    except (ValueError, AttributeError):
+        return None
+
+
+def _limit_of(payload: nfp.Frame) -> int | None:
+    """The message limit a zfab broker's keepalive answer carries (`"max"`), if it does."""
+    try:
+        return sizes.advertised_limit(nfp.loads(payload).get("max"))
     except (ValueError, AttributeError):
         return None
 

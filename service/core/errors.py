@@ -25,6 +25,12 @@ class SecurityError(ZfabError, ValueError):
     """A key or endpoint setting that would leave the fabric open or broken."""
 
 
+class BadNameError(SecurityError):
+    """A worker, service or key name that cannot be a file name (a path, `..`, too long...): taken as
+    given it would write outside the data directory, or fail there. The CLI prints it as one line
+    and exits with code 2, as it does every SecurityError."""
+
+
 class BackpressureError(ZfabError):
     """A bounded outbound queue stayed full past its timeout: the peer is slow or gone."""
 
@@ -59,6 +65,11 @@ class BusyError(JobError):
 
 class BadRequestError(JobError):
     """The broker or a worker rejected the request (unknown task, bad arguments...)."""
+
+
+class PayloadTooLargeError(BadRequestError):
+    """A request or result over the message limit (ZFAB_MAX_MESSAGE_BYTES): refused before it was
+    sent, or by the peer that received it. Raise the limit on every process, or send less."""
 
 
 class JobTimeoutError(JobError):

@@ -99,6 +99,10 @@ class KeepAlive:
         if keepalive:
             self.received += 1
 
+    def heard_ago(self) -> float:
+        """Seconds since the peer was last heard (since the reset, if it never was)."""
+        return self.clock() - (self.expires_at - self.hold_time)
+
     def expired(self) -> bool:
         return self.clock() >= self.expires_at
 

@@ -62,6 +62,7 @@ class Word(StrEnum):
     EXPIRED = "EXPIRED"  #: broker, 408: the deadline passed in the queue, or with no answer from a worker
     CANCELLED = "CANCELLED"  #: broker, 499: cancelled while queued
     FAILED = "FAILED"  #: broker, 400/404: refused (unknown service or task, bad target or flags)
+    TOO_LARGE = "TOO LARGE"  #: broker, 400: the request is over its message limit (core/sizes.py)
     BUSY = "BUSY"  #: broker or worker, 503: a bound is full
     LOST = "LOST"  #: broker, 410: the worker running the job was lost
     ACCEPTED = "ACCEPTED"  #: worker, 201: stored

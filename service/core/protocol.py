@@ -101,6 +101,7 @@ FINAL_STATUSES: Final = frozenset({ST_OK, ST_ERROR, ST_NOT_FOUND, ST_BAD_REQUEST
 DEFAULT_MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
 MAX_NAME_BYTES: Final = 256
 MAX_UUID_BYTES: Final = 128
+MAX_DETAIL: Final = 512  # characters of a DISCONNECT's detail a worker takes (it logs it)
 
 
 @dataclass(slots=True)
@@ -153,7 +154,9 @@ class BrokerControl:
 
     command: bytes
     service: bytes
-    reason: str | None = None  # zfab: why a DISCONNECT (purged, replaced)
+    reason: str | None = None  # zfab: why a DISCONNECT (purged, replaced, name_taken)
+    detail: str | None = None  # zfab: the broker's sentence for a refusal (name_taken), at most MAX_DETAIL
+    retry_after: float | None = None  # zfab: seconds the broker suggests waiting before a new READY
 
 
 @dataclass(slots=True)
@@ -252,8 +255,17 @@ def decode_broker_to_worker(frames: list[Frame], max_bytes: int = DEFAULT_MAX_FR
     if command in (KEEPALIVE, DISCONNECT):
         if len(frames) > 5:
             raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {len(frames)} frames, need 4 or 5")
-        reason = _json_object(frames[4], "disconnect reason").get("reason") if len(frames) == 5 else None
-        return BrokerControl(command, bytes(frames[3]), reason if isinstance(reason, str) else None)
+        if len(frames) < 5:
+            return BrokerControl(command, bytes(frames[3]))
+        why = _json_object(frames[4], "disconnect reason")
+        reason, detail, after = why.get("reason"), why.get("detail"), why.get("retry_after")
+        return BrokerControl(
+            command,
+            bytes(frames[3]),
+            reason if isinstance(reason, str) else None,
+            detail[:MAX_DETAIL] if isinstance(detail, str) else None,
+            float(after) if isinstance(after, int | float) and not isinstance(after, bool) and after >= 0 else None,
+        )
     if command in BROKER_JOB_COMMANDS:
         if len(frames) < 7:
             raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {len(frames)} frames, need 7 or 8")

@@ -113,6 +113,12 @@ class ClientMetrics(Collector):
         )
         tr.add_metric([], c.counts["trace_rejected"])
         yield tr
+        big = CounterMetricFamily(
+            "zfab_client_oversize_total",
+            "Requests over the message limit refused before sending, and answers over it (ZFAB_MAX_MESSAGE_BYTES)",
+        )
+        big.add_metric([], c.counts["oversize"])
+        yield big
         rc = CounterMetricFamily("zfab_client_reconnects_total", "New connections after the broker went silent")
         rc.add_metric([], c.counts["reconnects"])
         yield rc

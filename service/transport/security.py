@@ -20,6 +20,7 @@ import zmq
 import zmq.auth
 from zmq.utils import z85
 
+from ..core.names import check_path_name
 from ..errors import SecurityError
 from .waker import Waker
 
@@ -29,7 +30,13 @@ ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 
 
 def create_keys(key_dir: Path, name: str, worker: str | None = None) -> tuple[Path, Path]:
-    """Write NAME.key (public) and NAME.key_secret; with `worker`, bind that worker name to the key."""
+    """Write NAME.key (public) and NAME.key_secret; with `worker`, bind that worker name (or a prefix
+    ending in `*`) to the key. NAME is a file name in key_dir, and a worker name must be one too
+    (core/names.py): BadNameError before anything is written."""
+    check_path_name(name, "key name")
+    if worker and worker != "*":
+        # Written into the key file as a quoted value: the rule also keeps quotes and newlines out.
+        check_path_name(worker.removesuffix("*"), "worker name")
     key_dir.mkdir(parents=True, exist_ok=True)
     meta = {"worker": worker} if worker else None
     public, secret = zmq.auth.create_certificates(key_dir, name, metadata=meta)

@@ -94,6 +94,7 @@ class StubLoop:
         self.sent: list[Frames] = []
         self.user_id_next: bytes | None = None  # the ZAP user id the next fed message comes with
         self.full = False  # a test sets it to make the peer refuse sends (high-water mark reached)
+        self.gone: set[bytes] = set()  # ROUTER identities whose connection closed: sends to them fail
         self.started = threading.Event()
         self.stopped = threading.Event()
         self._queue: deque[Item] = deque()
@@ -142,7 +143,7 @@ class StubLoop:
             after()
 
     def send_now(self, frames: Frames) -> bool:
-        if self.full:
+        if self.full or (self.gone and bytes(frames[0]) in self.gone):
             self.stats.send_dropped += 1
             return False
         self.sent.append(list(frames))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import zmq
 
+from ..core.sizes import socket_cap
 from ..errors import SecurityError
 from ..settings import Settings
 from .base import Frames
@@ -82,7 +83,7 @@ def dealer_socket(
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, identity)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.MAXMSGSIZE, settings.max_message_bytes)
+    sock.setsockopt(zmq.MAXMSGSIZE, socket_cap(settings.max_message_bytes))  # answered past the limit
     sock.setsockopt(zmq.SNDHWM, 10_000)
     sock.setsockopt(zmq.RCVHWM, 10_000)
     sock.setsockopt(zmq.RECONNECT_IVL, 100)

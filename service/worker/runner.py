@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import tracing
-from ..core import hoptrace, payloads
+from ..core import hoptrace, payloads, sizes
 from ..core import protocol as nfp
 from ..core.histogram import Histogram
 from ..core.payloads import Outcome, Word
@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 # Seconds: task run times and waits from admission to start (tasks run from milliseconds to hours).
 TASK_BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.25, 1, 2.5, 10, 30, 60, 300, 1800)
 OUTCOMES = ("completed", "failed", "cancelled", "expired", "rejected")
-ENVELOPE_BYTES = 512  # frames and headers around a result payload, with room to spare
 # A job's 201 (started) waits this long and is not sent if its result went first: under a pipelined
 # load most jobs finish within it, and the 201 was two of the seven messages each job cost (worker
 # to broker, broker to client) for news the 200 brings anyway. A longer job's client learns it
@@ -164,7 +163,7 @@ class JobRunner:
         """An event, as it happens, to the client; kept in the job store (bounded per job)."""
         payload.update(worker=self.name, service=self.service, uuid=job.uuid)
         raw = nfp.dumps(payload)
-        if len(raw) + ENVELOPE_BYTES > self.max_message_bytes:
+        if not sizes.fits(len(raw) + sizes.ENVELOPE_BYTES, self.max_message_bytes):
             with self._lock:
                 self.counts["oversize"] += 1
             log.warning(
@@ -377,12 +376,10 @@ class JobRunner:
         except (TypeError, ValueError, RecursionError) as exc:  # a result JSON cannot carry
             entry.update(result=None, failed=True, status=Outcome.ERROR, errors=[f"result is not JSON: {exc}"])
             payload = nfp.dumps({self.name: entry})
-        if len(payload) + len(job.client) + ENVELOPE_BYTES > self.max_message_bytes:
+        size = len(payload) + len(job.client) + sizes.ENVELOPE_BYTES
+        if not sizes.fits(size, self.max_message_bytes):
             # It could never be delivered: say so, instead of leaving the client to its timeout.
-            why = (
-                f"result of {len(payload)} bytes is over the message limit (ZFAB_MAX_MESSAGE_BYTES = "
-                f"{self.max_message_bytes} bytes); it was not sent"
-            )
+            why = sizes.too_large(f"the result of job {job.uuid}", size, self.max_message_bytes) + "; it was not sent"
             entry.update(result=None, failed=True, status=Outcome.ERROR, errors=[why])
             payload = nfp.dumps({self.name: entry})
             with self._lock:

@@ -8,8 +8,11 @@ job store's writer thread records them in batches, and 201 follows each commit.
 from __future__ import annotations
 
 import logging
+import os
 import queue
+import random
 import secrets
+import socket
 import threading
 import time
 from pathlib import Path
@@ -17,7 +20,7 @@ from typing import Any, ClassVar
 
 import zmq
 
-from ..core import payloads, shmhandle
+from ..core import payloads, shmhandle, sizes
 from ..core import protocol as nfp
 from ..core.errors import ProtocolError
 from ..core.keepalive import Clock, KeepAlive
@@ -33,7 +36,7 @@ from .contact import BrokerContact, Silence
 from .credits import RECHECK_SECONDS, credits_for, worth_telling
 from .job import Job
 from .jobstore import JobStore
-from .naming import claim_name
+from .naming import claim_name, worker_file
 from .pool import JobPool
 from .recent import RecentJobs
 from .requests import JobRequests
@@ -70,6 +73,9 @@ class Worker:
         self.name, self._name_lock = claim_name(Path(s.data_dir), self.service_name, name)
         self._service_b = self.service_name.encode()
         self._identity = self.name.encode()  # made anew for every connection (open_socket)
+        self._previous: str | None = None  # the identity of our last connection, said in READY
+        self._refusals = 0  # owner: READYs in a row the broker refused (another worker has our name)
+        self._retry_at: float | None = None  # owner: when to try READY again after a refusal
         self.tasks: dict[str, TaskSpec] = {}
         for attr in dir(type(self)):
             fn = getattr(self, attr, None)
@@ -92,7 +98,7 @@ class Worker:
         self.counts: dict[str, int] = {"rejected_frames": 0, "busy": 0, "handler_errors": 0}
         self._draining = False  # set by stop(): new jobs are answered busy, admitted ones finish
         self.store = JobStore(
-            Path(s.data_dir) / "workers" / f"{self.name}.sqlite",
+            worker_file(Path(s.data_dir), self.name, ".sqlite"),
             queue_size=s.job_queue_size * 4 + 64,
             retention_seconds=s.job_retention_seconds,
             retention_count=s.job_retention_count,
@@ -158,7 +164,7 @@ class Worker:
         self._draining = True
         try:
             # Tell the broker now (not at the next keepalive) so it stops picking this worker.
-            self.loop.call(self._send_keepalive, timeout=2.0)
+            self.loop.call(self._announce_draining, timeout=2.0)
         except Exception:
             log.debug("worker %s: could not announce draining", self.name)
         deadline = time.monotonic() + (self.settings.drain_timeout if drain is None else drain)
@@ -196,6 +202,8 @@ class Worker:
     def open_socket(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
         # A fresh identity per connection: the broker's ROUTER ignores a second connection under
         # an identity in use, and an old connection of ours may linger there for a while.
+        if self.loop.started.is_set():
+            self._previous = self._identity.decode()  # READY says it: the broker lets our old one go
         self._identity = f"{self.name}~{secrets.token_hex(4)}".encode()
         return dealer_socket(ctx, self._identity, self.settings, self.broker)
 
@@ -205,6 +213,11 @@ class Worker:
         if self._tasks_schema is None:  # made once: pydantic's schemas cost milliseconds
             self._tasks_schema = {name: spec.input_schema() for name, spec in self.tasks.items()}
         fields: dict[str, Any] = {"v": 2, "name": self.name, "credits": self.credits, "tasks": self._tasks_schema}
+        # Where we run, for the line a second worker under our name is refused with; and our previous
+        # connection, which the broker may still hold (a reconnect takes the name back at once).
+        fields.update(hostname=socket.gethostname(), pid=os.getpid())
+        if self._previous is not None:
+            fields["previous"] = self._previous
         if self.shm.host is not None:
             fields["host"] = self.shm.host  # clients on this host may send us handles, and get them back
         return nfp.dumps(fields)
@@ -216,9 +229,20 @@ class Worker:
         self._heard_since_ready = False
 
     def on_closing(self) -> None:
-        self.loop.send_now(nfp.worker_control(nfp.DISCONNECT, self._service_b))
+        if self._retry_at is None:  # a refused worker is not registered: nothing to say goodbye to
+            self.loop.send_now(nfp.worker_control(nfp.DISCONNECT, self._service_b))
+
+    def _announce_draining(self) -> None:
+        if self._retry_at is None:
+            self._send_keepalive()
 
     def on_timer(self, now: float) -> float | None:
+        if self._retry_at is not None:  # refused: quiet until it is time to try READY again
+            if now < self._retry_at:
+                return self._retry_at
+            self._retry_at = None
+            self.loop.request_reconnect()  # a new connection and READY (on_connected)
+            return now + self.keepalive.interval
         ka = self.keepalive
         if ka.expired():
             step, until = self.contact.silent(now)
@@ -282,13 +306,24 @@ class Worker:
             self.counts["rejected_frames"] += 1
             if self.counts["rejected_frames"] <= 3 or self.counts["rejected_frames"] % 1000 == 0:
                 log.warning("worker %s dropped a malformed message: %s", self.name, exc)
+            if exc.reason == "oversize":
+                self._refuse_oversize(frames)
             return
         self._heard_since_ready = True
         if isinstance(msg, nfp.BrokerControl):
             if msg.command == nfp.KEEPALIVE:
                 self.keepalive.heard()
+                if self._refusals:
+                    log.info(
+                        "worker %s: registered with the broker (refused %d times before)", self.name, self._refusals
+                    )
+                    self._refusals = 0
                 if self.keepalive.answers():  # with the broker's wave, not on a clock of our own
                     self._send_keepalive()
+            elif msg.reason == "name_taken":
+                self._name_refused(msg)
+            elif self._retry_at is not None:
+                pass  # refused, and waiting to try again: a new READY goes then, not now
             else:  # DISCONNECT: the broker does not know us (restarted), or dropped us
                 if msg.reason in ("purged", "replaced"):
                     log.warning(
@@ -316,6 +351,40 @@ class Worker:
             log.exception("worker %s failed on a %s", self.name, nfp.COMMAND_NAMES[msg.command])
             why = f"the worker could not handle this request: {type(exc).__name__}: {str(exc)[:200]}"
             self._reply(msg, nfp.ST_ERROR, self.runner.failure(msg.uuid.decode(errors="replace"), "", [why]))
+
+    def _refuse_oversize(self, frames: Frames) -> None:
+        """A job over our message limit (the broker's is larger): answered 400 naming the limit, so its
+        client hears why now, not at its deadline. The socket's cap bounded what came in (core/sizes.py)."""
+        limit = self.settings.max_message_bytes
+        try:
+            msg = nfp.decode_broker_to_worker(frames, sizes.socket_cap(limit))
+        except nfp.ProtocolError:
+            return
+        if isinstance(msg, nfp.BrokerJob):
+            uuid = msg.uuid.decode(errors="replace")
+            why = sizes.too_large(f"the request of job {uuid}", sum(len(f) for f in frames), limit)
+            self._reply(msg, nfp.ST_BAD_REQUEST, self.runner.failure(uuid, "", [why]))
+
+    def _name_refused(self, msg: nfp.BrokerControl) -> None:
+        """The broker refused our READY: a live worker holds our name. We do not spin: we wait (the
+        broker's suggestion, doubled on each refusal in a row, at most a hold time, with jitter) and
+        try again, so we take the name over once its holder leaves; the first refusal is logged,
+        the ones after it are not."""
+        self._heard_since_ready = False  # not registered: not ready
+        self._refusals += 1
+        ka = self.keepalive
+        base = msg.retry_after if msg.retry_after is not None else ka.interval
+        wait = min(ka.hold_time, max(ka.interval, base) * 2 ** min(self._refusals - 1, 16))
+        wait *= random.uniform(0.9, 1.1)  # two refused workers do not come back in step
+        self._retry_at = ka.clock() + wait
+        if self._refusals == 1:
+            why = msg.detail or f"another worker is registered as {self.name}"
+            log.warning(
+                "worker %s: the broker refused it: %s. Trying again every %.0f s at most, until the name is free",
+                self.name,
+                why,
+                ka.hold_time,
+            )
 
     # ---- job handling (owner) ------------------------------------------------------
 

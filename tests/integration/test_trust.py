@@ -267,7 +267,7 @@ def test_results_only_jobs_that_ran_are_not_reported_as_failures_after_a_broker_
             assert "NoWorkersError" not in outcomes and outcomes.count("completed") >= 15, outcomes
 
 
-def test_a_worker_name_registered_twice_replaces_the_first_visibly(tmp_path: Path) -> None:
+def test_a_worker_name_registered_twice_is_refused_visibly_and_the_first_keeps_it(tmp_path: Path) -> None:
     with fabric(tmp_path) as f:
         f.broker()
         f.worker("w1")
@@ -278,8 +278,9 @@ def test_a_worker_name_registered_twice_replaces_the_first_visibly(tmp_path: Pat
             )
             twin = DemoWorker(name="w1", settings=s).start()
             try:
-                wait_for(lambda: c.mmi("show_broker")["counts"].get("worker_replaced", 0) >= 1, 10, what="replaced")
-                assert [w["name"] for w in c.mmi("show_workers")].count("w1") <= 2
+                wait_for(lambda: c.mmi("show_broker")["counts"].get("worker_name_taken", 0) >= 1, 10, what="refused")
+                assert [w["name"] for w in c.mmi("show_workers")].count("w1") == 1
+                assert c.mmi("show_broker")["counts"].get("worker_replaced", 0) == 0
             finally:
                 twin.stop(drain=0)
 

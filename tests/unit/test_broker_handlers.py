@@ -523,15 +523,95 @@ def test_a_purged_worker_heard_again_is_told_again_that_it_was_purged(broker: Br
     assert bye[3] == nfp.DISCONNECT and json.loads(bye[5]) == {"reason": "purged"}
 
 
-def test_a_second_connection_under_a_workers_name_replaces_it(broker: Broker) -> None:
-    ready(broker, b"w1~aaaa", name="w1")
+def announce_ready(b: Broker, ident: bytes, name: str, **extra: Any) -> None:
+    ann = nfp.dumps({"v": 2, "name": name, "credits": 2, "tasks": TASKS, **extra})
+    stub(b).feed([ident, b"", nfp.WORKER, nfp.READY, b"demo", ann])
+
+
+def test_a_second_worker_under_a_live_workers_name_is_refused_and_the_first_keeps_its_jobs(broker: Broker) -> None:
+    announce_ready(broker, b"w1~aaaa", "w1", hostname="host-a", pid=101)
     post(broker, b"j1")
     stub(broker).take()
-    ready(broker, b"w1~bbbb", name="w1")  # the worker restarted; its old connection lingers
+    announce_ready(broker, b"w1~bbbb", "w1", hostname="host-b", pid=202)
     sent = stub(broker).take()
-    assert [(st, p["worker"]) for _, _, st, p in replies(sent)] == [(nfp.ST_WORKER_LOST, "w1")]
-    assert [f[3] for f in sent if f[0] == b"w1~aaaa"] == [nfp.DISCONNECT]
-    assert broker.registry.by_name[b"w1"].ident == b"w1~bbbb"
+    assert replies(sent) == []  # no job was reported lost
+    (bye,) = [f for f in sent if f[0] == b"w1~bbbb"]
+    why = json.loads(bye[5])
+    assert bye[3] == nfp.DISCONNECT and why["reason"] == "name_taken" and why["retry_after"] > 0
+    assert why["detail"].startswith("a worker named w1 is already connected from host-a (pid 101)")
+    assert why["detail"].endswith("choose another --name")
+    # the holder was probed (a keepalive), not told to leave, and keeps its name and its job
+    assert [f[3] for f in sent if f[0] == b"w1~aaaa"] == [nfp.KEEPALIVE]
+    holder = broker.registry.by_name[b"w1"]
+    assert holder.ident == b"w1~aaaa" and b"j1" in holder.inflight and b"w1~bbbb" not in broker.registry.workers
+    assert broker.counts["worker_name_taken"] == 1 and broker.counts["worker_replaced"] == 0
+    finish(broker, b"w1~aaaa", b"j1", name="w1")
+    assert [st for _, _, st, _ in replies(stub(broker).take())] == [nfp.ST_OK]
+
+
+def test_a_rival_that_keeps_trying_is_refused_each_time_and_logged_once_per_hundred(
+    broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    announce_ready(broker, b"w1~aaaa", "w1")
+    stub(broker).take()
+    with caplog.at_level("WARNING", logger="zfab.broker.workerside"):
+        for i in range(150):
+            announce_ready(broker, f"w1~{i:04x}".encode(), "w1")
+    assert broker.counts["worker_name_taken"] == 150
+    assert len([r for r in caplog.records if "refused a worker named w1" in r.getMessage()]) == 2  # 1st, 100th
+    assert broker.registry.by_name[b"w1"].ident == b"w1~aaaa"
+
+
+def test_a_worker_restarted_after_a_crash_takes_its_name_back_at_once(broker: Broker) -> None:
+    announce_ready(broker, b"w1~aaaa", "w1")
+    post(broker, b"j1")
+    stub(broker).take()
+    stub(broker).gone.add(b"w1~aaaa")  # killed: libzmq closed its connection, a send there fails
+    announce_ready(broker, b"w1~bbbb", "w1")
+    sent = stub(broker).take()
+    ((_, _, status, payload),) = replies(sent)
+    assert status == nfp.ST_WORKER_LOST and "is gone" in payload["errors"][0]
+    assert broker.registry.by_name[b"w1"].ident == b"w1~bbbb" and b"w1~aaaa" not in broker.registry.workers
+    assert not [f for f in sent if f[0] == b"w1~bbbb" and f[3] == nfp.DISCONNECT]
+    assert broker.counts["worker_replaced"] == 1 and broker.counts["worker_name_taken"] == 0
+
+
+def test_a_holder_silent_past_the_bound_gives_its_name_to_a_new_connection(broker: Broker, clock: FakeClock) -> None:
+    announce_ready(broker, b"w1~aaaa", "w1")
+    stub(broker).take()
+    clock.advance(broker.registry.silence_bound - 0.1)
+    announce_ready(broker, b"w1~bbbb", "w1")  # heard recently enough: refused
+    assert broker.registry.by_name[b"w1"].ident == b"w1~aaaa"
+    clock.advance(0.2)  # the holder still silent: past the bound (within its hold time)
+    assert broker.registry.by_name[b"w1"].keepalive.is_alive()
+    announce_ready(broker, b"w1~cccc", "w1")
+    sent = stub(broker).take()
+    assert broker.registry.by_name[b"w1"].ident == b"w1~cccc"
+    (bye,) = [f for f in sent if f[0] == b"w1~aaaa" and f[3] == nfp.DISCONNECT]
+    assert json.loads(bye[5]) == {"reason": "replaced"}  # it drops what it had not started
+
+
+def test_a_worker_that_reconnects_names_its_previous_connection_and_takes_its_name_back(broker: Broker) -> None:
+    announce_ready(broker, b"w1~aaaa", "w1")
+    stub(broker).take()
+    announce_ready(broker, b"w1~bbbb", "w1", previous="w1~zzzz")  # not the holder's: refused
+    assert broker.registry.by_name[b"w1"].ident == b"w1~aaaa"
+    stub(broker).take()
+    announce_ready(broker, b"w1~cccc", "w1", previous="w1~aaaa")
+    assert broker.registry.by_name[b"w1"].ident == b"w1~cccc" and broker.counts["worker_replaced"] == 1
+    assert not [f for f in stub(broker).take() if f[0] == b"w1~aaaa"]  # it closed that socket: nothing sent there
+
+
+def test_under_curve_only_the_holders_key_may_say_it_was_the_previous_connection(clock: FakeClock) -> None:
+    b = make_broker(clock)
+    b.zap = type("Zap", (), {"may_register": staticmethod(lambda name, user: True)})()  # every key may be w1
+    ann = nfp.dumps({"v": 2, "name": "w1", "credits": 2, "tasks": TASKS})
+    stub(b).feed([b"w1~aaaa", b"", nfp.WORKER, nfp.READY, b"demo", ann], user_id=b"key-a")
+    other = nfp.dumps({"v": 2, "name": "w1", "credits": 2, "tasks": TASKS, "previous": "w1~aaaa"})
+    stub(b).feed([b"w1~bbbb", b"", nfp.WORKER, nfp.READY, b"demo", other], user_id=b"key-b")
+    assert b.registry.by_name[b"w1"].ident == b"w1~aaaa" and b.counts["worker_name_taken"] == 1
+    stub(b).feed([b"w1~cccc", b"", nfp.WORKER, nfp.READY, b"demo", other], user_id=b"key-a")
+    assert b.registry.by_name[b"w1"].ident == b"w1~cccc"
 
 
 def test_keepalives_go_to_workers_every_interval(broker: Broker, clock: FakeClock) -> None:
@@ -576,7 +656,8 @@ def test_a_client_keepalive_is_answered_with_the_brokers_incarnation(broker: Bro
     stub(broker).feed([b"c1", b"", nfp.CLIENT, nfp.KEEPALIVE, nfp.MMI_SERVICE, b"", b"", b""])
     ((answer,),) = [[f] for f in stub(broker).take()]
     host = {"host": broker.shm.host} if broker.shm.host else {}  # its shared-memory host id, when it has one
-    assert answer[3] == nfp.KEEPALIVE and json.loads(answer[7]) == {"boot": broker.boot, **host}
+    limit = {"max": broker.settings.max_message_bytes}  # its message limit: a client refuses what is over it
+    assert answer[3] == nfp.KEEPALIVE and json.loads(answer[7]) == {"boot": broker.boot, **limit, **host}
 
 
 def client_ka(b: Broker, ident: bytes = b"c1") -> None:

@@ -102,6 +102,16 @@ def test_broker_control_round_trips_as_the_workers_dealer_sees_it(command: bytes
     assert msg == nfp.BrokerControl(command, b"demo")
 
 
+def test_a_name_taken_disconnect_carries_its_sentence_and_wait_and_nothing_odd_gets_through() -> None:
+    why = {"reason": "name_taken", "detail": "d" * 1000, "retry_after": 5}
+    msg = nfp.decode_broker_to_worker([b"", nfp.BROKER, nfp.DISCONNECT, b"demo", nfp.dumps(why)])
+    assert isinstance(msg, nfp.BrokerControl)
+    assert (msg.reason, msg.detail, msg.retry_after) == ("name_taken", "d" * nfp.MAX_DETAIL, 5.0)
+    for odd in ({"reason": 1, "detail": 2, "retry_after": -1}, {"retry_after": True}, {"retry_after": "5"}):
+        msg = nfp.decode_broker_to_worker([b"", nfp.BROKER, nfp.DISCONNECT, b"demo", nfp.dumps(odd)])
+        assert isinstance(msg, nfp.BrokerControl) and (msg.reason, msg.detail, msg.retry_after) == (None, None, None)
+
+
 @pytest.mark.parametrize("status", sorted(nfp.KNOWN_STATUSES))
 def test_broker_reply_round_trips_as_the_clients_dealer_sees_it(status: bytes) -> None:
     frames = nfp.broker_reply(b"client-a", nfp.RESPONSE, b"demo", b"job-1", status, b"{}")

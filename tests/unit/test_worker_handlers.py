@@ -453,3 +453,38 @@ def test_a_worker_with_async_tasks_announces_its_event_loop_in_its_credits(tmp_p
         assert json.loads(ready[4])["credits"] == 2 + 3 + 50
     finally:
         w.stop(drain=0)
+
+
+def readies(frames: list[Frames]) -> list[dict[str, Any]]:
+    """The announces of the READY frames a worker sent."""
+    return [json.loads(f[4]) for f in frames if f[1] == nfp.WORKER and f[2] == nfp.READY]
+
+
+def test_a_worker_refused_its_name_waits_logs_once_then_tries_again_and_takes_it_when_free(
+    worker: DemoWorker, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    (first,) = readies(stub(worker).take())
+    assert first["name"] == "w1" and first["pid"] > 0 and first["hostname"] and "previous" not in first
+    refusal = {
+        "reason": "name_taken",
+        "detail": "a worker named w1 is already connected from h (pid 1)",
+        "retry_after": 2,
+    }
+    with caplog.at_level("INFO", logger="zfab.worker.worker"):
+        for _ in range(3):
+            stub(worker).feed([b"", nfp.BROKER, nfp.DISCONNECT, b"demo", nfp.dumps(refusal)])
+            assert not worker.registered()
+            # it does not spin: nothing is sent (no READY, no keepalive) until its wait is over
+            clock.advance(1.5)
+            stub(worker).tick()
+            assert readies(stub(worker).take()) == []
+            clock.advance(worker.keepalive.hold_time)  # the longest wait: at most a hold time
+            stub(worker).tick()
+            (again,) = readies(stub(worker).take())
+            # a new connection, which names the refused one: the broker may let that one go
+            assert again["previous"].startswith("w1~")
+        said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(said) == 1 and "already connected from h (pid 1)" in said[0]
+        stub(worker).feed([b"", nfp.BROKER, nfp.KEEPALIVE, b"demo"])  # accepted: the broker keeps it alive
+    assert worker.registered()
+    assert any("registered with the broker (refused 3 times before)" in r.getMessage() for r in caplog.records)

@@ -20,7 +20,7 @@ from ..core.payloads import Word
 from ..core.shmhandle import HandleError
 from ..settings import Settings
 from ..transport.shm import ShmArena
-from .admission import Refusal, answer
+from .admission import Refusal, answer, bad
 from .jobqueue import ANY, QueuedJob, Spot
 from .limits import Bucket, Limiter
 from .registry import Registry, Route, ServiceRecord, WorkerRecord
@@ -197,9 +197,21 @@ class Dispatcher:
             frames.append(nfp.dumps(meta))
         self.send(frames)
 
+    def check_handle(self, job: QueuedJob) -> None:
+        """A POST whose body is a handle: refused (400, counted `shm_refused`) when it is malformed or
+        claims more than a message may carry, before anything is read. The broker forwards handles
+        unread; it reads one only for a worker that cannot take it (_shm_bytes), within this bound."""
+        try:
+            shmhandle.check_claim(job.body, self.s.max_message_bytes)
+        except HandleError as exc:
+            self.counts["shm_refused"] += 1
+            raise bad(exc.detail) from None
+
     def _shm_bytes(self, job: QueuedJob) -> nfp.Frame:
         """The body a client's handle names, read here (the broker is on the client's host, or the
-        client would not have sent one) for a worker that cannot map it. An unreadable block is
+        client would not have sent one) for a worker that cannot take a handle: copied with pread
+        (transport/shm.py), so a block cut meanwhile reads short instead of faulting, and only a
+        block of the broker's own user, within ZFAB_MAX_MESSAGE_BYTES. An unreadable block is
         forwarded as the handle, which the worker refuses with its reason."""
         if self.shm is None:
             return job.body

@@ -22,7 +22,7 @@ from ..settings import Settings
 from ..transport.shm import ShmArena
 from .admission import Refusal, answer, bad
 from .jobqueue import ANY, QueuedJob, Spot
-from .limits import Bucket, Limiter
+from .limits import OVERFLOW, Bucket, Limiter
 from .registry import Registry, Route, ServiceRecord, WorkerRecord
 
 MAX_NOTICES = 100_000  # "queued" notices held for later; beyond it a client is told at once
@@ -94,7 +94,9 @@ class Dispatcher:
         if job.kind == ANY:
             rule = self.limits.rule(svc.name, job.task, svc.tasks)
             if rule is not None:
-                job.limit = self.limits.bucket_for(job, rule, (svc.tasks or {}).get(job.task))
+                job.limit = self.limits.bucket_for(job, rule, (svc.tasks or {}).get(job.task), now)
+                if job.limit.key == OVERFLOW:
+                    self.counts["limit_overflow"] += 1  # the table is full: it shares its task's bucket
         if job.not_before <= now and len(self.reg.routes) < self.reg.max_routes and svc.name not in self.paused:
             if job.kind == ANY:
                 b = job.limit
@@ -138,6 +140,8 @@ class Dispatcher:
         svc.queue.add(job, now)
         self.queue_changed.add(svc.name)
         if job.limit is not None:
+            if job.uuid not in self.queued:
+                job.limit.queued += 1  # its bucket lives while it waits, delayed or held (limits.py)
             self.limits.arm(job.limit, now)  # its rate lets the next start then: wake for it
         self.queued[job.uuid] = job
         self.queued_bytes += job.size
@@ -149,6 +153,8 @@ class Dispatcher:
     def _leave(self, svc: ServiceRecord, job: QueuedJob) -> None:
         if self.queued.pop(job.uuid, None) is not None:
             self.queued_bytes -= job.size
+            if job.limit is not None:
+                job.limit.queued -= 1
         svc.queue.leave(job)
         self.queue_changed.add(svc.name)
 
@@ -379,18 +385,27 @@ class Dispatcher:
         svc = self.reg.services.get(service)
         rule = self.limits.rule(service, task, svc.tasks if svc is not None else None)
         waiting: list[QueuedJob] = []
+        stale: set[Bucket] = set()
         for b in self.limits.of_task(service, task):
             if rule is not None and rule.key == b.rule.key:
                 b.rule = rule
                 continue
+            stale.add(b)
             while (job := b.pop()) is not None:
                 waiting.append(job)
         now = self.clock()
-        for job in waiting:
+        # Delayed jobs hold their bucket too: they enter the new one when their delay ends.
+        delayed = [j for j in svc.queue.waiting.values() if j.spot is Spot.DELAYED and j.limit in stale] if svc else []
+        schema = (svc.tasks or {}).get(task) if svc else None
+        for job in waiting + delayed:
+            if job.uuid in self.queued:
+                job.limit.queued -= 1
             job.limit = None
             if rule is not None:
-                job.limit = self.limits.bucket_for(job, rule, (svc.tasks or {}).get(task) if svc else None)
-            if svc is not None:
+                job.limit = self.limits.bucket_for(job, rule, schema, now)
+                if job.uuid in self.queued:
+                    job.limit.queued += 1
+            if svc is not None and job.spot is not Spot.DELAYED:
                 svc.queue.place(job, now)
         if svc is not None:
             self.dirty.add(service)

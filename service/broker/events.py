@@ -615,9 +615,10 @@ class EventPublisher:
                 continue
             prefix = msg[1:]
             try:
-                peer: bytes | None = frame.get("User-Id").encode()
+                user = frame.get("User-Id")
             except zmq.ZMQError:
-                peer = None  # libzmq's own unsubscription for a pipe that closed: it names no peer
+                user = None  # libzmq's own unsubscription for a pipe that closed: it names no peer
+            peer = user.encode() if isinstance(user, str) else None
             if msg[0] == 1:
                 self._subscribe(sock, prefix, peer or b"")
             else:

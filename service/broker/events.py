@@ -371,7 +371,11 @@ class EventPublisher:
             self._ctx = self._own_ctx = zmq.Context()
             zap = self._own_ctx.socket(zmq.REP)
             zap.setsockopt(zmq.LINGER, 0)
-            zap.bind(ZAP_ENDPOINT)
+            try:
+                zap.bind(ZAP_ENDPOINT)
+            except zmq.ZMQError:
+                zap.close(0)  # (the context's term() would wait on it)
+                raise
         sock = self._ctx.socket(zmq.XPUB)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, self.hwm)

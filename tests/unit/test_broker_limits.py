@@ -258,3 +258,20 @@ def test_a_limit_key_is_read_without_decoding_the_body() -> None:
     assert key_value(nfp.dumps({"kwargs": {"site": None}}), "site", schema) == "null"
     long = key_value(nfp.dumps({"kwargs": {"site": "x" * 300}}), "site", schema)
     assert long is not None and long.startswith("sha256:")
+
+
+def test_delayed_jobs_follow_a_limit_changed_while_they_wait(broker: Broker, clock: FakeClock) -> None:
+    # Given three delayed jobs of a task limited per site (one at once per site: all three could run)
+    for site in ("a", "b", "c"):
+        post_flags(broker, f"d{site}".encode(), "per_site", kwargs={"site": site}, delay=5, timeout=30)
+    # When the limit is set to two at once for the whole task while they wait
+    status, _ = mmi(broker, "set_limit", service="demo", task_name="per_site", concurrency=2)
+    assert status == nfp.ST_OK
+    keep_alive(broker, clock, 6)
+    # Then the new rule holds them: two run, one waits, and no bucket counts a job it no longer has
+    assert len(sent(broker)) == 2
+    counts = {b.key: (b.running, b.queued) for b in broker.dispatch.limits.buckets.values()}
+    assert counts.pop(None) == (2, 1)
+    assert set(counts.values()) <= {(0, 0)}  # the per-site buckets hold nothing: the housekeeping forgets them
+    broker.dispatch.limits.sweep(clock())
+    assert list(broker.dispatch.limits.buckets) == [(b"demo", "per_site", None)]

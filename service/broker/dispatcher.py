@@ -179,10 +179,13 @@ class Dispatcher:
 
     # ---- sending -----------------------------------------------------------------
 
-    def _post(self, w: WorkerRecord, job: QueuedJob, now: float) -> None:
-        body = job.body
-        if job.shm and w.host != job.host:
-            body = self._shm_bytes(job)  # a worker on another host (or a NorFab one) gets the bytes
+    def _post(self, w: WorkerRecord, job: QueuedJob, now: float, body: nfp.Frame | None = None) -> None:
+        if body is None:
+            body = job.body
+            if job.shm and w.host != job.host:
+                read = self._shm_bytes(job)  # a part for a worker on another host (or a NorFab one): bytes
+                if not isinstance(read, str):  # (unreadable: the handle, which its worker refuses with a reason)
+                    body = read
         frames = nfp.broker_job(w.ident, nfp.POST, job.client, job.uuid, body)
         job.sent_at = now  # the hop trace's end of broker_queue, start of broker_wait
         if job.kind != ANY:
@@ -213,12 +216,12 @@ class Dispatcher:
             self.counts["shm_refused"] += 1
             raise bad(exc.detail) from None
 
-    def _shm_bytes(self, job: QueuedJob) -> nfp.Frame:
+    def _shm_bytes(self, job: QueuedJob) -> nfp.Frame | str:
         """The body a client's handle names, read here (the broker is on the client's host, or the
         client would not have sent one) for a worker that cannot take a handle: copied with pread
         (transport/shm.py), so a block cut meanwhile reads short instead of faulting, and only a
-        block of the broker's own user, within ZFAB_MAX_MESSAGE_BYTES. An unreadable block is
-        forwarded as the handle, which the worker refuses with its reason."""
+        block of the broker's own user, within ZFAB_MAX_MESSAGE_BYTES. For an unreadable block, why
+        (counted `shm_unreadable`)."""
         if self.shm is None:
             return job.body
         try:
@@ -228,8 +231,10 @@ class Dispatcher:
                 body = payloads.with_attempt(bytes(body), attempt)
         except HandleError as exc:
             self.counts["shm_unreadable"] += 1
-            log.warning("broker: the body of job %r cannot be read from shared memory: %s", job.uuid[:64], exc)
-            return job.body
+            n = self.counts["shm_unreadable"]
+            if n <= 3 or n % 1000 == 0:  # a peer sending bad handles cannot flood the log
+                log.warning("broker: the body of job %r cannot be read from shared memory: %s", job.uuid[:64], exc)
+            return exc.detail
         self.counts["shm_materialized"] += 1
         return body
 
@@ -249,6 +254,13 @@ class Dispatcher:
         return self.reg.add_route(job, workers, deadline)
 
     def _send_any(self, svc: ServiceRecord, job: QueuedJob, w: WorkerRecord, now: float) -> None:
+        body: nfp.Frame | None = None
+        if job.shm and w.host != job.host:
+            read = self._shm_bytes(job)  # a worker on another host (or a NorFab one) gets the bytes
+            if isinstance(read, str):
+                self._unreadable(svc, job, w, read)
+                return
+            body = read
         if job.limit is not None:
             job.limit.started(now)
         self._route(job, [w])
@@ -257,12 +269,29 @@ class Dispatcher:
         if job.ack or job.told_queued:
             self._dispatched(job, [w])
         self.reg.send_to(svc, w, job.uuid, job.client)
-        self._post(w, job, now)
+        self._post(w, job, now, body)
         self._observe_queued(svc, job, now)
         self.counts["post"] += 1
 
+    def _unreadable(self, svc: ServiceRecord, job: QueuedJob, w: WorkerRecord, why: str) -> None:
+        """A job whose body the broker must send as bytes and cannot read from the client's block
+        (gone, cut, another user's): it fails here, before any part is sent, with the reason, rather
+        than reach a worker as a handle it cannot take."""
+        if job.uuid in self.queued:
+            self._leave(svc, job)
+        job.spot = Spot.GONE
+        why = f"the broker could not read the job's body from shared memory for worker {w.label}: {why}"
+        self.reply(job.client, job.service, job.uuid, nfp.ST_BAD_REQUEST, answer(job, Word.FAILED, why))
+
     def _fan_out(self, svc: ServiceRecord, job: QueuedJob, workers: list[WorkerRecord], now: float) -> None:
         """A job for `all`, a name or a list: every worker gets its part, now or when it has a credit."""
+        body: nfp.Frame | None = None  # bytes for the workers that take no handle, read once
+        if job.shm and (other := next((w for w in workers if w.host != job.host and w.free > 0), None)):
+            read = self._shm_bytes(job)
+            if isinstance(read, str):
+                self._unreadable(svc, job, other, read)
+                return
+            body = read
         job.workers = [w.name for w in workers]
         self._route(job, workers)
         if job.ack or len(workers) > 1:
@@ -271,7 +300,7 @@ class Dispatcher:
         for w in workers:
             if w.free > 0:
                 self.reg.send_to(svc, w, job.uuid, job.client)
-                self._post(w, job, now)
+                self._post(w, job, now, body if w.host != job.host else None)
             else:
                 heapq.heappush(w.directed, (-job.priority, job.seq, job))
                 self.directed.add(w.ident)

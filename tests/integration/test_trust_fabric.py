@@ -179,6 +179,15 @@ def test_a_same_host_peers_sparse_and_shrinking_blocks_kill_nothing(tmp_path: Pa
             for name in ("broker", "wshm", "wplain"):
                 assert f.procs[name].poll() is None, f"{name} died: {f.procs[name].returncode}"
             wait_for(lambda: {"wshm", "wplain"} <= {w["name"] for w in c.mmi("show_workers") if w["alive"]}, 10)
+            # And a block the broker cannot read for a worker that takes no handle fails its job at the broker
+            gone = HostileBlock(shm_dir, b'{"task":"echo","args":[],"kwargs":{"data":"g"}}')
+            handle = gone.handle()
+            gone.close()
+            status, body = answer(b"wplain", b"gone", handle)
+            assert status == nfp.ST_BAD_REQUEST and "target" in body, body
+            assert "could not read the job's body from shared memory for worker wplain" in body["errors"][0]
+            assert "is gone" in body["errors"][0]
+            assert c.mmi("show_broker")["counts"]["shm_unreadable"] >= 1
             # And a good handle still goes through afterwards
             cut.fill()
             assert answer(b"wshm", b"whole", cut.handle())[0] == nfp.ST_OK

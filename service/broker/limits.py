@@ -5,8 +5,8 @@ declaration (READY's schema, `x-zfab`) or is set at run time (MMI `set_limit`, w
 declaration until `clear_limit`; kept in `$ZFAB_DATA_DIR/broker/limits.json` across a restart).
 
 A job of a limited task (target `any`) belongs to a **bucket**: one per task, or per task and value
-of the rule's `key` argument (found in the job's body by a scan that builds nothing but that value:
-key_value). The bucket counts the jobs dispatched and not yet ended (concurrency) and when the next may
+of the rule's `key` argument (found in the job's body by a bounded scan that builds nothing but that
+value: key_value). The bucket counts the jobs dispatched and not yet ended (concurrency) and when the next may
 start (rate: evenly spaced, no burst). A job its bucket does not let go waits there (Spot.HELD),
 still in its service's queue for depth, bytes, expiry and cancel; the dispatcher takes the best job
 of the ready heap and of the open buckets (priority, then arrival), so a limited task never holds
@@ -43,6 +43,8 @@ MAX_BUCKETS = 10_000
 MAX_RULES = 10_000  # tasks with a limit set at run time
 MAX_KEY_BYTES = 200  # a key value longer than this (as JSON) is known by its hash
 MAX_KEY_PARSE = 64 * 1024  # a key value's raw JSON over this is hashed as it is, not parsed
+MAX_KEY_SCAN = 4 << 20  # bytes of a body scanned for its key on the loop (about 6 ms at worst); past it, UNREAD
+UNREAD = "\x00unread"  # the key of a body too large to scan: such jobs of a task share one bucket (stricter)
 MAX_DECODERS = 1000  # key scanners kept (one per argument name and position)
 OVERFLOW = "\x00overflow"  # the key of the bucket new values share once the table is full
 DECLARATION_KEY = "x-zfab"
@@ -299,9 +301,13 @@ def _scanner(name: str, index: int) -> msgspec.json.Decoder[Any]:
 def key_value(body: nfp.Frame, name: str | None, schema: Any) -> str | None:
     """The value of the job's `name` argument, as a bounded string (None: the job does not give it,
     or its body is not JSON: a handle to shared memory is not read here). A positional argument is
-    found by the order of the task's schema's properties. Nothing but that value is decoded."""
+    found by the order of the task's schema's properties. Nothing but that value is decoded, and a
+    body over MAX_KEY_SCAN is not scanned at all (UNREAD: it shares one bucket with its task's other
+    such jobs, which only makes its limit stricter), so no job holds the broker's loop for long."""
     if name is None:
         return None
+    if len(body) > MAX_KEY_SCAN:
+        return UNREAD
     props = schema.get("properties") if isinstance(schema, dict) else None
     names = list(props) if isinstance(props, dict) else []
     index = names.index(name) if name in names else -1

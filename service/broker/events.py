@@ -51,10 +51,10 @@ from ..core import hoptrace
 from ..core import protocol as nfp
 from ..transport.security import curve_server
 from ..transport.waker import Waker
+from .subscriptions import MAX_PREFIX, SubscriptionSlots
 
 log = logging.getLogger(__name__)
 
-MAX_PREFIX = 256  # bytes of a subscription prefix
 PEER_SHARE = 10  # one peer holds at most 1/PEER_SHARE of the subscription slots (unless told otherwise)
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # RFC 27: where libzmq asks who a connecting peer is
 CURVE_MAXMSG = 1024  # bytes of a frame a CURVE subscriber may send (the handshake's, a boxed subscription)
@@ -164,7 +164,8 @@ class EventPublisher:
         self.hwm = hwm
         self.queue_size = queue_size
         self.max_subscriptions = max_subscriptions
-        self.max_per_peer = max_per_peer if max_per_peer is not None else max(1, max_subscriptions // PEER_SHARE)
+        per_peer = max_per_peer if max_per_peer is not None else max(1, max_subscriptions // PEER_SHARE)
+        self.slots = SubscriptionSlots(total=max_subscriptions, per_peer=per_peer)  # thread only
         self.curve_secret = curve_secret
         self.bound_endpoint = ""
         self.active = False  # someone is subscribed (written by the thread, read by the loop)
@@ -175,11 +176,6 @@ class EventPublisher:
         self.dropped = 0  # broker loop: offered to a full queue
         self.published = 0  # thread: sent to the socket
         self.refused: Counter[str] = Counter()  # thread: subscriptions refused, by reason
-        # Thread only: who holds each accepted prefix, and how many each peer holds (both bounded by
-        # max_subscriptions: a peer is in them only while it holds one).
-        self.holders: dict[bytes, set[bytes]] = {}
-        self.per_peer: Counter[bytes] = Counter()
-        self.subscribed = 0  # thread: accepted subscriptions at once (the sum of per_peer)
         self._peers_seen = 0  # thread: connections named by this thread's ZAP answers (without CURVE)
         self._queue: deque[tuple[Any, ...]] = deque()
         self._names: dict[bytes, tuple[str, str, bool]] = {}  # broker loop only: uuid -> service, task, single
@@ -624,54 +620,23 @@ class EventPublisher:
                 user = None  # libzmq's own unsubscription for a pipe that closed: it names no peer
             peer = user.encode() if isinstance(user, str) else None
             if msg[0] == 1:
-                self._subscribe(sock, prefix, peer or b"")
-            else:
-                self._unsubscribe(sock, prefix, peer)
-            self.active = bool(self.holders)
-            self.tracing = any(_may_match(p, _TRACE) for p in self.holders)
+                verdict = self.slots.subscribe(prefix, peer or b"")
+                if verdict.subscribes:
+                    # (HELD: another pipe of a peer that holds it already gets it too, no new slot)
+                    sock.setsockopt(zmq.SUBSCRIBE, prefix)
+                    self._welcome(sock, prefix)
+                else:
+                    self.refused[verdict.value] += 1
+            elif self.slots.unsubscribe(prefix, peer):
+                sock.setsockopt(zmq.UNSUBSCRIBE, prefix)
+            prefixes = self.slots.prefixes()
+            self.active = bool(prefixes)
+            self.tracing = any(_may_match(p, _TRACE) for p in prefixes)
 
-    def _subscribe(self, sock: zmq.Socket[bytes], prefix: bytes, peer: bytes) -> None:
-        holders = self.holders.get(prefix)
-        if len(prefix) > MAX_PREFIX:
-            self.refused["too_long"] += 1
-        elif holders is not None and peer in holders:
-            # The peer holds it already (again, or another connection of its CURVE key): that pipe
-            # gets it too, and the peer's share counts it once.
-            sock.setsockopt(zmq.SUBSCRIBE, prefix)
-            self._welcome(sock, prefix)
-        elif self.per_peer.get(peer, 0) >= self.max_per_peer:
-            self.refused["per_peer"] += 1  # one peer (a connection; under CURVE a key) took its share
-        elif self.subscribed >= self.max_subscriptions:
-            self.refused["too_many"] += 1
-        else:
-            sock.setsockopt(zmq.SUBSCRIBE, prefix)
-            self.holders.setdefault(prefix, set()).add(peer)
-            self.per_peer[peer] += 1
-            self.subscribed += 1
-            self._welcome(sock, prefix)
-
-    def _unsubscribe(self, sock: zmq.Socket[bytes], prefix: bytes, peer: bytes | None) -> None:
-        holders = self.holders.get(prefix)
-        if not holders:
-            return
-        if peer is not None:
-            # A subscriber's UNSUBSCRIBE: only its own.
-            if peer not in holders:
-                return
-            sock.setsockopt(zmq.UNSUBSCRIBE, prefix)
-            gone = {peer}
-        else:
-            # A pipe closed and libzmq dropped the prefix: no pipe holds it any more, so neither
-            # does any peer (a peer that left while others held it is let go here at the latest).
-            gone = set(holders)
-        for who in gone:
-            holders.discard(who)
-            self.per_peer[who] -= 1
-            if self.per_peer[who] <= 0:
-                del self.per_peer[who]
-            self.subscribed -= 1
-        if not holders:
-            del self.holders[prefix]
+    @property
+    def subscribed(self) -> int:
+        """Subscription slots taken (read for metrics)."""
+        return self.slots.count
 
     def _welcome(self, sock: zmq.Socket[bytes], prefix: bytes) -> None:
         """Tell a new subscription it is live: a message on its own prefix (so it matches)."""

@@ -263,7 +263,12 @@ class Dispatcher:
             body = read
         if job.limit is not None:
             job.limit.started(now)
-        self._route(job, [w])
+        route = self._route(job, [w])
+        if body is not None:
+            # The bytes read from the block count against the broker's byte bound like a body sent
+            # as bytes, until the worker starts the job (let_go) or it ends.
+            route.held += len(body)
+            self.reg.held_bytes += len(body)
         # Without a 202 a client can only wait for one worker, so ack=false skips it; a client told
         # "queued" learns the dispatch either way.
         if job.ack or job.told_queued:

@@ -307,3 +307,28 @@ def test_a_retried_attempt_of_a_job_sent_by_handle_carries_its_attempt_in_the_ha
     assert (got.name, got.length, got.token, got.attempt) == ("zfab-00000000-1-1-0123456789abcdef", 5, b"\x07" * 16, 3)
     with pytest.raises(HandleError, match="attempt"):
         shmhandle.decode_handle(shmhandle.MARK + h[len(shmhandle.MARK) : -1] + b',"attempt":0}')
+
+
+def test_a_body_the_broker_reads_for_a_worker_that_takes_no_handle_counts_against_its_byte_bound(
+    tmp_path: Path,
+) -> None:
+    from test_broker_handlers import make_broker, ready, stub
+
+    from zfab.transport import FakeClock
+
+    # Given a client's block on the broker's host, and a worker that announced no host id
+    broker = make_broker(FakeClock(), shm_dir=str(tmp_path), data_dir=str(tmp_path / "data"))
+    ready(broker, b"w1")
+    stub(broker).take()
+    client = arena(tmp_path)
+    handle = client.put(PAYLOAD, ttl=60) or b""
+    flags = nfp.dumps({"push": True, "ack": True, "task": "echo", "timeout": 10, "host": client.host})
+    stub(broker).feed([b"c1", b"", nfp.CLIENT, nfp.POST, b"demo", b"any", b"j1", handle, flags])
+    # Then the worker got the bytes, and the broker counts them as held until the worker starts the job
+    (post,) = [f for f in stub(broker).take() if f[0] == b"w1" and f[3] == nfp.POST]
+    assert bytes(post[7]) == PAYLOAD
+    facts = broker.mmi.show_broker()
+    assert facts["dispatched_bytes"] >= len(PAYLOAD) and facts["counts"]["shm_materialized"] == 1
+    accepted = nfp.dumps({"worker": "w1", "uuid": "j1", "status": "ACCEPTED"})
+    stub(broker).feed([b"w1", b"", nfp.WORKER, nfp.RESPONSE, b"c1", b"", b"j1", nfp.ST_WORKER_ACCEPTED, accepted])
+    assert broker.mmi.show_broker()["dispatched_bytes"] == 0

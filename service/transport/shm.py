@@ -128,7 +128,7 @@ class ShmArena:
         self.bytes = 0  # of every block held, busy or free (what the cap bounds)
         self.counts: dict[str, int] = {
             "sent": 0,  # payloads that left as a handle
-            "received": 0,  # handles mapped and read
+            "received": 0,  # handles read
             "fallbacks": 0,  # payloads that went through the sockets: cap reached, tmpfs full, unreadable
             "refused": 0,  # handles refused: forged, stale, wrong token, out of bounds, another user's
             "expired": 0,  # result blocks nobody gave back in time, unlinked
@@ -166,7 +166,7 @@ class ShmArena:
             return None  # counted
         token = secrets.token_bytes(TOKEN_BYTES)
         # The header first: a reader still holding the previous handle sees the token change and
-        # refuses what it read (ShmMapping.verify) rather than pass on a torn payload.
+        # refuses what it copied (ShmArena._copy) rather than pass on a torn payload.
         blk.mm[:HEADER_BYTES] = shmhandle.header(token, len(payload))
         blk.mm[HEADER_BYTES:need] = payload
         with self._lock:

@@ -12,7 +12,7 @@ from .client.clientjob import JobFuture
 from .client.filestream import FileStream
 from .client.subscriber import Subscriber, SubscriptionError
 from .core.ids import new_uuid as new_job_uuid
-from .core.payloads import MAX_JOB_UUID
+from .core.payloads import MAX_JOB_UUID, job_deadline, timeout_left
 from .core.protocol import MAX_NAME_BYTES
 from .core.retries import Backoff
 from .core.schemacheck import check_arguments
@@ -42,8 +42,10 @@ __all__ = [
     "Worker",
     "check_arguments",
     "final_state",
+    "job_deadline",
     "new_job_uuid",
     "task",
+    "timeout_left",
     "tune_process",
     "wait_future",
     *errors.__all__,

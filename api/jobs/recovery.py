@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 
-from zfab import State
+from zfab import State, job_deadline, timeout_left
 from zfab.errors import ZfabError
 
 from ..fabric import mmi
@@ -47,7 +47,8 @@ async def ensure_live(st: ApiState, rec: JobRecord) -> None:
     workers = rec.dispatched() or await _service_workers(st, rec.service)
     if not workers or rec.live is not None:  # nobody to ask, or a concurrent read started it
         return
-    left = rec.stored.submitted_at.timestamp() + rec.timeout - time.time()
+    delay = rec.request.delay if rec.request is not None else 0.0
+    left = job_deadline(rec.stored.submitted_at.timestamp(), rec.timeout, delay) - time.time()
     try:
         fut = st.client.recover(rec.service, rec.uuid, workers, timeout=max(RECOVER_MIN, left + RECOVER_GRACE))
     except (ZfabError, ValueError) as exc:
@@ -64,9 +65,9 @@ def _resubmit(st: ApiState, rec: JobRecord, req: JobRequest) -> None:
     dedupes (still queued: the answer comes to us now; dispatched or done: its worker answers),
     and a new broker takes it as a job of a service its first broker knew."""
     assert rec.stored is not None
-    start = rec.stored.submitted_at.timestamp() + req.delay
-    left = max(0.001, start + req.timeout - time.time())
-    again = req.model_copy(update={"timeout": round(left, 3), "delay": max(0.0, start - time.time())})
+    submitted, now = rec.stored.submitted_at.timestamp(), time.time()
+    left = timeout_left(job_deadline(submitted, req.timeout, req.delay), now, req.timeout)
+    again = req.model_copy(update={"timeout": round(left, 3), "delay": max(0.0, submitted + req.delay - now)})
     try:
         fresh = submit_record(st, again, rec.uuid, rec.fingerprint, resubmit=True)
     except Exception as exc:  # no broker yet: the next read tries again

@@ -101,8 +101,7 @@ def read_job(sender: bytes, req: nfp.ClientRequest, *, now: float, seq: int, def
         seq=seq,
         queued_at=now,
         not_before=now + delay if delay > 0 else 0.0,
-        # The job's own deadline counts from its delay: a job held 60 s still gets its timeout after.
-        deadline=now + delay + timeout,
+        deadline=payloads.job_deadline(now, timeout, delay),
         timeout=timeout,
         notice=notice,
         trace=trace,

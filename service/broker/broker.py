@@ -400,6 +400,8 @@ class Broker(WorkerSide):
         job = read_job(
             sender, req, now=self.clock(), seq=next(self._seq), default_timeout=self.settings.default_job_timeout
         )
+        if job.shm:
+            d.check_handle(job)
         svc = self._service_for(req)
         if job.task and svc.tasks is not None and job.task not in svc.tasks:
             raise unknown_task(svc.label, job.task, svc.tasks)

@@ -20,9 +20,9 @@ from ..core.payloads import Word
 from ..core.shmhandle import HandleError
 from ..settings import Settings
 from ..transport.shm import ShmArena
-from .admission import Refusal, answer
+from .admission import Refusal, answer, bad
 from .jobqueue import ANY, QueuedJob, Spot
-from .limits import Bucket, Limiter
+from .limits import OVERFLOW, Bucket, Limiter
 from .registry import Registry, Route, ServiceRecord, WorkerRecord
 
 MAX_NOTICES = 100_000  # "queued" notices held for later; beyond it a client is told at once
@@ -94,7 +94,9 @@ class Dispatcher:
         if job.kind == ANY:
             rule = self.limits.rule(svc.name, job.task, svc.tasks)
             if rule is not None:
-                job.limit = self.limits.bucket_for(job, rule, (svc.tasks or {}).get(job.task))
+                job.limit = self.limits.bucket_for(job, rule, (svc.tasks or {}).get(job.task), now)
+                if job.limit.key == OVERFLOW:
+                    self.counts["limit_overflow"] += 1  # the table is full: it shares its task's bucket
         if job.not_before <= now and len(self.reg.routes) < self.reg.max_routes and svc.name not in self.paused:
             if job.kind == ANY:
                 b = job.limit
@@ -138,6 +140,8 @@ class Dispatcher:
         svc.queue.add(job, now)
         self.queue_changed.add(svc.name)
         if job.limit is not None:
+            if job.uuid not in self.queued:
+                job.limit.queued += 1  # its bucket lives while it waits, delayed or held (limits.py)
             self.limits.arm(job.limit, now)  # its rate lets the next start then: wake for it
         self.queued[job.uuid] = job
         self.queued_bytes += job.size
@@ -149,6 +153,8 @@ class Dispatcher:
     def _leave(self, svc: ServiceRecord, job: QueuedJob) -> None:
         if self.queued.pop(job.uuid, None) is not None:
             self.queued_bytes -= job.size
+            if job.limit is not None:
+                job.limit.queued -= 1
         svc.queue.leave(job)
         self.queue_changed.add(svc.name)
 
@@ -173,10 +179,13 @@ class Dispatcher:
 
     # ---- sending -----------------------------------------------------------------
 
-    def _post(self, w: WorkerRecord, job: QueuedJob, now: float) -> None:
-        body = job.body
-        if job.shm and w.host != job.host:
-            body = self._shm_bytes(job)  # a worker on another host (or a NorFab one) gets the bytes
+    def _post(self, w: WorkerRecord, job: QueuedJob, now: float, body: nfp.Frame | None = None) -> None:
+        if body is None:
+            body = job.body
+            if job.shm and w.host != job.host:
+                read = self._shm_bytes(job)  # a part for a worker on another host (or a NorFab one): bytes
+                if not isinstance(read, str):  # (unreadable: the handle, which its worker refuses with a reason)
+                    body = read
         frames = nfp.broker_job(w.ident, nfp.POST, job.client, job.uuid, body)
         job.sent_at = now  # the hop trace's end of broker_queue, start of broker_wait
         if job.kind != ANY:
@@ -197,10 +206,22 @@ class Dispatcher:
             frames.append(nfp.dumps(meta))
         self.send(frames)
 
-    def _shm_bytes(self, job: QueuedJob) -> nfp.Frame:
+    def check_handle(self, job: QueuedJob) -> None:
+        """A POST whose body is a handle: refused (400, counted `shm_refused`) when it is malformed or
+        claims more than a message may carry, before anything is read. The broker forwards handles
+        unread; it reads one only for a worker that cannot take it (_shm_bytes), within this bound."""
+        try:
+            shmhandle.check_claim(job.body, self.s.max_message_bytes)
+        except HandleError as exc:
+            self.counts["shm_refused"] += 1
+            raise bad(exc.detail) from None
+
+    def _shm_bytes(self, job: QueuedJob) -> nfp.Frame | str:
         """The body a client's handle names, read here (the broker is on the client's host, or the
-        client would not have sent one) for a worker that cannot map it. An unreadable block is
-        forwarded as the handle, which the worker refuses with its reason."""
+        client would not have sent one) for a worker that cannot take a handle: copied with pread
+        (transport/shm.py), so a block cut meanwhile reads short instead of faulting, and only a
+        block of the broker's own user, within ZFAB_MAX_MESSAGE_BYTES. For an unreadable block, why
+        (counted `shm_unreadable`)."""
         if self.shm is None:
             return job.body
         try:
@@ -210,8 +231,10 @@ class Dispatcher:
                 body = payloads.with_attempt(bytes(body), attempt)
         except HandleError as exc:
             self.counts["shm_unreadable"] += 1
-            log.warning("broker: the body of job %r cannot be read from shared memory: %s", job.uuid[:64], exc)
-            return job.body
+            n = self.counts["shm_unreadable"]
+            if n <= 3 or n % 1000 == 0:  # a peer sending bad handles cannot flood the log
+                log.warning("broker: the body of job %r cannot be read from shared memory: %s", job.uuid[:64], exc)
+            return exc.detail
         self.counts["shm_materialized"] += 1
         return body
 
@@ -231,20 +254,49 @@ class Dispatcher:
         return self.reg.add_route(job, workers, deadline)
 
     def _send_any(self, svc: ServiceRecord, job: QueuedJob, w: WorkerRecord, now: float) -> None:
+        body: nfp.Frame | None = None
+        if job.shm and w.host != job.host:
+            read = self._shm_bytes(job)  # a worker on another host (or a NorFab one) gets the bytes
+            if isinstance(read, str):
+                self._unreadable(svc, job, w, read)
+                return
+            body = read
         if job.limit is not None:
             job.limit.started(now)
-        self._route(job, [w])
+        route = self._route(job, [w])
+        if body is not None:
+            # The bytes read from the block count against the broker's byte bound like a body sent
+            # as bytes, until the worker starts the job (let_go) or it ends.
+            route.held += len(body)
+            self.reg.held_bytes += len(body)
         # Without a 202 a client can only wait for one worker, so ack=false skips it; a client told
         # "queued" learns the dispatch either way.
         if job.ack or job.told_queued:
             self._dispatched(job, [w])
         self.reg.send_to(svc, w, job.uuid, job.client)
-        self._post(w, job, now)
+        self._post(w, job, now, body)
         self._observe_queued(svc, job, now)
         self.counts["post"] += 1
 
+    def _unreadable(self, svc: ServiceRecord, job: QueuedJob, w: WorkerRecord, why: str) -> None:
+        """A job whose body the broker must send as bytes and cannot read from the client's block
+        (gone, cut, another user's): it fails here, before any part is sent, with the reason, rather
+        than reach a worker as a handle it cannot take."""
+        if job.uuid in self.queued:
+            self._leave(svc, job)
+        job.spot = Spot.GONE
+        why = f"the broker could not read the job's body from shared memory for worker {w.label}: {why}"
+        self.reply(job.client, job.service, job.uuid, nfp.ST_BAD_REQUEST, answer(job, Word.FAILED, why))
+
     def _fan_out(self, svc: ServiceRecord, job: QueuedJob, workers: list[WorkerRecord], now: float) -> None:
         """A job for `all`, a name or a list: every worker gets its part, now or when it has a credit."""
+        body: nfp.Frame | None = None  # bytes for the workers that take no handle, read once
+        if job.shm and (other := next((w for w in workers if w.host != job.host and w.free > 0), None)):
+            read = self._shm_bytes(job)
+            if isinstance(read, str):
+                self._unreadable(svc, job, other, read)
+                return
+            body = read
         job.workers = [w.name for w in workers]
         self._route(job, workers)
         if job.ack or len(workers) > 1:
@@ -253,7 +305,7 @@ class Dispatcher:
         for w in workers:
             if w.free > 0:
                 self.reg.send_to(svc, w, job.uuid, job.client)
-                self._post(w, job, now)
+                self._post(w, job, now, body if w.host != job.host else None)
             else:
                 heapq.heappush(w.directed, (-job.priority, job.seq, job))
                 self.directed.add(w.ident)
@@ -367,18 +419,27 @@ class Dispatcher:
         svc = self.reg.services.get(service)
         rule = self.limits.rule(service, task, svc.tasks if svc is not None else None)
         waiting: list[QueuedJob] = []
+        stale: set[Bucket] = set()
         for b in self.limits.of_task(service, task):
             if rule is not None and rule.key == b.rule.key:
                 b.rule = rule
                 continue
+            stale.add(b)
             while (job := b.pop()) is not None:
                 waiting.append(job)
         now = self.clock()
-        for job in waiting:
+        # Delayed jobs hold their bucket too: they enter the new one when their delay ends.
+        delayed = [j for j in svc.queue.waiting.values() if j.spot is Spot.DELAYED and j.limit in stale] if svc else []
+        schema = (svc.tasks or {}).get(task) if svc else None
+        for job in waiting + delayed:
+            if job.uuid in self.queued:
+                job.limit.queued -= 1
             job.limit = None
             if rule is not None:
-                job.limit = self.limits.bucket_for(job, rule, (svc.tasks or {}).get(task) if svc else None)
-            if svc is not None:
+                job.limit = self.limits.bucket_for(job, rule, schema, now)
+                if job.uuid in self.queued:
+                    job.limit.queued += 1
+            if svc is not None and job.spot is not Spot.DELAYED:
                 svc.queue.place(job, now)
         if svc is not None:
             self.dirty.add(service)

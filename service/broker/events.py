@@ -21,8 +21,14 @@ along to be parsed there (completed or failed), QUEUE_BYTES of them at most; pas
 larger result, the loop tells the two apart by a byte search instead.
 
 Subscriptions are bounded: XPUB_MANUAL, so a subscription takes effect only when this thread
-accepts it: a prefix of at most MAX_PREFIX bytes, at most `max_subscriptions` at once (others are
-refused and counted); MAXMSGSIZE closes a peer that sends a longer subscription frame at all.
+accepts it: a prefix of at most MAX_PREFIX bytes, at most `max_subscriptions` at once, and at most
+`max_per_peer` (a tenth of those by default) held by one peer (others are refused and counted);
+MAXMSGSIZE closes a peer that sends a longer subscription frame at all. A peer is what ZAP says a
+subscription message comes from (its User-Id): under CURVE the broker's ZAP handler names the key,
+so a key's connections share one share; without CURVE this thread answers ZAP itself (a ZAP socket
+of its own context, NULL mechanism) with a fresh id per connection. A peer that leaves gives its
+slots back: libzmq unsubscribes the prefixes no other peer holds (those messages carry no User-Id,
+so every holder of such a prefix lets it go, since no pipe holds it any more).
 Each subscriber's pipe holds at most `hwm` messages; past it libzmq drops that subscriber's
 messages (not the others'), which the subscriber sees as gaps in the per-topic `tseq`.
 While nobody is subscribed the loop's cost per event is one attribute read.
@@ -45,10 +51,12 @@ from ..core import hoptrace
 from ..core import protocol as nfp
 from ..transport.security import curve_server
 from ..transport.waker import Waker
+from .subscriptions import MAX_PREFIX, SubscriptionSlots
 
 log = logging.getLogger(__name__)
 
-MAX_PREFIX = 256  # bytes of a subscription prefix
+PEER_SHARE = 10  # one peer holds at most 1/PEER_SHARE of the subscription slots (unless told otherwise)
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # RFC 27: where libzmq asks who a connecting peer is
 CURVE_MAXMSG = 1024  # bytes of a frame a CURVE subscriber may send (the handshake's, a boxed subscription)
 TOPIC_PART_MAX = 64  # characters of a topic part (service, task)
 MAX_NAMES = 100_000  # jobs whose (service, task) the publisher remembers between their events
@@ -148,6 +156,7 @@ class EventPublisher:
         hwm: int = 10_000,
         queue_size: int = 10_000,
         max_subscriptions: int = 1000,
+        max_per_peer: int | None = None,
         curve_secret: str | None = None,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
     ) -> None:
@@ -155,6 +164,8 @@ class EventPublisher:
         self.hwm = hwm
         self.queue_size = queue_size
         self.max_subscriptions = max_subscriptions
+        per_peer = max_per_peer if max_per_peer is not None else max(1, max_subscriptions // PEER_SHARE)
+        self.slots = SubscriptionSlots(total=max_subscriptions, per_peer=per_peer)  # thread only
         self.curve_secret = curve_secret
         self.bound_endpoint = ""
         self.active = False  # someone is subscribed (written by the thread, read by the loop)
@@ -165,8 +176,7 @@ class EventPublisher:
         self.dropped = 0  # broker loop: offered to a full queue
         self.published = 0  # thread: sent to the socket
         self.refused: Counter[str] = Counter()  # thread: subscriptions refused, by reason
-        self.subscriptions: Counter[bytes] = Counter()  # thread only: accepted prefixes and their count
-        self.subscribed = 0  # thread: accepted subscriptions at once (the sum of the above)
+        self._peers_seen = 0  # thread: connections named by this thread's ZAP answers (without CURVE)
         self._queue: deque[tuple[Any, ...]] = deque()
         self._names: dict[bytes, tuple[str, str, bool]] = {}  # broker loop only: uuid -> service, task, single
         self._parts: dict[tuple[bytes, str | None], tuple[str, str]] = {}  # broker loop only: names as topic parts
@@ -176,7 +186,10 @@ class EventPublisher:
         self._thread_parts: dict[bytes, str] = {}  # thread only: raw names as topic parts
         self._queue_last: dict[bytes, tuple[int, int, int, bool]] = {}  # broker loop only: last published
         self._next_queues = 0.0  # broker loop only: when queue changes may be published next
+        # Under CURVE the broker's context, where its ZAP handler names each key; without, a context of
+        # this publisher's own, whose ZAP requests its thread answers (a fresh peer id per connection).
         self._ctx = context if context is not None else zmq.Context.instance()
+        self._own_ctx: zmq.Context[zmq.Socket[bytes]] | None = None  # made by the thread (_open)
         self._waker = Waker()
         self._sleeping = False
         self._closing = False
@@ -348,11 +361,23 @@ class EventPublisher:
 
     # ---- the publisher's thread ------------------------------------------------------------
 
-    def _open(self) -> zmq.Socket[bytes]:
+    def _open(self) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes] | None]:
+        zap = None
+        if not self.curve_secret:
+            self._ctx = self._own_ctx = zmq.Context()
+            zap = self._own_ctx.socket(zmq.REP)
+            zap.setsockopt(zmq.LINGER, 0)
+            try:
+                zap.bind(ZAP_ENDPOINT)
+            except zmq.ZMQError:
+                zap.close(0)  # (the context's term() would wait on it)
+                raise
         sock = self._ctx.socket(zmq.XPUB)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, self.hwm)
         sock.setsockopt(zmq.XPUB_MANUAL, 1)
+        if zap is not None:
+            sock.setsockopt(zmq.ZAP_DOMAIN, b"zfab-events")  # NULL mechanism: ZAP names each connection
         if self.curve_secret:
             # libzmq applies MAXMSGSIZE to the handshake's commands too, and CURVE's INITIATE (about 300
             # bytes) and each boxed message (33 bytes more) pass 1 + MAX_PREFIX: a subscriber would be
@@ -361,22 +386,32 @@ class EventPublisher:
             curve_server(sock, self.curve_secret)
         else:
             sock.setsockopt(zmq.MAXMSGSIZE, 1 + MAX_PREFIX)
-        sock.bind(self.endpoint)
+        try:
+            sock.bind(self.endpoint)
+        except zmq.ZMQError:
+            sock.close(0)
+            if zap is not None:
+                zap.close(0)
+            raise
         self.bound_endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        return sock
+        return sock, zap
 
     def _run(self) -> None:
         try:
-            sock = self._open()
+            sock, zap = self._open()
         except BaseException as exc:
             self._error = exc
             self._started.set()
             self._waker.close()
+            if self._own_ctx is not None:
+                self._own_ctx.term()
             return
         self._started.set()
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._waker.fd, zmq.POLLIN)
+        if zap is not None:
+            poller.register(zap, zmq.POLLIN)
         try:
             while not self._closing:
                 try:
@@ -391,6 +426,8 @@ class EventPublisher:
                         # Woken by the first event after a quiet spell: let a batch gather, so a busy
                         # broker wakes this thread (and hands it the GIL) at most 1/GATHER times a second.
                         time.sleep(GATHER)
+                    if zap is not None and zap in events:
+                        self._answer_zap(zap)
                     if sock in events:
                         self._read_subscriptions(sock)
                 except Exception:  # nothing a peer sends ends the publisher
@@ -399,7 +436,25 @@ class EventPublisher:
                     time.sleep(0.01)
         finally:
             sock.close(0)
+            if zap is not None:
+                zap.close(0)
+            if self._own_ctx is not None:
+                self._own_ctx.term()
             self._waker.close()
+
+    def _answer_zap(self, zap: zmq.Socket[bytes]) -> None:
+        """Without CURVE every connection is welcome: the answer only names it, so its subscriptions
+        count against one peer's share (a fresh id per connection, never reused)."""
+        for _ in range(BATCH):
+            try:
+                req = zap.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(req) < 6:  # (only libzmq speaks on this socket; a REP must answer all the same)
+                zap.send_multipart([b"1.0", b"", b"500", b"malformed ZAP request", b"", b""])
+                continue
+            self._peers_seen += 1
+            zap.send_multipart([req[0], req[1], b"200", b"OK", b"c%d" % self._peers_seen, b""])
 
     def _send_batch(self, sock: zmq.Socket[bytes]) -> bool:
         q = self._queue
@@ -551,33 +606,37 @@ class EventPublisher:
     def _read_subscriptions(self, sock: zmq.Socket[bytes]) -> None:
         for _ in range(BATCH):
             try:
-                msg = sock.recv(zmq.NOBLOCK)
+                frame = sock.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
+            msg = frame.bytes
             if not msg or msg[0] not in (0, 1):
                 self.refused["malformed"] += 1
                 continue
             prefix = msg[1:]
+            try:
+                user = frame.get("User-Id")
+            except zmq.ZMQError:
+                user = None  # libzmq's own unsubscription for a pipe that closed: it names no peer
+            peer = user.encode() if isinstance(user, str) else None
             if msg[0] == 1:
-                if len(prefix) > MAX_PREFIX:
-                    self.refused["too_long"] += 1
-                elif self.subscribed >= self.max_subscriptions:
-                    self.refused["too_many"] += 1
-                else:
+                verdict = self.slots.subscribe(prefix, peer or b"")
+                if verdict.subscribes:
+                    # (HELD: another pipe of a peer that holds it already gets it too, no new slot)
                     sock.setsockopt(zmq.SUBSCRIBE, prefix)
-                    self.subscriptions[prefix] += 1
-                    self.subscribed += 1
                     self._welcome(sock, prefix)
-            elif self.subscriptions.get(prefix):
-                # A subscriber's UNSUBSCRIBE, or its pipe closing (libzmq then removed it already;
-                # the call is a no-op for it).
+                else:
+                    self.refused[verdict.value] += 1
+            elif self.slots.unsubscribe(prefix, peer):
                 sock.setsockopt(zmq.UNSUBSCRIBE, prefix)
-                self.subscriptions[prefix] -= 1
-                self.subscribed -= 1
-                if self.subscriptions[prefix] <= 0:
-                    del self.subscriptions[prefix]
-            self.active = bool(self.subscriptions)
-            self.tracing = any(_may_match(p, _TRACE) for p in self.subscriptions)
+            prefixes = self.slots.prefixes()
+            self.active = bool(prefixes)
+            self.tracing = any(_may_match(p, _TRACE) for p in prefixes)
+
+    @property
+    def subscribed(self) -> int:
+        """Subscription slots taken (read for metrics)."""
+        return self.slots.count
 
     def _welcome(self, sock: zmq.Socket[bytes], prefix: bytes) -> None:
         """Tell a new subscription it is live: a message on its own prefix (so it matches)."""

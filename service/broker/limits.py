@@ -5,13 +5,19 @@ declaration (READY's schema, `x-zfab`) or is set at run time (MMI `set_limit`, w
 declaration until `clear_limit`; kept in `$ZFAB_DATA_DIR/broker/limits.json` across a restart).
 
 A job of a limited task (target `any`) belongs to a **bucket**: one per task, or per task and value
-of the rule's `key` argument (read from the job's body: the only case in which the broker parses a
-body). The bucket counts the jobs dispatched and not yet ended (concurrency) and when the next may
+of the rule's `key` argument (found in the job's body by a bounded scan that builds nothing but that
+value: key_value). The bucket counts the jobs dispatched and not yet ended (concurrency) and when the next may
 start (rate: evenly spaced, no burst). A job its bucket does not let go waits there (Spot.HELD),
 still in its service's queue for depth, bytes, expiry and cancel; the dispatcher takes the best job
 of the ready heap and of the open buckets (priority, then arrival), so a limited task never holds
-back the service's other tasks. Buckets are bounded (MAX_BUCKETS): past it, new key values share
-one overflow bucket per task, which only makes the limit stricter.
+back the service's other tasks.
+
+Limits never loosen. A bucket lives while a job may need it: while jobs of it run or wait in the
+queue (held, or delayed: `queued` counts them from admission, so a delay spanning the broker's
+housekeeping finds its bucket) and while its rate has not let the next job start. Buckets are
+bounded (MAX_BUCKETS): a full table forgets only buckets that hold nothing back, and past that new
+key values share one overflow bucket per task, which only makes the limit stricter (the dispatcher
+counts each such job: `limit_overflow`).
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from ..core import protocol as nfp
 from ..core.limits import Rule, read_rule
 from .jobqueue import QueuedJob, Spot
@@ -34,6 +42,10 @@ log = logging.getLogger(__name__)
 MAX_BUCKETS = 10_000
 MAX_RULES = 10_000  # tasks with a limit set at run time
 MAX_KEY_BYTES = 200  # a key value longer than this (as JSON) is known by its hash
+MAX_KEY_PARSE = 64 * 1024  # a key value's raw JSON over this is hashed as it is, not parsed
+MAX_KEY_SCAN = 4 << 20  # bytes of a body scanned for its key on the loop (about 6 ms at worst); past it, UNREAD
+UNREAD = "\x00unread"  # the key of a body too large to scan: such jobs of a task share one bucket (stricter)
+MAX_DECODERS = 1000  # key scanners kept (one per argument name and position)
 OVERFLOW = "\x00overflow"  # the key of the bucket new values share once the table is full
 DECLARATION_KEY = "x-zfab"
 FILE_NAME = "limits.json"
@@ -43,7 +55,7 @@ class Bucket:
     """One task's (and key value's) share of its rule: jobs running, when the next may start, and
     the jobs waiting for it in priority then arrival order (lazily pruned, like the queue's heaps)."""
 
-    __slots__ = ("armed", "held", "key", "next_at", "rule", "running", "service", "task")
+    __slots__ = ("armed", "held", "key", "next_at", "queued", "rule", "running", "service", "task")
 
     def __init__(self, service: bytes, task: str, key: str | None, rule: Rule) -> None:
         self.service = service
@@ -51,6 +63,7 @@ class Bucket:
         self.key = key
         self.rule = rule
         self.running = 0
+        self.queued = 0  # its jobs in the service's queue (held here, or delayed): the dispatcher counts them
         self.next_at = 0.0  # monotonic: the next start the rate allows
         self.armed = -1.0  # the next_at a timer was set for (one timer per opening)
         self.held: list[tuple[int, int, QueuedJob]] = []
@@ -90,9 +103,11 @@ class Bucket:
             base = self.next_at if self.next_at > now - interval else now
             self.next_at = base + interval
 
-    @property
-    def idle(self) -> bool:
-        return self.running <= 0 and not self.held
+    def idle(self, now: float) -> bool:
+        """Nothing needs this bucket: no job of it runs or waits (delayed ones included), and its
+        rate would let the next one start now. Only then may it be forgotten: a bucket made again
+        later starts with the same freedom."""
+        return self.running <= 0 and self.queued <= 0 and not self.held and self.next_at <= now
 
 
 class Limiter:
@@ -102,6 +117,7 @@ class Limiter:
         self.path = directory / FILE_NAME if directory is not None else None
         self.overrides: dict[tuple[bytes, str], Rule | None] = {}  # None: set to no limit
         self.buckets: dict[tuple[bytes, str, str | None], Bucket] = {}
+        self.max_buckets = MAX_BUCKETS
         self.by_service: dict[bytes, dict[tuple[bytes, str, str | None], Bucket]] = {}
         self.timers: list[tuple[float, int, Bucket]] = []  # when a rate-closed bucket with jobs opens
         self._declared: dict[tuple[bytes, str], tuple[int, Rule | None]] = {}  # by id of the declaration
@@ -148,18 +164,20 @@ class Limiter:
 
     # ---- buckets ------------------------------------------------------------------------------
 
-    def bucket_for(self, job: QueuedJob, rule: Rule, schema: Any) -> Bucket:
-        """The bucket a job of a limited task belongs to (made when new)."""
+    def bucket_for(self, job: QueuedJob, rule: Rule, schema: Any, now: float) -> Bucket:
+        """The bucket a job of a limited task belongs to (made when new). A full table forgets the
+        buckets nothing needs (idle); past that the job shares its task's overflow bucket (stricter)."""
         value = key_value(job.body, rule.key, schema) if rule.key else None
         ident = (job.service, job.task, value)
         b = self.buckets.get(ident)
         if b is None:
-            if len(self.buckets) >= MAX_BUCKETS:
-                self.sweep(float("inf"))
-            if len(self.buckets) >= MAX_BUCKETS:
+            if len(self.buckets) >= self.max_buckets:
+                self.sweep(now)
+            if len(self.buckets) >= self.max_buckets:
                 ident = (job.service, job.task, OVERFLOW)
                 b = self.buckets.get(ident)
             if b is None:
+                # (The overflow bucket itself may take the table one past its bound: one per task.)
                 b = self.buckets[ident] = Bucket(job.service, job.task, ident[2], rule)
                 self.by_service.setdefault(job.service, {})[ident] = b
         b.rule = rule
@@ -198,9 +216,10 @@ class Limiter:
         return out
 
     def sweep(self, now: float) -> None:
-        """Forget buckets with nothing running or waiting whose rate would let a job start now."""
+        """Forget buckets nothing needs (Bucket.idle): none with a job running, held or delayed,
+        nor one whose rate still holds the next start back."""
         for ident, b in list(self.buckets.items()):
-            if b.idle and b.next_at <= now:
+            if b.idle(now):
                 del self.buckets[ident]
                 mine = self.by_service.get(ident[0])
                 if mine is not None:
@@ -259,26 +278,50 @@ class Limiter:
             log.error("broker: cannot write the limits to %s (%s); a restart forgets the change", self.path, exc)
 
 
+_scanners: dict[tuple[str, int], msgspec.json.Decoder[Any]] = {}
+
+
+def _scanner(name: str, index: int) -> msgspec.json.Decoder[Any]:
+    """A decoder that reads a POST body's `kwargs[name]` and `args[index]` as raw JSON and skips
+    everything else unbuilt: a 20 MiB body costs a pass over its bytes (1-2 ms a MiB) and no memory."""
+    dec = _scanners.get((name, index))
+    if dec is None:
+        raw = msgspec.Raw | msgspec.UnsetType
+        kwargs = msgspec.defstruct("LimitKwargs", [("value", raw, msgspec.UNSET)], rename={"value": name})
+        fields: list[tuple[str, Any, Any]] = [("kwargs", kwargs | None, None)]
+        if index >= 0:  # the arguments before it are skipped (each a raw slice), those after it not looked at
+            positions = [(f"a{i}", raw, msgspec.UNSET) for i in range(index + 1)]
+            fields.append(("args", msgspec.defstruct("LimitArgs", positions, array_like=True) | None, None))
+        if len(_scanners) >= MAX_DECODERS:
+            _scanners.clear()
+        dec = _scanners[(name, index)] = msgspec.json.Decoder(msgspec.defstruct("LimitBody", fields))
+    return dec
+
+
 def key_value(body: nfp.Frame, name: str | None, schema: Any) -> str | None:
-    """The value of the job's `name` argument, as a bounded string (None: the job does not give it).
-    A positional argument is found by the order of the task's schema's properties."""
+    """The value of the job's `name` argument, as a bounded string (None: the job does not give it,
+    or its body is not JSON: a handle to shared memory is not read here). A positional argument is
+    found by the order of the task's schema's properties. Nothing but that value is decoded, and a
+    body over MAX_KEY_SCAN is not scanned at all (UNREAD: it shares one bucket with its task's other
+    such jobs, which only makes its limit stricter), so no job holds the broker's loop for long."""
     if name is None:
         return None
+    if len(body) > MAX_KEY_SCAN:
+        return UNREAD
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    names = list(props) if isinstance(props, dict) else []
+    index = names.index(name) if name in names else -1
     try:
-        req = nfp.loads(body)
-    except (ValueError, RecursionError):
+        req = _scanner(name, index).decode(body)
+    except (msgspec.DecodeError, RecursionError):
         return None
-    if not isinstance(req, dict):
+    raw = req.kwargs.value if req.kwargs is not None else msgspec.UNSET
+    if raw is msgspec.UNSET and index >= 0 and req.args is not None:
+        raw = getattr(req.args, f"a{index}")
+    if raw is msgspec.UNSET:
         return None
-    kwargs, args = req.get("kwargs"), req.get("args")
-    if isinstance(kwargs, dict) and name in kwargs:
-        value = kwargs[name]
-    else:
-        props = schema.get("properties") if isinstance(schema, dict) else None
-        names = list(props) if isinstance(props, dict) else []
-        index = names.index(name) if name in names else -1
-        if not isinstance(args, list) or not 0 <= index < len(args):
-            return None
-        value = args[index]
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    blob = bytes(raw)
+    if len(blob) > MAX_KEY_PARSE:
+        return "sha256:" + hashlib.sha256(blob).hexdigest()
+    text = json.dumps(json.loads(blob), sort_keys=True, separators=(",", ":"), default=str)
     return text if len(text) <= MAX_KEY_BYTES else "sha256:" + hashlib.sha256(text.encode()).hexdigest()

@@ -344,6 +344,8 @@ class MmiService:
             "client_keepalives_capacity": reg.max_clients,
             "queued_notices": len(b.dispatch.notices),
             "queued_notices_capacity": MAX_NOTICES,
+            "limit_buckets": len(b.dispatch.limits.buckets),
+            "limit_buckets_capacity": b.dispatch.limits.max_buckets,
             "services_capacity": reg.max_services,
             "jobs_queued": len(b.dispatch.queued),
             "queue_bytes": b.dispatch.queued_bytes,

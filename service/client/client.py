@@ -223,11 +223,13 @@ class Client(ClientSession):
             fields["notice"] = min(self.queued_notice, round(timeout / 2, 3))
         if priority is not None:
             fields["priority"] = priority
+        held = 0.0  # seconds the broker holds it: its timeout counts from then (payloads.job_deadline)
         if delay:
             # The broker holds it; an epoch time (not seconds) survives a resubmission after a restart.
             not_before = max(not_before or 0.0, time.time() + delay)
         if not_before is not None:
             fields["not_before"] = not_before
+            held = max(0.0, not_before - time.time())
         if resubmit:
             fields["known"] = True
         if self.shm.host is not None and self.push:
@@ -248,6 +250,7 @@ class Client(ClientSession):
             fields=fields,
             follow_task=retries is None,
             began=began,
+            delay=held,
         )
         if resubmit and (job := self._jobs.get(fut.uuid)) is not None:
             job.resubmitted = True
@@ -391,6 +394,7 @@ class Client(ClientSession):
         fields: dict[str, Any] | None = None,
         follow_task: bool = False,
         began: float | None = None,
+        delay: float = 0.0,
     ) -> JobFuture:
         if not self._started:
             self.start()
@@ -415,7 +419,8 @@ class Client(ClientSession):
             handle = self._shm_body(body, timeout)
             if handle is not None:
                 body = handle
-        job = ClientJob(juuid, service, target, body, flags, fut, now + timeout, now, mmi=mmi, retries_left=retries)
+        deadline = payloads.job_deadline(now, timeout, delay)
+        job = ClientJob(juuid, service, target, body, flags, fut, deadline, now, mmi=mmi, retries_left=retries)
         job.expected = expected  # known already when recovering a job by GET
         job.fields = fields
         job.follow_task = follow_task

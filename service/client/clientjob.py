@@ -262,7 +262,7 @@ class ClientJob:
         fields["not_before"] = round(epoch + float(after), 3)
         self.fields = fields
         self.flags = nfp.dumps(fields)
-        self.deadline = now + float(after) + self.timeout
+        self.deadline = payloads.job_deadline(now, self.timeout, float(after))
         self._next_attempt(now)
         return True
 

@@ -114,7 +114,7 @@ class ClientSession:
             self.loop.request_reconnect()
         if ka.due():
             self._send_keepalive()
-        self.shm.sweep()  # idle pooled blocks, mappings of blocks their worker let go
+        self.shm.sweep()  # idle pooled blocks, results given back
         nxt = ka.next_deadline() if not ka.expired() else ka.next_due
         while True:
             with self._lock:
@@ -201,7 +201,8 @@ class ClientSession:
             return
         flags = job.flags
         if job.fields is not None and not job.mmi:
-            left = max(0.001, job.deadline - self.clock())
+            # Its flags keep `not_before`: what is left of the timeout, counted from the end of the delay.
+            left = payloads.timeout_left(job.deadline, self.clock(), job.timeout)
             flags = nfp.dumps({**job.fields, "known": True, "timeout": round(left, 3)})
             job.resubmitted = True
         cmd = nfp.MMI if job.mmi else nfp.POST
@@ -280,13 +281,13 @@ class ClientSession:
         self._finish(job, PayloadTooLargeError(why, uuid=uuid))
 
     def _result_from_shm(self, job: ClientJob, reply: nfp.BrokerReply) -> None:
-        """A result its worker (on this host) left in a block: parsed from the mapping, then the
+        """A result its worker (on this host) left in a block: copied out and parsed, then the
         block is given back to the worker. A block that cannot be read is asked again of its worker
         (GET), whose answer comes through the sockets."""
         frame = reply.payload
         try:
-            with self.shm.mapped(frame, give_back=True) as m:
-                reply.payload = m.view
+            with self.shm.payload(frame, give_back=True) as p:
+                reply.payload = p.data
                 self._apply(job, reply)
         except shmhandle.HandleError as exc:
             self.shm.counts["fallbacks"] += 1

@@ -181,6 +181,20 @@ def read_post_body(raw: Frame) -> PostBody:
     )
 
 
+def job_deadline(start: float, timeout: float, delay: float = 0.0) -> float:
+    """When a job submitted at `start` expires: its `timeout` counts from the end of its `delay`
+    (docs/protocol.md, flags `timeout`), so a job held longer than its timeout still gets all of it.
+    The one rule the client, the API and the broker use; `start` and the answer on one clock."""
+    return start + max(0.0, delay) + timeout
+
+
+def timeout_left(deadline: float, now: float, timeout: float) -> float:
+    """The `timeout` to send again at `now` (a resubmission that keeps its delay, flags
+    `not_before`) so that job_deadline() gives the same `deadline`: all of it while the delay
+    lasts, what is left of it after."""
+    return max(0.001, min(timeout, deadline - now))
+
+
 def flags(*, push: bool, ack: bool) -> bytes:
     """The optional 8th client frame: `push` results when ready, `ack` (202/201) or results only."""
     return dumps({"push": push, "ack": ack})

@@ -119,6 +119,20 @@ def with_attempt(frame: Frame, attempt: int) -> bytes:
     return encode_handle(Handle(h.name, h.length, h.token, h.worker, attempt))
 
 
+def check_claim(frame: Frame, limit: int) -> Handle:
+    """The handle a frame carries, refused (HandleError) when malformed or when it claims more than
+    `limit` bytes (ZFAB_MAX_MESSAGE_BYTES: what the payload could weigh as bytes on the wire), so a
+    150-byte handle cannot make its reader allocate or copy more than a message would."""
+    handle = decode_handle(frame)
+    if handle.length > limit:
+        raise HandleError(
+            "length",
+            f"shared-memory handle for {handle.name} claims {handle.length} bytes, more than a message may "
+            f"carry (ZFAB_MAX_MESSAGE_BYTES = {limit}): refused, nothing read",
+        )
+    return handle
+
+
 def header(token: bytes, length: int) -> bytes:
     """The first HEADER_BYTES of a block."""
     return HEADER.pack(MAGIC, token, length).ljust(HEADER_BYTES, b"\x00")

@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from ..broker.broker import Broker
 
-REFUSALS = ("too_long", "too_many", "malformed", "send_failed")  # the closed set of reasons
+REFUSALS = ("too_long", "too_many", "per_peer", "malformed", "send_failed")  # the closed set of reasons
 
 
 class EventsCollector(Collector):

@@ -2,15 +2,22 @@
 
 A sender whose payload is over ZFAB_SHM_THRESHOLD copies it into a block of its own in
 ZFAB_SHM_DIR (a tmpfs, /dev/shm) and sends a handle (core/shmhandle.py) in its place; the receiver
-maps the block read-only and parses straight from the mapping. Every step that fails (the cap, a
-full tmpfs, a block that cannot be opened) leaves the payload to the sockets, counted.
+copies the payload out with pread and parses the copy. Every step that fails (the cap, a full
+tmpfs, a block that cannot be opened) leaves the payload to the sockets, counted.
 
-Blocks are reused, and stay mapped: taking fresh tmpfs pages for every 10 MB payload (and giving
-them back) costs more than the copy into them, pwrite into tmpfs costs 5x a memcpy into a mapping,
-and mapping a block afresh costs a page fault per 4 KiB. So a creator keeps its blocks mapped (all
-their pages allocated up front, so a full tmpfs is an error at the start, never a SIGBUS), a reader
-keeps its last MAP_CACHE mappings of peers' blocks, a block whose payload was read goes back to its
-creator's pool, and the next payload gets a new token, which an old handle no longer matches. Who
+A peer's block is never mapped. Its creator (any process of the same user, which may be hostile)
+can truncate the file at any moment, and a read of a mapping past the new end faults with SIGBUS,
+which kills the reader; so can a read of a sparse block's hole on a full tmpfs. pread returns short
+(or zeros for a hole) instead, and a short read is a refused handle. A block is read only when it
+is a regular file of this process's own user (checked on the opened file: root would otherwise
+read any user's block), and only as many bytes as a message may carry (ZFAB_MAX_MESSAGE_BYTES),
+checked before anything is read. The copy costs about 2 ms per 10 MB.
+
+Blocks are reused, and stay mapped by their creator: taking fresh tmpfs pages for every 10 MB
+payload (and giving them back) costs more than the copy into them, and pwrite into tmpfs costs 5-10x
+a memcpy into a mapping. So a creator keeps its blocks mapped (all their pages allocated up front,
+so a full tmpfs is an error at the start, never a SIGBUS), a block whose payload was read goes back
+to its creator's pool, and the next payload gets a new token, which an old handle no longer matches. Who
 gives a block back: a request's client when its job ends; a result's reader (the client) by writing
 the token it read into the block's header (shmhandle.RELEASED_AT), or its worker RESULT_LINGER
 seconds after it was sent (then unlinked, never reused: a late reader keeps its pages). Free blocks
@@ -31,7 +38,6 @@ import stat
 import sys
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,11 +54,10 @@ RECLAIM_SECONDS = 30.0  # how often a long-lived process looks for dead creators
 SWEEP_SECONDS = 1.0  # how often a creator looks at its blocks (given back, expired, idle)
 POOL_IDLE = 10.0  # seconds a free block is kept for the next payload before it is unlinked
 POOL_BLOCKS = 16  # free blocks kept at most
-MAP_CACHE = 8  # mappings of peers' blocks a reader keeps (a block is reused, so is its mapping)
-MAP_CACHE_BYTES = 256 << 20
 MAX_BLOCKS = 256  # blocks held at once (each keeps a file descriptor open); past it, the sockets
 GRAIN = 1 << 20  # block sizes are rounded up to this, so a block fits the next payload of about its size
-OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC  # read-write: a result's reader gives it back
+# Read-write: a result's reader gives it back. O_NONBLOCK: a FIFO named like a block does not hang the open.
+OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 CREATE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -113,6 +118,8 @@ class ShmArena:
         # Off (or no tmpfs): no payload is ever this large, so the hot path's one comparison says no.
         self.threshold = settings.shm_threshold if self.host is not None else sys.maxsize
         self.clock = clock
+        self.max_payload = settings.max_message_bytes  # a handle may claim no more than a message carries
+        self._uid = os.geteuid()
         self._ns = _pid_namespace()
         self._pid = os.getpid()
         self._prefix = f"zfab-{self._ns}-{self._pid}-{_start_time(self._pid) or 0}-"
@@ -121,13 +128,12 @@ class ShmArena:
         self.bytes = 0  # of every block held, busy or free (what the cap bounds)
         self.counts: dict[str, int] = {
             "sent": 0,  # payloads that left as a handle
-            "received": 0,  # handles mapped and read
+            "received": 0,  # handles read
             "fallbacks": 0,  # payloads that went through the sockets: cap reached, tmpfs full, unreadable
-            "refused": 0,  # handles refused: forged, stale, wrong token, out of bounds
+            "refused": 0,  # handles refused: forged, stale, wrong token, out of bounds, another user's
             "expired": 0,  # result blocks nobody gave back in time, unlinked
             "reclaimed": 0,  # blocks of dead processes unlinked
         }
-        self._maps: OrderedDict[str, tuple[mmap.mmap, int, int]] = OrderedDict()  # name -> (map, inode, size)
         self._swept = 0.0
         self._reclaimed_at = -RECLAIM_SECONDS
 
@@ -146,7 +152,6 @@ class ShmArena:
             "shm_busy_bytes": busy,
             "shm_blocks": len(self._blocks),
             "shm_bytes_capacity": self.cap,
-            "shm_peer_blocks_mapped": len(self._maps),  # peers' blocks this process keeps mapped
         } | {f"shm_{k}": v for k, v in self.counts.items()}
 
     # ---- the sender's side ---------------------------------------------------------
@@ -161,7 +166,7 @@ class ShmArena:
             return None  # counted
         token = secrets.token_bytes(TOKEN_BYTES)
         # The header first: a reader still holding the previous handle sees the token change and
-        # refuses what it read (ShmMapping.verify) rather than pass on a torn payload.
+        # refuses what it copied (ShmArena._copy) rather than pass on a torn payload.
         blk.mm[:HEADER_BYTES] = shmhandle.header(token, len(payload))
         blk.mm[HEADER_BYTES:need] = payload
         with self._lock:
@@ -232,7 +237,12 @@ class ShmArena:
         with self._lock:
             waiting = [b for b in self._blocks.values() if b.busy and b.returns]
         for b in waiting:
-            given = b.mm[RELEASED_AT : RELEASED_AT + TOKEN_BYTES]
+            try:
+                # pread, not the mapping: a same-user peer may have cut the file, and a read past
+                # its end through the mapping would fault.
+                given = os.pread(b.fd, TOKEN_BYTES, RELEASED_AT)
+            except OSError:
+                continue
             with self._lock:
                 if b.busy and b.token == given:
                     b.busy, b.until = False, self.clock() + POOL_IDLE
@@ -257,13 +267,12 @@ class ShmArena:
         POOL_IDLE (or past POOL_BLOCKS); now and then unlink blocks whose creator died. Cheap when
         nothing is due (one clock reading)."""
         now = self.clock()
-        if not self._blocks and not self._maps and now - self._reclaimed_at < RECLAIM_SECONDS:
+        if not self._blocks and now - self._reclaimed_at < RECLAIM_SECONDS:
             return
         if not force and now - self._swept < SWEEP_SECONDS:
             return
         self._swept = now
         self._take_back()
-        self._forget_gone_maps()
         with self._lock:
             free = sorted((b for b in self._blocks.values() if not b.busy), key=lambda b: b.until)
             extra = len(free) - POOL_BLOCKS
@@ -307,85 +316,42 @@ class ShmArena:
         return n
 
     def close(self) -> None:
-        """Unlink every block this process holds (a closing client's; a stopped worker's) and let
-        go of its mappings of peers' blocks."""
+        """Unlink every block this process holds (a closing client's; a stopped worker's)."""
         with self._lock:
             for b in list(self._blocks.values()):
                 self._unlink_locked(b)
-            maps, self._maps = list(self._maps.values()), OrderedDict()
-        for mm, _, _ in maps:
-            with contextlib.suppress(BufferError):
-                mm.close()
 
     # ---- the receiver's side ---------------------------------------------------------
 
     @contextlib.contextmanager
-    def mapped(self, handle_frame: Frame, *, give_back: bool = False, keep: bool = True) -> Iterator[ShmMapping]:
-        """Map the block a handle names, read-only, for the payload's bytes (ShmMapping.view).
-        Refused with HandleError (counted) for a forged, stale or out-of-bounds handle, before any
-        byte of the payload is read; the view covers the payload the handle names and nothing
-        else, inside the block. `give_back` (a result's reader): the block returns to its creator
-        afterwards. `keep`: the mapping is kept for the block's next payload (MAP_CACHE)."""
+    def payload(self, handle_frame: Frame, *, give_back: bool = False) -> Iterator[ShmPayload]:
+        """The payload a handle names, copied out of its block (ShmPayload.data). Refused with
+        HandleError (counted) for a forged, stale, oversized, another user's or out-of-bounds handle
+        before any byte of the payload is read, and for a block that shrank or was reused while it
+        was read. `give_back` (a result's reader): the block returns to its creator afterwards."""
         try:
-            handle = shmhandle.decode_handle(handle_frame)
-            fd, mm, kept = self._open(handle, keep)
+            handle = shmhandle.check_claim(handle_frame, self.max_payload)
+            fd = self._open(handle)
+            try:
+                data = self._copy(handle, fd)
+            except BaseException:
+                os.close(fd)
+                raise
         except HandleError:
             self.counts["refused"] += 1
             raise
-        m = ShmMapping(handle, fd, memoryview(mm)[HEADER_BYTES : HEADER_BYTES + handle.length])
         try:
-            yield m
+            yield ShmPayload(handle, data)
             self.counts["received"] += 1
         finally:
-            m.view.release()
-            if not kept:
-                with contextlib.suppress(BufferError):  # a caller that kept a slice: the GC unmaps it
-                    mm.close()
             if give_back:
                 with contextlib.suppress(OSError):
                     os.pwrite(fd, handle.token, RELEASED_AT)
             os.close(fd)
 
-    def _mapping(self, name: str, fd: int, st: os.stat_result, keep: bool) -> tuple[mmap.mmap, bool]:
-        """This block's mapping: the one kept from its last payload when it is the same file, else a
-        new one of the whole block (kept, the oldest let go past MAP_CACHE)."""
-        with self._lock:
-            known = self._maps.get(name)
-            if known is not None and known[1] == st.st_ino and known[2] == st.st_size:
-                self._maps.move_to_end(name)
-                return known[0], True
-        mm = mmap.mmap(fd, st.st_size, prot=mmap.PROT_READ)
-        if not keep:
-            return mm, False
-        with self._lock:
-            old = self._maps.pop(name, None)
-            self._maps[name] = (mm, st.st_ino, st.st_size)
-            drop = [old[0]] if old is not None else []
-            while len(self._maps) > MAP_CACHE or sum(v[2] for v in self._maps.values()) > MAP_CACHE_BYTES:
-                drop.append(self._maps.popitem(last=False)[1][0])
-        for d in drop:
-            with contextlib.suppress(BufferError):
-                d.close()
-        return mm, True
-
-    def _forget_gone_maps(self) -> None:
-        """Let go of mappings of blocks their creator unlinked (they would keep its pages)."""
-        with self._lock:
-            names = list(self._maps)
-        for name in names:
-            try:
-                ino = os.stat(os.path.join(self.dir, name)).st_ino
-            except OSError:
-                ino = -1
-            with self._lock:
-                known = self._maps.get(name)
-                if known is None or known[1] == ino:
-                    continue
-                del self._maps[name]
-            with contextlib.suppress(BufferError):
-                known[0].close()
-
-    def _open(self, handle: Handle, keep: bool) -> tuple[int, mmap.mmap, bool]:
+    def _open(self, handle: Handle) -> int:
+        """The block's file, opened and checked: a regular file of this user, holding the handle's
+        header and at least its length (only the 64-byte header is read)."""
         if self.host is None:
             raise HandleError("off", "shared memory is off in this process")
         try:
@@ -399,36 +365,50 @@ class ShmArena:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise HandleError("name", f"shared-memory block {handle.name} is not a plain file")
+            if st.st_uid != self._uid:
+                raise HandleError(
+                    "owner",
+                    f"shared-memory block {handle.name} belongs to uid {st.st_uid}, not this process's "
+                    f"uid {self._uid}: refused",
+                )
             shmhandle.check_block(handle, os.pread(fd, HEADER_BYTES, 0), st.st_size)
-            mm, kept = self._mapping(handle.name, fd, st, keep)
-            return fd, mm, kept
+            return fd
         except HandleError:
             os.close(fd)
             raise
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
             os.close(fd)
             raise HandleError("open", f"shared-memory block {handle.name} cannot be read: {exc}") from None
 
+    @staticmethod
+    def _copy(handle: Handle, fd: int) -> bytes:
+        """The payload, copied with pread: a block cut short meanwhile reads short (refused), never
+        faults; a block whose token changed meanwhile (its creator reused it) is refused as stale,
+        so a torn payload is never passed on."""
+        try:
+            data = os.pread(fd, handle.length, HEADER_BYTES)
+            token = os.pread(fd, TOKEN_BYTES, 8)
+        except OSError as exc:
+            raise HandleError("open", f"shared-memory block {handle.name} cannot be read: {exc}") from None
+        if len(data) != handle.length:
+            raise HandleError(
+                "bounds",
+                f"shared-memory block {handle.name} was cut to {HEADER_BYTES + len(data)} bytes while it was read: "
+                "refused",
+            )
+        if token != handle.token:
+            raise HandleError("stale", f"shared-memory block {handle.name} was reused while it was read")
+        return data
+
     def read(self, handle_frame: Frame) -> bytes:
-        """The payload a handle names, copied (the broker's fallback for a peer on another host)."""
-        with self.mapped(handle_frame, keep=False) as m:
-            data = bytes(m.view)
-            m.verify()
-            return data
+        """The payload a handle names, copied (the broker's fallback for a peer that cannot take a handle)."""
+        with self.payload(handle_frame) as p:
+            return p.data
 
 
-class ShmMapping:
-    """A peer's block, mapped: `view` is the payload; verify() after parsing it."""
+@dataclass(frozen=True, slots=True)
+class ShmPayload:
+    """A peer's payload, copied out of its block and checked whole: `data` is the payload's bytes."""
 
-    __slots__ = ("_fd", "handle", "view")
-
-    def __init__(self, handle: Handle, fd: int, view: memoryview) -> None:
-        self.handle = handle
-        self.view = view
-        self._fd = fd
-
-    def verify(self) -> None:
-        """HandleError unless the block still holds the handle's payload: its creator reuses a block
-        it took back (a job that ended while its worker was still reading), with a new token."""
-        if os.pread(self._fd, TOKEN_BYTES, 8) != self.handle.token:
-            raise HandleError("stale", f"shared-memory block {self.handle.name} was reused while it was read")
+    handle: Handle
+    data: bytes

@@ -449,20 +449,18 @@ class Worker:
         self._admit(msg, uuid, body)
 
     def _post_from_shm(self, msg: nfp.BrokerJob, uuid: str) -> None:
-        """A POST whose body is a handle to a block of a client on this host: parsed straight from
-        the mapping (kept for the block's next payload; the job holds its decoded arguments, not the
-        block). A handle that is not good, or a block reused while it was parsed, is refused 400."""
+        """A POST whose body is a handle to a block of a client on this host: copied out of the
+        block (transport/shm.py: never mapped, so a peer cutting the file cannot fault us) and
+        parsed. A handle that is not good, or a block cut or reused while it was read, is refused 400."""
         try:
-            with self.shm.mapped(msg.body) as m:
-                msg.body = m.view
+            with self.shm.payload(msg.body) as p:
+                msg.body = p.data
                 try:
-                    body = payloads.read_post_body(m.view)
+                    body = payloads.read_post_body(p.data)
                 except ProtocolError as exc:
-                    m.verify()  # a torn body (its block reused meanwhile) is a stale handle, not a bad body
                     self._reply(msg, nfp.ST_BAD_REQUEST, self.runner.failure(uuid, "", [exc.detail]))
                     return
-                m.verify()
-                body.attempt = max(body.attempt, m.handle.attempt)  # a retried job's block says attempt 1
+                body.attempt = max(body.attempt, p.handle.attempt)  # a retried job's block says attempt 1
                 self._admit(msg, uuid, body)
         except shmhandle.HandleError as exc:
             n = self.shm.counts["refused"]

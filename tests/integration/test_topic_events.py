@@ -147,12 +147,13 @@ def test_prefixes_and_subscriptions_are_bounded(tmp_path: Path) -> None:
                 flood.connect(events)
                 for i in range(5000):  # (libzmq's pipe itself passes about 2,000 of them: its HWM)
                     flood.send(b"\x01job.flood." + str(i).encode())
-                # The publisher goes on: a bounded count accepted, the rest refused, and it still publishes.
+                # The publisher goes on: the peer's share (a tenth of the slots) accepted, the rest refused,
+                # and it still publishes.
 
                 def bounded() -> bool:
                     m = _metrics(mport)
-                    return m["zfab_broker_event_subscriptions"] == 20 and (
-                        m["zfab_broker_event_subscriptions_refused_total.too_many"] >= 900
+                    return m["zfab_broker_event_subscriptions"] == 2 and (
+                        m["zfab_broker_event_subscriptions_refused_total.per_peer"] >= 900
                     )
 
                 wait_for(bounded, 20, what="the flood refused past the bound")
@@ -163,6 +164,52 @@ def test_prefixes_and_subscriptions_are_bounded(tmp_path: Path) -> None:
                     assert _drain(sub, 1, 10)[-1]["state"] == "completed"
             finally:
                 raw.close(0)
+
+
+def test_one_peer_holds_its_share_of_the_slots_and_leaves_the_rest_to_others(tmp_path: Path) -> None:
+    with fabric(tmp_path) as f:
+        f.env["ZFAB_BROKER_EVENTS_SUBSCRIPTIONS"] = "20"  # a peer's share: 2
+        events, mport = _start(f)
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        socks: list[zmq.Socket[bytes]] = []
+
+        def sub(*prefixes: bytes) -> zmq.Socket[bytes]:
+            s = ctx.socket(zmq.SUB)
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(events)
+            for p in prefixes:
+                s.setsockopt(zmq.SUBSCRIBE, p)
+            socks.append(s)
+            return s
+
+        try:
+            # Given one SUB socket that subscribes 1,200 prefixes (all the slots there are, and more)
+            hog = sub(*(b"hog.%04d" % i for i in range(1200)))
+            # (libzmq's pipe passes about 1,000 of them: its high-water mark drops the rest)
+            wait_for(
+                lambda: _metrics(mport)["zfab_broker_event_subscriptions_refused_total.per_peer"] >= 900,
+                20,
+                what="the hog's subscriptions past its share refused",
+            )
+            # Then another subscriber is still confirmed
+            Subscriber(events, "job.demo.").start(5.0).close()
+            assert _metrics(mport)["zfab_broker_event_subscriptions"] >= 2
+            # And the total bound still holds against many peers: 10 more SUBs of 2 prefixes each
+            for i in range(10):
+                sub(b"many.%d.a" % i, b"many.%d.b" % i)
+            wait_for(
+                lambda: _metrics(mport)["zfab_broker_event_subscriptions"] == 20
+                and _metrics(mport)["zfab_broker_event_subscriptions_refused_total.too_many"] >= 2,
+                20,
+                what="the total bound reached and held",
+            )
+            # When the hog leaves, its slots are free again
+            hog.close(0)
+            wait_for(lambda: _metrics(mport)["zfab_broker_event_subscriptions"] == 18, 20, what="the hog's slots freed")
+        finally:
+            for s in socks:
+                s.close(0)
+            ctx.term()
 
 
 def test_events_off_by_default_and_subscribe_needs_an_endpoint(tmp_path: Path) -> None:

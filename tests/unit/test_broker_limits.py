@@ -177,3 +177,104 @@ def test_a_limit_set_at_run_time_survives_a_restart(clock: FakeClock, tmp_path: 
 def test_a_bad_limit_is_refused_with_its_reason(broker: Broker, kwargs: dict[str, Any], status: bytes) -> None:
     got, answer = mmi(broker, "set_limit", service="demo", **kwargs)
     assert got == status and answer["detail"], answer
+
+
+def keep_alive(b: Broker, clock: FakeClock, seconds: float) -> None:
+    """Let `seconds` pass on the broker's clock, its workers keeping alive (one keepalive a second)."""
+    end = clock() + seconds
+    while clock() < end:
+        clock.advance(min(1.0, end - clock()))
+        for w in (b"w1", b"w2", b"w3"):
+            stub(b).feed([w, b"", nfp.WORKER, nfp.KEEPALIVE, b"demo"])
+        stub(b).tick()
+
+
+def post_flags(b: Broker, uuid: bytes, task: str, client: bytes = b"c1", **flags: Any) -> None:
+    kwargs = flags.pop("kwargs", {})
+    body = nfp.dumps({"task": task, "args": [], "kwargs": kwargs})
+    stub(b).feed([client, b"", nfp.CLIENT, nfp.POST, b"demo", b"any", uuid, body, nfp.dumps({"task": task, **flags})])
+
+
+def test_a_delayed_job_of_a_limited_task_runs_when_due_across_the_brokers_housekeeping(
+    broker: Broker, clock: FakeClock
+) -> None:
+    # Given a job of a concurrency-limited task delayed past the broker's housekeeping (every 60 s),
+    # which forgets buckets nothing needs
+    post_flags(broker, b"late", "slow", delay=66, timeout=10)
+    assert sent(broker) == []
+    keep_alive(broker, clock, 62)
+    assert broker.dispatch.limits.buckets, "the delayed job's bucket was forgotten by the housekeeping"
+    # When its delay ends, Then it is sent (not held in a forgotten bucket until it expires)
+    keep_alive(broker, clock, 4.5)
+    assert [u for _, u in sent(broker)] == [b"late"]
+    assert nfp.ST_EXPIRED not in [st for _, u, st, _ in replies(stub(broker).take()) if u == b"late"]
+
+
+def test_a_full_bucket_table_keeps_a_rate_and_says_so(clock: FakeClock, tmp_path: Path) -> None:
+    b = make_broker(clock, data_dir=str(tmp_path), service_queue_size=1000)
+    b.dispatch.limits.max_buckets = 50  # the table's bound (10,000), small enough for a unit test
+    for w in (b"w1", b"w2", b"w3"):
+        ready(b, w)
+    stub(b).take()
+    assert mmi(b, "set_limit", service="demo", task_name="per_site", rate_limit="1/m", limit_key="site")[0] == nfp.ST_OK
+    # Given site r ran once (its rate: the next one a minute later)
+    post_flags(b, b"r1", "per_site", kwargs={"site": "r"}, timeout=30)
+    assert [u for _, u in sent(b)] == [b"r1"]
+    finish(b, b"w1", b"r1")
+    # When delayed jobs with 60 distinct sites fill the table past its bound
+    for i in range(60):
+        post_flags(b, f"f{i}".encode(), "per_site", kwargs={"site": f"k{i}"}, delay=600, timeout=30)
+    stub(b).take()
+    # Then site r's next job still waits for its rate: the full table forgot no bucket that holds one back
+    post_flags(b, b"r2", "per_site", kwargs={"site": "r"}, timeout=120)
+    keep_alive(b, clock, 5)
+    assert [u for _, u in sent(b)] == []
+    # And the jobs past the bound shared their task's overflow bucket, counted; the table stayed bounded
+    facts = b.mmi.show_broker()
+    assert facts["counts"]["limit_overflow"] >= 10
+    assert facts["limit_buckets"] <= 50 + 1 and facts["limit_buckets_capacity"] == 50  # (+1: the overflow bucket)
+    keep_alive(b, clock, 56)
+    assert [u for _, u in sent(b)] == [b"r2"]  # on time, a minute after r1
+
+
+def test_a_limit_key_is_read_without_decoding_the_body() -> None:
+    import tracemalloc
+
+    from zfab.broker.limits import MAX_KEY_SCAN, UNREAD, key_value
+
+    schema = {"type": "object", "properties": {"data": {}, "site": {}}}
+    body = nfp.dumps({"task": "t", "args": [], "kwargs": {"data": [[i] for i in range(400_000)], "site": "lon"}})
+    tracemalloc.start()
+    try:
+        assert key_value(body, "site", schema) == '"lon"'
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(body) > 3_000_000 and peak < 100_000  # json.loads would build 800,000 objects here
+    # a positional argument by its place in the schema; a value as canonical JSON; absent or unreadable: None
+    assert key_value(nfp.dumps({"task": "t", "args": [[1], {"b": 1, "a": 2}]}), "site", schema) == '{"a":2,"b":1}'
+    assert key_value(nfp.dumps({"task": "t", "args": [1], "kwargs": {}}), "site", schema) is None
+    assert key_value(b"\x00zfab-shm\x00{}", "site", schema) is None
+    assert key_value(nfp.dumps({"kwargs": {"site": None}}), "site", schema) == "null"
+    long = key_value(nfp.dumps({"kwargs": {"site": "x" * 300}}), "site", schema)
+    assert long is not None and long.startswith("sha256:")
+    # a body past the scan's bound is not read: its job shares its task's bucket of unread keys (stricter)
+    huge = nfp.dumps({"task": "t", "args": [], "kwargs": {"data": "x" * (MAX_KEY_SCAN + 1), "site": "lon"}})
+    assert key_value(huge, "site", schema) == UNREAD
+
+
+def test_delayed_jobs_follow_a_limit_changed_while_they_wait(broker: Broker, clock: FakeClock) -> None:
+    # Given three delayed jobs of a task limited per site (one at once per site: all three could run)
+    for site in ("a", "b", "c"):
+        post_flags(broker, f"d{site}".encode(), "per_site", kwargs={"site": site}, delay=5, timeout=30)
+    # When the limit is set to two at once for the whole task while they wait
+    status, _ = mmi(broker, "set_limit", service="demo", task_name="per_site", concurrency=2)
+    assert status == nfp.ST_OK
+    keep_alive(broker, clock, 6)
+    # Then the new rule holds them: two run, one waits, and no bucket counts a job it no longer has
+    assert len(sent(broker)) == 2
+    counts = {b.key: (b.running, b.queued) for b in broker.dispatch.limits.buckets.values()}
+    assert counts.pop(None) == (2, 1)
+    assert set(counts.values()) <= {(0, 0)}  # the per-site buckets hold nothing: the housekeeping forgets them
+    broker.dispatch.limits.sweep(clock())
+    assert list(broker.dispatch.limits.buckets) == [(b"demo", "per_site", None)]

@@ -367,3 +367,45 @@ def test_an_untraced_answer_leaves_no_trace(client: Client) -> None:
     from_broker(client, fut.uuid, nfp.ST_OK, {"w1": {"result": 1, "failed": False}})
     fut.result(1)
     assert fut.trace is None
+
+
+def test_a_delayed_jobs_timeout_counts_from_the_end_of_its_delay(client: Client, clock: FakeClock) -> None:
+    # Given a job held 3 s by the broker with a timeout of 1.5 s (delay > timeout)
+    alive(client, boot="one")
+    fut = client.submit("demo", "echo", kwargs={"data": 1}, delay=3, timeout=1.5)
+    ((*_, flags),) = sent_posts(client)
+    assert json.loads(flags)["timeout"] == 1.5 and json.loads(flags)["not_before"] > time.time() + 2.9
+    from_broker(client, fut.uuid, nfp.ST_QUEUED, {"workers": [], "target": "any", "status": "QUEUED"})
+    # When the timeout has passed but the delay has not ended, Then the job is not expired
+    for _ in range(2):
+        clock.advance(0.9)
+        alive(client, boot="one")
+        stub(client).tick()
+    assert not fut.done() and fut.state == "queued"
+    # And a broker restart during the delay resubmits it with its whole timeout (its delay kept as not_before)
+    alive(client, boot="two")
+    stub(client).tick()
+    (post,) = sent_posts(client)
+    again = json.loads(post[-1])
+    assert again["timeout"] == 1.5 and again["known"] is True and again["not_before"] == json.loads(flags)["not_before"]
+    for _ in range(2):
+        clock.advance(0.9)
+        alive(client, boot="two")
+        stub(client).tick()
+    assert not fut.done()  # 3.6 s: the broker's deadline is 3 + 1.5 s
+    # Past the end of the delay plus the timeout it expires
+    clock.advance(1.0)
+    alive(client, boot="two")
+    stub(client).tick()
+    with pytest.raises(JobExpiredError):
+        fut.result(0)
+
+
+def test_the_deadline_rule_is_one_function() -> None:
+    from zfab import job_deadline, timeout_left
+
+    assert job_deadline(100.0, 1.5, 3.0) == 104.5 and job_deadline(100.0, 1.5) == 101.5
+    assert job_deadline(100.0, 1.5, -1.0) == 101.5  # no negative delay
+    # what is left of the timeout to send again: all of it during the delay, the rest after
+    assert timeout_left(104.5, 101.0, 1.5) == 1.5 and timeout_left(104.5, 104.0, 1.5) == 0.5
+    assert timeout_left(104.5, 105.0, 1.5) == 0.001

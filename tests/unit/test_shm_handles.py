@@ -30,19 +30,18 @@ def forged(name: str, length: int = 10, token: bytes = b"\x00" * 16) -> bytes:
 
 
 def refused(a: ShmArena, frame: bytes) -> HandleError:
-    with pytest.raises(HandleError) as info, a.mapped(frame):
+    with pytest.raises(HandleError) as info, a.payload(frame):
         pass
     return info.value
 
 
-def test_a_payload_goes_into_a_block_and_comes_out_of_the_mapping_unchanged(tmp_path: Path) -> None:
+def test_a_payload_goes_into_a_block_and_comes_out_unchanged(tmp_path: Path) -> None:
     sender, receiver = arena(tmp_path), arena(tmp_path)
     handle = sender.put(PAYLOAD, ttl=60)
     assert handle is not None and shmhandle.is_handle(handle) and len(handle) < shmhandle.MAX_HANDLE_BYTES
-    with receiver.mapped(handle) as m:
-        assert len(m.view) == len(PAYLOAD)  # the payload, not the header and not the block's slack
-        assert nfp.loads(m.view)["kwargs"]["data"] == "x" * 300_000  # parsed from the mapping
-        m.verify()
+    with receiver.payload(handle) as p:
+        assert p.data == PAYLOAD  # the payload, not the header and not the block's slack
+        assert nfp.loads(p.data)["kwargs"]["data"] == "x" * 300_000
     assert sender.stats()["shm_blocks"] == 1 and sender.counts["sent"] == 1 and receiver.counts["received"] == 1
 
 
@@ -104,18 +103,84 @@ def test_a_handle_to_a_block_its_creator_reused_is_refused(tmp_path: Path) -> No
     second = sender.put(PAYLOAD, ttl=60) or b""
     assert shmhandle.decode_handle(first).name == shmhandle.decode_handle(second).name  # the same block
     assert refused(receiver, first).reason == "token"
-    with receiver.mapped(second) as m:
-        m.verify()
+    with receiver.payload(second) as p:
+        assert p.data == PAYLOAD
 
 
-def test_a_reader_that_was_overtaken_by_a_reuse_sees_it_in_verify(tmp_path: Path) -> None:
+def test_a_reader_overtaken_by_a_reuse_refuses_what_it_copied(tmp_path: Path) -> None:
     sender, receiver = arena(tmp_path), arena(tmp_path)
     first = sender.put(PAYLOAD, ttl=60) or b""
-    with receiver.mapped(first) as m:
+    h = shmhandle.decode_handle(first)
+    fd = receiver._open(h)  # the header checked...
+    try:
         sender.free(first)
-        sender.put(PAYLOAD, ttl=60)
+        sender.put(PAYLOAD, ttl=60)  # ...then the creator reuses the block before the copy is done
         with pytest.raises(HandleError, match="reused while it was read"):
-            m.verify()
+            receiver._copy(h, fd)
+    finally:
+        os.close(fd)
+
+
+def test_a_block_cut_short_while_it_is_read_is_refused_and_nothing_faults(tmp_path: Path) -> None:
+    # Given a same-user peer's block that passed the checks on open
+    sender, receiver = arena(tmp_path), arena(tmp_path)
+    h = shmhandle.decode_handle(sender.put(PAYLOAD, ttl=60) or b"")
+    fd = receiver._open(h)
+    try:
+        # When its creator cuts the file before the payload is copied (a mapping would SIGBUS here)
+        os.truncate(tmp_path / h.name, HEADER_BYTES + 1000)
+        # Then the read comes back short and the handle is refused with the reason
+        with pytest.raises(HandleError, match="was cut to") as info:
+            receiver._copy(h, fd)
+        assert info.value.reason == "bounds"
+    finally:
+        os.close(fd)
+
+
+def test_a_block_cut_after_the_copy_leaves_the_copy_whole(tmp_path: Path) -> None:
+    sender, receiver = arena(tmp_path), arena(tmp_path)
+    handle = sender.put(PAYLOAD, ttl=60) or b""
+    with receiver.payload(handle) as p:
+        os.truncate(tmp_path / shmhandle.decode_handle(handle).name, 0)
+        assert nfp.loads(p.data)["kwargs"]["data"] == "x" * 300_000  # a private copy: nothing to fault on
+
+
+def sparse_block(d: Path, claim: int) -> bytes:
+    """A block of this user that claims `claim` bytes it never wrote (an empty sparse file), and its handle."""
+    name = "zfab-00000000-1-1-0123456789abcdef"
+    token = b"\x05" * 16
+    with open(d / name, "wb") as f:  # (replaced if it is there)
+        f.write(shmhandle.header(token, claim))
+        f.truncate(HEADER_BYTES + claim)
+    os.chmod(d / name, 0o600)
+    return shmhandle.encode_handle(Handle(name, claim, token))
+
+
+def test_a_handle_claiming_more_than_a_message_is_refused_before_anything_is_read(tmp_path: Path) -> None:
+    # Given a 150-byte handle to a sparse block claiming 320 MiB (a message carries 64 MiB at most)
+    handle = sparse_block(tmp_path, 320 << 20)
+    receiver = arena(tmp_path)
+    err = refused(receiver, handle)
+    # Then it is refused on its claim, naming the limit, and counted
+    assert err.reason == "length" and "ZFAB_MAX_MESSAGE_BYTES" in str(err)
+    assert receiver.counts["refused"] == 1
+    with pytest.raises(HandleError, match="ZFAB_MAX_MESSAGE_BYTES"):
+        shmhandle.check_claim(handle, 64 << 20)
+    # and a lower ZFAB_MAX_MESSAGE_BYTES lowers the bound with it
+    assert refused(arena(tmp_path, max_message_bytes=1 << 20), sparse_block(tmp_path, 2 << 20)).reason == "length"
+    # A claim within the bound reads the holes as zeros: a copy, no mapping to fault on
+    with arena(tmp_path).payload(sparse_block(tmp_path, 2 << 20)) as p:
+        assert p.data == bytes(2 << 20)
+
+
+def test_a_block_of_another_user_is_refused_on_the_opened_file(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a file to another user (CI runs as root)")
+    sender, receiver = arena(tmp_path), arena(tmp_path)
+    handle = sender.put(PAYLOAD, ttl=60) or b""
+    os.chown(tmp_path / shmhandle.decode_handle(handle).name, 65534, 65534)  # nobody's now
+    err = refused(receiver, handle)
+    assert err.reason == "owner" and "belongs to uid 65534" in str(err)
 
 
 def test_a_symlink_named_like_a_block_is_not_followed(tmp_path: Path) -> None:
@@ -138,7 +203,7 @@ def test_a_result_block_given_back_by_its_reader_is_reused_by_its_creator(tmp_pa
     worker, client = arena(tmp_path), arena(tmp_path)
     first = worker.put(PAYLOAD, ttl=60, worker="w1") or b""
     assert shmhandle.decode_handle(first).worker == "w1"
-    with client.mapped(first, give_back=True):
+    with client.payload(first, give_back=True):
         pass
     second = worker.put(PAYLOAD, ttl=60, worker="w1") or b""
     assert shmhandle.decode_handle(first).name == shmhandle.decode_handle(second).name
@@ -242,3 +307,28 @@ def test_a_retried_attempt_of_a_job_sent_by_handle_carries_its_attempt_in_the_ha
     assert (got.name, got.length, got.token, got.attempt) == ("zfab-00000000-1-1-0123456789abcdef", 5, b"\x07" * 16, 3)
     with pytest.raises(HandleError, match="attempt"):
         shmhandle.decode_handle(shmhandle.MARK + h[len(shmhandle.MARK) : -1] + b',"attempt":0}')
+
+
+def test_a_body_the_broker_reads_for_a_worker_that_takes_no_handle_counts_against_its_byte_bound(
+    tmp_path: Path,
+) -> None:
+    from test_broker_handlers import make_broker, ready, stub
+
+    from zfab.transport import FakeClock
+
+    # Given a client's block on the broker's host, and a worker that announced no host id
+    broker = make_broker(FakeClock(), shm_dir=str(tmp_path), data_dir=str(tmp_path / "data"))
+    ready(broker, b"w1")
+    stub(broker).take()
+    client = arena(tmp_path)
+    handle = client.put(PAYLOAD, ttl=60) or b""
+    flags = nfp.dumps({"push": True, "ack": True, "task": "echo", "timeout": 10, "host": client.host})
+    stub(broker).feed([b"c1", b"", nfp.CLIENT, nfp.POST, b"demo", b"any", b"j1", handle, flags])
+    # Then the worker got the bytes, and the broker counts them as held until the worker starts the job
+    (post,) = [f for f in stub(broker).take() if f[0] == b"w1" and f[3] == nfp.POST]
+    assert bytes(post[7]) == PAYLOAD
+    facts = broker.mmi.show_broker()
+    assert facts["dispatched_bytes"] >= len(PAYLOAD) and facts["counts"]["shm_materialized"] == 1
+    accepted = nfp.dumps({"worker": "w1", "uuid": "j1", "status": "ACCEPTED"})
+    stub(broker).feed([b"w1", b"", nfp.WORKER, nfp.RESPONSE, b"c1", b"", b"j1", nfp.ST_WORKER_ACCEPTED, accepted])
+    assert broker.mmi.show_broker()["dispatched_bytes"] == 0

@@ -16,6 +16,7 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
+from . import sizes
 from .protocol import Frame, dumps, loads
 
 MARK: Final = b"\x00zfab-shm\x00"
@@ -124,12 +125,9 @@ def check_claim(frame: Frame, limit: int) -> Handle:
     `limit` bytes (ZFAB_MAX_MESSAGE_BYTES: what the payload could weigh as bytes on the wire), so a
     150-byte handle cannot make its reader allocate or copy more than a message would."""
     handle = decode_handle(frame)
-    if handle.length > limit:
-        raise HandleError(
-            "length",
-            f"shared-memory handle for {handle.name} claims {handle.length} bytes, more than a message may "
-            f"carry (ZFAB_MAX_MESSAGE_BYTES = {limit}): refused, nothing read",
-        )
+    if not sizes.fits(handle.length, limit):  # the payload's own size, as if it came as bytes
+        what = f"the payload of shared-memory handle {handle.name} (refused, nothing read)"
+        raise HandleError("length", sizes.too_large(what, handle.length, limit))
     return handle
 
 

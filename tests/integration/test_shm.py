@@ -205,7 +205,7 @@ def test_a_forged_handle_from_a_peer_is_refused_with_a_clear_error(tmp_path: Pat
         assert "not a zfab block" in errors[b"traversal"]
         assert "wrong token" in errors[b"token"]
         assert "nothing read past the block" in errors[b"bounds"]
-        assert "more than a message may carry (ZFAB_MAX_MESSAGE_BYTES" in errors[b"claim"]
+        assert "over the message limit (ZFAB_MAX_MESSAGE_BYTES" in errors[b"claim"]
         assert "is gone" in errors[b"stale"]
         assert secret.read_bytes() == b"s" * 4096
     finally:

@@ -69,6 +69,7 @@ class JobFuture(Future[Any]):
         self._admitted: str | None = None
         self._refusal: BaseException | None = None
         self.events: deque[dict[str, Any]] = deque(maxlen=max_events)
+        self._event_sizes: deque[int] = deque()  # each held event's size, in step with `events`
         self.events_bytes = 0
         self.events_dropped = 0
         self.result_bytes = 0
@@ -109,14 +110,20 @@ class JobFuture(Future[Any]):
         return lazy(self, "_changed", threading.Condition)
 
     def add_event(self, event: dict[str, Any], size: int = 0) -> None:
+        """Keep `event` (`size`: its bytes); the oldest go first past the count or byte bound, each
+        taking its own size with it (the worker's job store keeps them all)."""
         with self.changed:
-            if len(self.events) == self.events.maxlen:
+            events, sizes = self.events, self._event_sizes
+            if len(events) == events.maxlen:
+                events.popleft()  # made room for here, so its size leaves with it
+                self.events_bytes -= sizes.popleft()
                 self.events_dropped += 1
-            self.events.append(event)
+            events.append(event)
+            sizes.append(size)
             self.events_bytes += size
-            while self.events_bytes > MAX_EVENT_BYTES_PER_JOB and len(self.events) > 1:
-                self.events.popleft()  # the oldest go first; the worker's job store keeps them all
-                self.events_bytes -= size  # an estimate: events of one job are alike in size
+            while self.events_bytes > MAX_EVENT_BYTES_PER_JOB and len(events) > 1:
+                events.popleft()
+                self.events_bytes -= sizes.popleft()
                 self.events_dropped += 1
             self.changed.notify_all()
 

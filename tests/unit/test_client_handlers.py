@@ -367,3 +367,43 @@ def test_an_untraced_answer_leaves_no_trace(client: Client) -> None:
     from_broker(client, fut.uuid, nfp.ST_OK, {"w1": {"result": 1, "failed": False}})
     fut.result(1)
     assert fut.trace is None
+
+
+def _event_of(n: int, size: int) -> dict[str, Any]:
+    """A progress event whose encoding is exactly `size` bytes."""
+    event: dict[str, Any] = {"event_type": "progress", "worker": "w1", "n": n, "message": ""}
+    event["message"] = "x" * (size - len(nfp.dumps(event)))
+    assert len(nfp.dumps(event)) == size
+    return event
+
+
+def test_a_jobs_event_bytes_count_the_events_it_holds_not_every_event_it_saw(clock: FakeClock) -> None:
+    # Given a client that keeps 200 events a job, and 1,000 events of 100 B each
+    s = Settings(keepalive_interval=INTERVAL, keepalive_multiplier=MULTIPLIER, max_events_per_job=200)
+    c = Client(settings=s, name="t", transport=StubTransport(clock), clock=clock).start()
+    try:
+        fut = c.submit("demo", "progress", timeout=60)
+        from_broker(c, fut.uuid, nfp.ST_DISPATCHED, {"workers": ["w1"]})
+        for n in range(1000):
+            from_broker(c, fut.uuid, nfp.ST_OK, _event_of(n, 100), command=nfp.EVENT)
+        # Then it holds the last 200, says so, and counts their 20,000 bytes (not 100,000)
+        assert [e["n"] for e in fut.events] == list(range(800, 1000))
+        assert fut.events_dropped == 800
+        assert fut.events_bytes == 200 * 100
+    finally:
+        c.close()
+
+
+def test_events_of_mixed_sizes_are_uncounted_with_their_own_size_when_the_byte_bound_drops_them(
+    client: Client,
+) -> None:
+    # Given a job whose small events are followed by large ones past the 1 MiB a job keeps
+    fut = client.submit("demo", "progress", timeout=60)
+    from_broker(client, fut.uuid, nfp.ST_DISPATCHED, {"workers": ["w1"]})
+    sizes = [100] * 50 + [300_000] * 5
+    for n, size in enumerate(sizes):
+        from_broker(client, fut.uuid, nfp.ST_OK, _event_of(n, size), command=nfp.EVENT)
+    # Then the bytes it reports are the bytes of exactly the events it still holds, within the bound
+    held = [sizes[e["n"]] for e in fut.events]
+    assert fut.events_bytes == sum(held) <= 1024 * 1024
+    assert fut.events_dropped == len(sizes) - len(held)

@@ -28,6 +28,7 @@ from ..stores import open_stores
 from . import console, docs, lean, problems
 from .auth import TokenSet
 from .middleware import BodyLimitMiddleware, ContentTypeMiddleware, HeadMiddleware, HttpMetrics, MetricsMiddleware
+from .origins import OriginGuardMiddleware
 from .routes import events, files, jobs, mmi, ops, schedules, topics
 
 log = logging.getLogger(__name__)
@@ -195,5 +196,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.add_middleware(HeadMiddleware, routes=app.router.routes)
     app.add_middleware(ContentTypeMiddleware, routes=app.router.routes)
     app.add_middleware(BodyLimitMiddleware, max_bytes=s.max_request_bytes)
+    # Before anything reads the request: a rebound Host or another origin's page gets nothing (api/http/origins.py).
+    app.add_middleware(OriginGuardMiddleware, hosts=s.host_list(), origins=s.origin_list())
     app.add_middleware(MetricsMiddleware, metrics=HttpMetrics(registry))
     return app

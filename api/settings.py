@@ -68,6 +68,14 @@ class ApiSettings(Settings):
         16 * 1024 * 1024, ge=1024, description="Bytes of broker events the API holds for GET /events"
     )
     api_event_streams: int = Field(100, ge=1, description="GET /events streams open at once (503 beyond)")
+    api_caller_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Share of the jobs in flight (ZFAB_MAX_CLIENT_JOBS) and of their bytes "
+        "(ZFAB_CLIENT_INFLIGHT_BYTES) "
+        "one caller (a token; anonymous callers are one) may hold; its next job is a 429 naming the bound",
+    )
     max_schedules: int = Field(1000, ge=1, description="Most periodic schedules the API keeps (POST /schedules)")
 
     def default_api_db(self) -> str:

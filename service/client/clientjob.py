@@ -7,6 +7,7 @@ No sockets or threads: the client's owner loop calls `apply` for each reply and
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from collections import deque
@@ -49,6 +50,39 @@ _REFUSAL_ERRORS: dict[bytes, type[JobError]] = {
 }
 
 
+# Objects walked to measure what a decoded event holds; past it, the worst ratio JSON decodes at (a
+# list of one-item lists of ints: [[0],[1],...] is ~17x its text as Python objects) stands for the rest.
+SIZE_WALK_NODES = 4096
+WORST_DECODE_RATIO = 24
+
+
+def decoded_size(obj: Any, wire: int = 0) -> int:
+    """Bytes `obj` (decoded JSON: dicts, lists, str, numbers) holds as Python objects, at least `wire`.
+    A walk of at most SIZE_WALK_NODES objects; a larger one is counted at WORST_DECODE_RATIO x `wire`."""
+    total, stack, budget = 0, [obj], SIZE_WALK_NODES
+    while stack:
+        budget -= 1
+        if budget < 0:
+            return max(total, wire * WORST_DECODE_RATIO)
+        o = stack.pop()
+        total += sys.getsizeof(o)
+        if type(o) is dict:
+            stack.extend(o.keys())
+            stack.extend(o.values())
+        elif type(o) is list:
+            stack.extend(o)
+    return max(total, wire)
+
+
+class Encoded:
+    """A finished job's result held as the JSON it came as; JobFuture.result() decodes it at each read."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: nfp.Frame) -> None:
+        self.raw = raw
+
+
 class JobFuture(Future[Any]):
     """A submitted job: `result()` gives the dictionary keyed by worker name, or raises.
 
@@ -87,7 +121,14 @@ class JobFuture(Future[Any]):
         self.trace_rejected = 0  # figures of its trace that were no duration (counted when it is built)
         # Seconds its submitter held the job before submit() (the API's hop), set by the submitter.
         self.held_before = 0.0
+        self.answered: list[str] | None = None  # the workers whose answers make its result, once it ended
         self.add_done_callback(self._notify)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The result dictionary keyed by worker name (decoded anew at each call when its client keeps
+        results encoded: `Client(encoded_results=True)`), or the job's error raised."""
+        value = super().result(timeout)
+        return nfp.loads(value.raw) if type(value) is Encoded else value
 
     @property
     def trace(self) -> dict[str, Any] | None:
@@ -101,7 +142,8 @@ class JobFuture(Future[Any]):
 
     @property
     def size(self) -> int:
-        """Bytes this future holds: its results and events (what a table of finished jobs must bound)."""
+        """Bytes this future holds: its results (their JSON, as an encoded result holds them) and its
+        events (as decoded objects), what a table of finished jobs must bound."""
         return self.result_bytes + self.events_bytes
 
     @property
@@ -110,8 +152,8 @@ class JobFuture(Future[Any]):
         return lazy(self, "_changed", threading.Condition)
 
     def add_event(self, event: dict[str, Any], size: int = 0) -> None:
-        """Keep `event` (`size`: its bytes); the oldest go first past the count or byte bound, each
-        taking its own size with it (the worker's job store keeps them all)."""
+        """Keep `event` (`size`: the bytes it holds, see decoded_size); the oldest go first past the count
+        or byte bound, each taking its own size with it (the worker's job store keeps them all)."""
         with self.changed:
             events, sizes = self.events, self._event_sizes
             if len(events) == events.maxlen:
@@ -195,6 +237,7 @@ class ClientJob:
     resubmitted: bool = False  # POSTed again after the broker came back: the job may have run before
     follow_task: bool = False  # no `retries` asked: a failed attempt runs again as its task declares
     results_size: int = 0  # bytes of this attempt's result payloads (let go of when it is retried)
+    raw_result: nfp.Frame | None = None  # the one answer that is its whole result, as it came (encoded_results)
     sent: float = 0.0  # monotonic: this attempt was submitted (its hop trace's start)
     traces: dict[str, tuple[float, bytes]] | None = None  # worker -> (seconds to its answer, its trace frame)
     trace_rejected: int = 0  # figures of trace frames that were no duration (or frames of a wrong length)
@@ -288,6 +331,7 @@ class ClientJob:
         self.body = payloads.with_attempt(self.body, self.attempt)
         self.expected = None
         self.results, self.statuses, self.lost, self.refused = {}, {}, set(), None
+        self.raw_result = None
         self.future.timings["retried"] = time.time()
         for step in ("queued", "dispatched", "started"):
             self.future.timings.pop(step, None)
@@ -404,6 +448,9 @@ class ClientJob:
         fut.result_bytes += len(reply.payload)
         if reply.trace is not None and len(payload) == 1:
             self._traced(str(next(iter(payload))), reply.trace, now)
+        # The whole result as it came, while one answer of a first attempt is all of it (later attempts
+        # rewrite their entries' uuid, several answers merge): what an encoded result keeps.
+        self.raw_result = reply.payload if not self.results and self.attempt == 1 else None
         for worker, entry in payload.items():
             if self.attempt > 1 and isinstance(entry, dict):
                 entry["juuid"], entry["attempt"] = self.uuid, self.attempt  # the job's own uuid, not the wire's
@@ -433,6 +480,13 @@ class ClientJob:
             t, frame = traces[last]
             traces[last] = (max(t, now - self.sent), frame)
             self.future._trace_from = traces
+
+    def encoded(self, results: dict[str, Any]) -> Encoded:
+        """`results` (its outcome) held as JSON: the answer's own bytes when it was one answer."""
+        raw = self.raw_result
+        if raw is None or len(results) != 1:
+            raw = nfp.dumps(results)
+        return Encoded(raw)
 
     def outcome(self) -> tuple[dict[str, Any] | None, JobError | None]:
         """The finished job's result dictionary, or the error to raise."""

@@ -22,6 +22,7 @@ from zfab.errors import (
     OutcomeUnknownError,
     WorkerLostError,
 )
+from zfab.client.clientjob import decoded_size
 from zfab.transport import FakeClock, StubLoop, StubTransport
 
 INTERVAL, MULTIPLIER = 1.0, 3
@@ -386,10 +387,11 @@ def test_a_jobs_event_bytes_count_the_events_it_holds_not_every_event_it_saw(clo
         from_broker(c, fut.uuid, nfp.ST_DISPATCHED, {"workers": ["w1"]})
         for n in range(1000):
             from_broker(c, fut.uuid, nfp.ST_OK, _event_of(n, 100), command=nfp.EVENT)
-        # Then it holds the last 200, says so, and counts their 20,000 bytes (not 100,000)
+        # Then it holds the last 200, says so, and counts what those 200 hold (not what 1,000 did)
         assert [e["n"] for e in fut.events] == list(range(800, 1000))
         assert fut.events_dropped == 800
-        assert fut.events_bytes == 200 * 100
+        assert fut.events_bytes == sum(decoded_size(e) for e in fut.events)
+        assert 200 * 100 <= fut.events_bytes < 1000 * decoded_size(fut.events[0])
     finally:
         c.close()
 
@@ -404,6 +406,19 @@ def test_events_of_mixed_sizes_are_uncounted_with_their_own_size_when_the_byte_b
     for n, size in enumerate(sizes):
         from_broker(client, fut.uuid, nfp.ST_OK, _event_of(n, size), command=nfp.EVENT)
     # Then the bytes it reports are the bytes of exactly the events it still holds, within the bound
-    held = [sizes[e["n"]] for e in fut.events]
+    held = [decoded_size(e, sizes[e["n"]]) for e in fut.events]
     assert fut.events_bytes == sum(held) <= 1024 * 1024
-    assert fut.events_dropped == len(sizes) - len(held)
+    assert fut.events_dropped == len(sizes) - len(held) > 0
+
+
+def test_a_decoded_events_size_is_what_its_objects_take_not_its_wire_bytes() -> None:
+    import tracemalloc
+
+    for raw in (b"[" + b",".join(b"[%d]" % i for i in range(1000, 3000)) + b"]", nfp.dumps(_event_of(1, 300))):
+        tracemalloc.start()
+        obj = nfp.loads(raw)
+        taken = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        assert taken * 0.8 <= decoded_size(obj, len(raw)) <= taken * 2.5, (len(raw), taken)
+    huge = [[i] for i in range(100_000)]  # past the walk's budget: the worst ratio stands for the rest
+    assert decoded_size(huge, 900_000) >= 900_000 * 24

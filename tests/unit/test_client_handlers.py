@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from zfab import Client, Settings
+from zfab.client.clientjob import decoded_size
 from zfab.core import protocol as nfp
 from zfab.errors import (
     BusyError,
@@ -22,7 +23,6 @@ from zfab.errors import (
     OutcomeUnknownError,
     WorkerLostError,
 )
-from zfab.client.clientjob import decoded_size
 from zfab.transport import FakeClock, StubLoop, StubTransport
 
 INTERVAL, MULTIPLIER = 1.0, 3

@@ -146,7 +146,7 @@ def test_one_callers_delayed_jobs_fill_only_its_share_and_others_are_still_serve
         assert http.delete(f"/jobs/{job.json()['uuid']}", headers=a).status_code == 202
     for job in held:
         uuid = job.json()["uuid"]
-        wait_for(lambda: http.get(f"/jobs/{uuid}", headers=a).json()["state"] == "cancelled", 15, what="cancelled")
+        wait_for(lambda u=uuid: http.get(f"/jobs/{u}", headers=a).json()["state"] == "cancelled", 15, what="cancel")
     assert http.post("/jobs?wait=5", json={**late, "delay": 0}, headers=a).status_code == 200
     text = http.get("/metrics").text
     assert metric(text, "zfab_api_caller_share_refused_total", '{bound="jobs"}') == 1

@@ -18,23 +18,41 @@ def events(n: int, topic: str, size: int = 0) -> list[dict[str, object]]:
     return [{"topic": topic, "n": i, "pad": "x" * size} for i in range(n)]
 
 
-def test_an_event_wakes_only_the_streams_it_is_for_and_moves_idle_ones_past_it() -> None:
+def test_an_event_wakes_only_the_streams_it_is_for_and_leaves_idle_ones_untouched() -> None:
     async def run() -> None:
         h = hub()
         h._loop = asyncio.get_running_loop()
         idle = [h.join(f"job.other{i}.", 0) for i in range(100)]
         waiting = [h.arm(r) for r in idle]
-        fan = h.join("job.demo.", 0)
-        woken = h.arm(fan)
+        fan, every = h.join("job.demo.", 0), h.join("", 0)
+        woken = [h.arm(fan), h.arm(every)]
         h._add(events(3, "job.demo.echo.completed"))
         await asyncio.sleep(0.01)  # the hub's wake-up runs
-        assert woken.done()
+        assert all(w.done() for w in woken)
         assert not any(w.done() for w in waiting)  # a hundred idle readers did not run
-        assert {r.last for r in idle} == {3}  # and need not read those three again
-        last, missed, frames = h.after(idle[0].last, idle[0].topic)
-        assert (last, missed, frames) == (3, 0, [])
         last, missed, frames = h.after(0, "job.demo.")
         assert last == 3 and missed == 0 and [json.loads(f.split(b"data: ")[1])["n"] for f in frames] == [0, 1, 2]
+        # An idle reader's ping: it skips what the hub looked at for it, and reads nothing
+        h.idle(idle[0])
+        assert h.after(idle[0].last, idle[0].topic) == (3, 0, [])
+
+    asyncio.run(run())
+
+
+def test_an_idle_reader_is_never_told_it_missed_events_that_were_not_for_it() -> None:
+    async def run() -> None:
+        h = TopicHub("tcp://127.0.0.1:1", None, capacity=10, max_bytes=1 << 20, max_streams=10)
+        h._loop = asyncio.get_running_loop()
+        r = h.join("job.demo.", 0)
+        h.arm(r)
+        for _ in range(5):  # 50 events for others: the ring of 10 forgot 40 of them
+            h._add(events(10, "job.other.echo.completed"))
+            await asyncio.sleep(0)
+        h._add(events(1, "job.demo.echo.completed"))
+        await asyncio.sleep(0.01)
+        assert r.waiter is None  # woken, for its one event
+        last, missed, frames = h.after(r.last, r.topic)
+        assert missed == 0 and len(frames) == 1 and last == 51
 
     asyncio.run(run())
 

@@ -9,9 +9,10 @@ EventSource sends `Last-Event-ID` and resumes after it, within what the ring sti
 
 The hub's pump thread moves events from the subscriber (whose SUB socket its own thread owns)
 into the ring and hands each batch's topics to the event loop with one call_soon_threadsafe. There
-only the streams whose prefix one of those topics starts with are woken; an idle stream (its prefix
-matched nothing) is moved past the batch where it stands, without running, so a hundred idle
-readers cost a string comparison each per batch, not a wake-up. A stream sends at most CHUNK_BYTES
+only the streams whose prefix one of those topics starts with are found (streams are grouped by
+prefix, and a topic's prefixes of the lengths in use are looked up) and woken; an idle stream is not
+touched at all, and when it wakes (an event for it, or its ping) it skips what the hub has looked at
+for it meanwhile, so it never reports as missed what was never for it. A stream sends at most CHUNK_BYTES
 of frames at a time and reads on only once they are out, so a reader that reads nothing pins one
 chunk and the server's write buffer, never the ring.
 """
@@ -99,7 +100,10 @@ class TopicHub:
         self._thread: threading.Thread | None = None
         self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._readers: set[Reader] = set()  # bounded by max_streams
+        # Streams by prefix (bounded by max_streams), and how many use each prefix length.
+        self._groups: dict[str, set[Reader]] = {}
+        self._lengths: dict[int, int] = {}
+        self.woken_until = 0  # the last event id whose batch has been looked at for the streams
         self._starting = asyncio.Lock()
 
     @property
@@ -172,23 +176,39 @@ class TopicHub:
 
     def _wake(self, first: int, last: int, topics: tuple[str, ...]) -> None:
         """Events `first`..`last` with these topics are in the ring: wake the streams they are for."""
-        for r in self._readers:
-            w = r.waiter
-            if w is None or w.done():
-                continue  # running: it reads the ring itself before it waits again
-            if any(t.startswith(r.topic) for t in topics):
-                r.waiter = None
-                w.set_result(None)
-            elif r.last >= first - 1:
-                r.last = max(r.last, last)  # nothing here for it: past the batch without waking
+        groups = self._groups
+        for t in topics:
+            for n in self._lengths:
+                group = groups.get(t[:n]) if len(t) >= n else None
+                for r in group or ():
+                    w = r.waiter
+                    if w is not None and not w.done():  # waiting: nothing before `first` was for it
+                        r.last = max(r.last, first - 1)
+                        r.waiter = None
+                        w.set_result(None)
+        self.woken_until = last
 
     def join(self, topic: str, last: int) -> Reader:
         reader = Reader(topic, last)
-        self._readers.add(reader)
+        self._groups.setdefault(topic, set()).add(reader)
+        self._lengths[len(topic)] = self._lengths.get(len(topic), 0) + 1
         return reader
 
     def leave(self, reader: Reader) -> None:
-        self._readers.discard(reader)
+        group = self._groups.get(reader.topic)
+        if group is None or reader not in group:
+            return
+        group.discard(reader)
+        if not group:
+            del self._groups[reader.topic]
+        n = len(reader.topic)
+        self._lengths[n] -= 1
+        if not self._lengths[n]:
+            del self._lengths[n]
+
+    def idle(self, reader: Reader) -> None:
+        """`reader` waited a ping interval without a wake-up: no event the hub has looked at was for it."""
+        reader.last = max(reader.last, self.woken_until)
 
     def arm(self, reader: Reader) -> asyncio.Future[None]:
         """What wakes `reader` when an event for it arrives (event loop only)."""
@@ -336,6 +356,7 @@ async def topic_events(
                 try:
                     await asyncio.wait_for(waiter, ping)
                 except TimeoutError:
+                    hub.idle(reader)
                     yield PING
                 finally:
                     reader.waiter = None

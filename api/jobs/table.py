@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from zfab import JobFuture, final_state
+from zfab import JobFuture, decoded_size, final_state
 from zfab.errors import BackpressureError, BrokerUnavailableError, BusyError, ClosedError, JobError, NoWorkersError
 
 from ..models import Attempt, Job, JobErrorInfo, JobRequest, JobState
@@ -40,6 +40,12 @@ IDEMPOTENCY_NAMESPACE = uuidlib.UUID("6f1b7f4e-2c55-4f0e-9d43-0b7d7cf0a6a1")
 def job_uuid_for_key(key: str, principal: str) -> str:
     """The job uuid an Idempotency-Key stands for; scoped by caller so two tokens never share jobs."""
     return uuidlib.uuid5(IDEMPOTENCY_NAMESPACE, f"{principal}\x00{key}").hex
+
+
+def stored_size(job: Job, raw: int) -> int:
+    """What a job's view read back from the database (`raw` bytes of JSON) holds in memory: its results
+    as the objects they decoded to, and about its JSON's size again for the rest of the model."""
+    return decoded_size(job.results, raw) + raw if job.results else 2 * raw
 
 
 def encode_request(req: JobRequest) -> bytes:
@@ -99,6 +105,7 @@ class JobRecord:
     counted: int = 0  # bytes of it the table counts (settled when the job finishes)
     cancel_requested: bool = False
     stored: Job | None = None
+    stored_bytes: int = 0  # what `stored` holds in memory (see stored_size)
     ran_on: list[str] = field(default_factory=list)  # workers known to run it, from the database
     # Shared store (PostgreSQL): the replica holding the job's future, and what of its events is written.
     owner: str = ""
@@ -139,10 +146,11 @@ class JobRecord:
 
     @property
     def size(self) -> int:
-        """Bytes the record holds in memory: its request's JSON, its future's results and events."""
+        """Bytes the record holds in memory: its request's JSON, its future's results and events, and
+        the view of it the database gave (a job known from before a restart)."""
         fut = self.future
         raw = self.request_json
-        return (fut.size if fut is not None else 0) + (len(raw) if raw is not None else 0)
+        return (fut.size if fut is not None else 0) + (len(raw) if raw is not None else 0) + self.stored_bytes
 
     @property
     def done(self) -> bool:

@@ -18,7 +18,7 @@ from pathlib import Path
 from zfab.errors import ClosedError
 from zfab.storage import open_sqlite
 
-from ..jobs.table import JobRecord
+from ..jobs.table import JobRecord, stored_size
 from ..models import Job, JobState
 
 log = logging.getLogger(__name__)
@@ -115,6 +115,7 @@ def record_of(
         cancel_requested=stored.cancel_requested,
         stored=stored,
         ran_on=json.loads(workers),
+        stored_bytes=stored_size(stored, len(job)),  # counted by the table, which bounds what it holds
         request_json=request.encode() if request else None,  # decoded when read: see JobRecord.request
         priority=stored.priority,
         retries=stored.retries,

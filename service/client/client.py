@@ -405,6 +405,7 @@ class Client(ClientSession):
                 body = handle
         job = ClientJob(juuid, service, target, body, flags, fut, now + timeout, now, mmi=mmi, retries_left=retries)
         job.expected = expected  # known already when recovering a job by GET
+        job.keep_raw = self.encoded_results
         job.fields = fields
         job.follow_task = follow_task
         job.sent = now if began is None else began

@@ -79,7 +79,7 @@ class Encoded:
 
     __slots__ = ("raw",)
 
-    def __init__(self, raw: nfp.Frame) -> None:
+    def __init__(self, raw: bytes) -> None:
         self.raw = raw
 
 
@@ -237,7 +237,8 @@ class ClientJob:
     resubmitted: bool = False  # POSTed again after the broker came back: the job may have run before
     follow_task: bool = False  # no `retries` asked: a failed attempt runs again as its task declares
     results_size: int = 0  # bytes of this attempt's result payloads (let go of when it is retried)
-    raw_result: nfp.Frame | None = None  # the one answer that is its whole result, as it came (encoded_results)
+    keep_raw: bool = False  # its client keeps results encoded: the answer that is its whole result is kept
+    raw_result: bytes | None = None  # that answer, as it came (a copy of a view: a mapping is given back)
     sent: float = 0.0  # monotonic: this attempt was submitted (its hop trace's start)
     traces: dict[str, tuple[float, bytes]] | None = None  # worker -> (seconds to its answer, its trace frame)
     trace_rejected: int = 0  # figures of trace frames that were no duration (or frames of a wrong length)
@@ -450,7 +451,8 @@ class ClientJob:
             self._traced(str(next(iter(payload))), reply.trace, now)
         # The whole result as it came, while one answer of a first attempt is all of it (later attempts
         # rewrite their entries' uuid, several answers merge): what an encoded result keeps.
-        self.raw_result = reply.payload if not self.results and self.attempt == 1 else None
+        keep = self.keep_raw and not self.results and self.attempt == 1
+        self.raw_result = bytes(reply.payload) if keep else None
         for worker, entry in payload.items():
             if self.attempt > 1 and isinstance(entry, dict):
                 entry["juuid"], entry["attempt"] = self.uuid, self.attempt  # the job's own uuid, not the wire's

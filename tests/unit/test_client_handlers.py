@@ -422,3 +422,28 @@ def test_a_decoded_events_size_is_what_its_objects_take_not_its_wire_bytes() -> 
         assert taken * 0.8 <= decoded_size(obj, len(raw)) <= taken * 2.5, (len(raw), taken)
     huge = [[i] for i in range(100_000)]  # past the walk's budget: the worst ratio stands for the rest
     assert decoded_size(huge, 900_000) >= 900_000 * 24
+
+
+def test_an_encoded_results_client_holds_the_answer_as_it_came_and_decodes_it_at_each_read(
+    clock: FakeClock,
+) -> None:
+    s = Settings(keepalive_interval=INTERVAL, keepalive_multiplier=MULTIPLIER)
+    c = Client(settings=s, name="t", transport=StubTransport(clock), clock=clock, encoded_results=True).start()
+    try:
+        data = [[i] for i in range(10_000)]  # past 64 KiB: a frame the client reads as a view
+        one = c.submit("demo", "echo", kwargs={"data": data}, timeout=5)
+        answer = nfp.dumps({"w1": {"result": data, "failed": False}})
+        buf = bytearray(answer)  # a view onto memory that is reused once read (a shared-memory block)
+        stub(c).feed([b"", nfp.BROKER, nfp.RESPONSE, b"demo", one.uuid.encode(), nfp.ST_OK, memoryview(buf)])
+        buf[:] = b" " * len(buf)
+        # Then it holds the answer's bytes, not the objects, and each read decodes them anew
+        assert one.state == "completed" and one.answered == ["w1"]
+        assert one.result(0) == {"w1": {"result": data, "failed": False}}
+        assert one.result(0) is not one.result(0) and one.size >= len(answer)
+        both = c.submit("demo", "echo", workers="all", timeout=5)
+        from_broker(c, both.uuid, nfp.ST_DISPATCHED, {"workers": ["w1", "w2"]})
+        from_broker(c, both.uuid, nfp.ST_OK, {"w1": {"result": 1, "failed": False}})
+        from_broker(c, both.uuid, nfp.ST_OK, {"w2": {"result": 2, "failed": False}})
+        assert both.result(0) == {"w1": {"result": 1, "failed": False}, "w2": {"result": 2, "failed": False}}
+    finally:
+        c.close()

@@ -17,6 +17,17 @@ class ApiSettings(Settings):
     api_tokens: str = Field(
         "", description="Comma-separated bearer tokens; empty = no auth, loopback clients only", repr=False
     )
+    api_hosts: str = Field(
+        "localhost",
+        description="Comma-separated host names the API answers to (its Host header), beside any IP address: "
+        "a name, `.example.com` for a domain and its subdomains, `*` for any. Other names get a 400, so a page "
+        "whose name is re-pointed at the API (DNS rebinding) reads and changes nothing",
+    )
+    api_origins: str = Field(
+        "",
+        description="Comma-separated origins (`https://ui.example.com`) besides the API's own whose pages may "
+        "send it state-changing requests; a browser's POST, PUT, PATCH or DELETE from any other is a 403",
+    )
     api_access_log: bool = Field(False, description="Log one line per HTTP request (costly under load)")
     job_history: int = Field(10_000, ge=1, description="Recent jobs the API remembers for GET /jobs")
     job_history_bytes: int = Field(
@@ -57,10 +68,24 @@ class ApiSettings(Settings):
         16 * 1024 * 1024, ge=1024, description="Bytes of broker events the API holds for GET /events"
     )
     api_event_streams: int = Field(100, ge=1, description="GET /events streams open at once (503 beyond)")
+    api_caller_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Share of the jobs in flight (ZFAB_MAX_CLIENT_JOBS) and of their bytes "
+        "(ZFAB_CLIENT_INFLIGHT_BYTES) "
+        "one caller (a token; anonymous callers are one) may hold; its next job is a 429 naming the bound",
+    )
     max_schedules: int = Field(1000, ge=1, description="Most periodic schedules the API keeps (POST /schedules)")
 
     def default_api_db(self) -> str:
         return str(Path(self.data_dir).expanduser() / "api" / "jobs.sqlite")
+
+    def host_list(self) -> list[str]:
+        return [h.strip() for h in self.api_hosts.split(",") if h.strip()]
+
+    def origin_list(self) -> list[str]:
+        return [o.strip() for o in self.api_origins.split(",") if o.strip()]
 
     def token_list(self) -> list[str]:
         return [t.strip() for t in self.api_tokens.split(",") if t.strip()]

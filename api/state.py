@@ -18,6 +18,7 @@ from .settings import ApiSettings
 if TYPE_CHECKING:
     from .jobs.admission import TaskSchemas
     from .jobs.cluster import Cluster
+    from .jobs.shares import CallerShares
     from .jobs.table import JobTable
     from .replicas.coordination import Replicas
     from .store.base import JobStore, ScheduleBackend
@@ -38,3 +39,4 @@ class ApiState:
     # `cluster` (the interface api/jobs/cluster.py defines); `replicas` is for the lifespan and /readyz.
     replicas: Replicas | None = None
     cluster: Cluster | None = None
+    shares: CallerShares | None = None  # each caller's share of the jobs in flight (api/jobs/shares.py)

@@ -8,7 +8,7 @@ with Client(broker="tcp://127.0.0.1:5555") as c:
 from . import errors
 from .broker.broker import Broker
 from .client.client import Client
-from .client.clientjob import JobFuture
+from .client.clientjob import JobFuture, decoded_size
 from .client.filestream import FileStream
 from .client.subscriber import Subscriber, SubscriptionError
 from .core.ids import new_uuid as new_job_uuid
@@ -41,6 +41,7 @@ __all__ = [
     "SubscriptionError",
     "Worker",
     "check_arguments",
+    "decoded_size",
     "final_state",
     "job_deadline",
     "new_job_uuid",

@@ -20,6 +20,7 @@ from zfab.metrics import ClientMetrics, FabricCollector, version
 from ..fabric import FabricView
 from ..jobs.admission import TaskSchemas
 from ..jobs.recovery import recover_unfinished
+from ..jobs.shares import CallerShares
 from ..jobs.table import JobTable
 from ..settings import ApiSettings
 from ..state import ApiState
@@ -27,7 +28,9 @@ from ..store.persister import Persister
 from ..stores import open_stores
 from . import console, docs, lean, problems
 from .auth import TokenSet
+from .jobmetrics import JobTableCollector
 from .middleware import BodyLimitMiddleware, ContentTypeMiddleware, HeadMiddleware, HttpMetrics, MetricsMiddleware
+from .origins import OriginGuardMiddleware
 from .routes import events, files, jobs, mmi, ops, schedules, topics
 
 log = logging.getLogger(__name__)
@@ -105,14 +108,24 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         # The client's socket is owned by this event loop (service/transport/aioloop.py): a job is
         # queued from its handler and sent in one pass at the end of the loop's iteration, its replies
         # read here, so no thread is handed over to and no future bridged between threads.
+        # encoded_results: a finished job's result is held as the JSON it came as (the table counts what it
+        # holds: decoded, a nested result is many times its bytes) and decoded when read.
         client = Client(
-            broker=s.broker, name="api", settings=client_settings, queued_notice=0, transport=AioTransport()
+            broker=s.broker,
+            name="api",
+            settings=client_settings,
+            queued_notice=0,
+            transport=AioTransport(),
+            encoded_results=True,
         )
         client.start()
         # Merged with the fabric's families: both export zfab_queue_depth, and a family may appear once.
         client_metrics = ClientMetrics(client, registry, register=False)
         view = FabricView(client, s.mmi_cache_seconds)
-        merged = MergedCollector([client_metrics, FabricCollector(view.snapshot, role="api")])
+        shares = CallerShares(s.max_client_jobs, s.client_inflight_bytes, s.api_caller_share)
+        merged = MergedCollector(
+            [client_metrics, FabricCollector(view.snapshot, role="api"), JobTableCollector(table, shares)]
+        )
         registry.register(merged)
         persister = Persister(store, table, s.broker) if store is not None else None
         if persister is not None:
@@ -127,6 +140,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             persister=persister,
             schedules=stores.schedules,
             replicas=stores.replicas,
+            shares=shares,
         )
         if stores.replicas is not None:
             # PostgreSQL only (psycopg is not imported otherwise): the job layer reaches the others
@@ -195,5 +209,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.add_middleware(HeadMiddleware, routes=app.router.routes)
     app.add_middleware(ContentTypeMiddleware, routes=app.router.routes)
     app.add_middleware(BodyLimitMiddleware, max_bytes=s.max_request_bytes)
+    # Before anything reads the request: a rebound Host or another origin's page gets nothing (api/http/origins.py).
+    app.add_middleware(OriginGuardMiddleware, hosts=s.host_list(), origins=s.origin_list())
     app.add_middleware(MetricsMiddleware, metrics=HttpMetrics(registry))
     return app

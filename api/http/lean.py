@@ -74,7 +74,8 @@ class LeanSubmitRoute(BaseRoute):
         body = b"".join(chunks)
         began = time.monotonic()  # read: the job's `api` hop (its hop trace) starts
         req: JobRequest | None = None
-        if st is not None and _authorized(app.state.tokens, scope):
+        caller = _caller(app.state.tokens, scope) if st is not None else None
+        if caller is not None:
             try:
                 req = JobRequest.model_validate_json(body)
             except ValidationError:
@@ -84,7 +85,11 @@ class LeanSubmitRoute(BaseRoute):
             return
         query = scope.get("query_string", b"")
         bound = min(float(query[5:]), st.settings.default_wait_max) if query else None
-        rec, fresh = await submit(st, req, None, "", bound, began=began)
+        # The coroutine holds the request until it has submitted it; this frame lets go of it now, so a
+        # long ?wait does not pin its decoded arguments (the table holds its JSON, `body`, counted).
+        submitting = submit(st, req, None, "", bound, began=began, raw=body, caller=caller)
+        del req
+        rec, fresh = await submitting
         answer = submitted(st, rec, fresh, bound, scope.get("root_path", ""), False)
         await answer(scope, receive, send)
 
@@ -102,16 +107,15 @@ class LeanSubmitRoute(BaseRoute):
         await scope["app"].router(scope, replay, send)
 
 
-def _authorized(tokens: TokenSet, scope: Scope) -> bool:
-    """What require_auth accepts (the same principal_of); False sends the request to the documented
-    route, which gives the 401 or 403."""
+def _caller(tokens: TokenSet, scope: Scope) -> str | None:
+    """The principal require_auth accepts (the same principal_of); None sends the request to the
+    documented route, which gives the 401 or 403."""
     client = scope.get("client")
     token = next((v[7:].decode("latin-1").strip() for n, v in scope["headers"] if n == b"authorization"), None)
     try:
-        principal_of(tokens, client[0] if client else None, token)
+        return principal_of(tokens, client[0] if client else None, token)
     except ProblemError:
-        return False
-    return True
+        return None
 
 
 def install(app: Any) -> None:

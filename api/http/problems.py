@@ -149,12 +149,14 @@ def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
         400: "The fabric rejected the request (unknown task, bad arguments), or the body is not JSON "
         "(`detail` names the line and column)",
         401: "Missing or wrong bearer token",
-        403: "No token configured and the client is not on loopback",
+        403: "No token configured and the client is not on loopback, or a browser's request from another origin",
         404: "Not found",
         409: "Conflicts with the job's state: it already finished, or its Idempotency-Key was used for another request",
         413: "Request body too large",
         415: "The body is not `application/json`",
         422: "Invalid request: `detail` names each bad field",
+        429: "The caller holds its share of the jobs in flight (ZFAB_API_CALLER_SHARE; `bound` names which); "
+        "retry after `Retry-After` seconds",
         503: "The fabric is unreachable, full, or has no live worker; retry after `Retry-After` seconds",
         504: "The fabric did not answer in time",
     }
@@ -164,7 +166,7 @@ def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
             "description": text[code],
             "content": {MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
         }
-        if code == 503:
+        if code in (429, 503):
             entry["headers"] = {"Retry-After": {"description": "Seconds to wait", "schema": {"type": "string"}}}
         if code == 401:
             entry["headers"] = {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}}

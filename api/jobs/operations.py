@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from zfab import JobFuture
 from zfab.errors import BadRequestError, JobNotFoundError, JobTimeoutError, ZfabError
 
 from ..errors import ProblemError, admission_problem, database_unavailable, from_fabric_error, unavailable
@@ -19,8 +20,9 @@ from ..models import InputAnswer, Job, JobRequest, JobState
 from ..state import ApiState
 from .admission import check_job
 from .recovery import ensure_live
+from .shares import CallerShares
 from .submit import submit_record
-from .table import JobRecord
+from .table import JobRecord, encode_request
 
 # How long POST /jobs waits for the broker to admit a job. A broker that just started holds a POST
 # for a service none of its workers confirmed yet for its startup grace (a few seconds).
@@ -37,11 +39,14 @@ async def submit(
     *,
     retry_of: str | None = None,
     began: float | None = None,
+    raw: bytes | None = None,
+    caller: str | None = None,
 ) -> tuple[JobRecord, bool]:
     """POST /jobs: submit the job (or find the one its Idempotency-Key names: `uuid` and the request's
     fingerprint `fp`), wait until the broker admitted it and, with a `bound`, up to that long for its
     end. The record as it then stands, and whether this call started it (`fresh`). `began`: the
-    monotonic time the request was read (the job's `api` hop runs from then to its submission)."""
+    monotonic time the request was read (the job's `api` hop runs from then to its submission). `caller`:
+    the principal a new job counts for while it is in flight (api/jobs/shares.py); None: no caller's."""
     cluster = st.cluster
     if cluster is not None and not cluster.ok:
         # A job this replica could not record would be invisible to the others (and an Idempotency-Key
@@ -70,13 +75,22 @@ async def submit(
     if rec is None or fresh:
         try:
             await check_job(st.schemas, st.client, req)
-            rec = submit_record(st, req, uuid, fp, persist=not deferred, retry_of=retry_of, began=began)
+            shares = st.shares if caller is not None else None
+            if shares is not None and caller is not None:
+                raw = raw if raw is not None else encode_request(req)
+                shares.check(caller, len(raw))
+            rec = submit_record(st, req, uuid, fp, persist=not deferred, retry_of=retry_of, began=began, raw=raw)
+            if shares is not None and caller is not None and rec.future is not None:
+                held(shares, caller, rec.future, len(raw or b""))
         except Exception:
             if claimed and uuid is not None and cluster is not None:
                 await cluster.release(uuid)
             raise
     elif not rec.remote:
         await ensure_live(st, rec)
+    # Submitted (or found): the decoded request is not held while the job is waited for; the table
+    # holds its JSON, counted (a 4 MB nested argument is 70 MB as Python objects).
+    del req
     waited = 0.0
     if not rec.remote:
         if bound is not None and rec.live is not None:
@@ -91,6 +105,12 @@ async def submit(
     if cluster is not None:
         await cluster.settled(rec, started=fresh)
     return rec, fresh
+
+
+def held(shares: CallerShares, caller: str, fut: JobFuture, size: int) -> None:
+    """The job counts for `caller` until its future ends (on whichever thread ends it)."""
+    shares.hold(caller, size)
+    fut.add_done_callback(lambda _: shares.release(caller, size))
 
 
 async def admitted(rec: JobRecord, timeout: float = ADMISSION_TIMEOUT) -> None:
@@ -179,7 +199,7 @@ def _conflict(uuid: str, slug: str, title: str, detail: str) -> ProblemError:
     return ProblemError(409, slug, title, detail, job=uuid)
 
 
-async def retry_job(st: ApiState, rec: JobRecord, bound: float | None) -> JobRecord:
+async def retry_job(st: ApiState, rec: JobRecord, bound: float | None, caller: str | None = None) -> JobRecord:
     """POST /jobs/{uuid}/retry: submit a finished job that did not complete again, with the same
     request, as a new job linked to it (`retry_of`, and the old one's `retried_as`). The new job
     as it stands once admitted, or once it ended within `bound` seconds."""
@@ -203,7 +223,7 @@ async def retry_job(st: ApiState, rec: JobRecord, bound: float | None) -> JobRec
         )
     rec.retrying = True  # a second retry arriving while this one awaits the broker is refused, not run twice
     try:
-        new, _ = await submit(st, rec.request, None, "", None, retry_of=uuid)
+        new, _ = await submit(st, rec.request, None, "", None, retry_of=uuid, raw=rec.request_json, caller=caller)
     finally:
         rec.retrying = False
     rec.retried_as = new.uuid

@@ -13,7 +13,7 @@ from zfab.errors import ZfabError
 from ..errors import from_fabric_error, unavailable
 from ..models import JobRequest
 from ..state import ApiState
-from .table import JobRecord
+from .table import JobRecord, encode_request
 
 
 def submit_record(
@@ -26,12 +26,14 @@ def submit_record(
     persist: bool = True,
     retry_of: str | None = None,
     began: float | None = None,
+    raw: bytes | None = None,
 ) -> JobRecord:
     """Submit a job to the fabric and remember it in the table (POST /jobs, schedules, recovery).
 
     `persist=False`: not written until it changes (an event, its end) or the caller touches it.
     `retry_of`: the dead job this one submits again (POST /jobs/{uuid}/retry). `began`: the monotonic
-    time its request was read, the start of its hop trace's `api` hop."""
+    time its request was read, the start of its hop trace's `api` hop. `raw`: the request's JSON as it
+    came, when the caller has it (else it is encoded): the table holds that, not the decoded request."""
     if not st.client.broker_alive:
         raise unavailable(f"the broker at {st.client.broker} is not answering; retry shortly")
     juuid = uuid or new_job_uuid()
@@ -57,6 +59,18 @@ def submit_record(
         raise from_fabric_error(exc) from None
     # Set before the loop runs again: the API's client answers on this thread, so no reply is read first.
     fut.held_before = held
-    rec = JobRecord(fut.uuid, req.service, req.task, req.workers, fut, fp, req.timeout, request=req, retry_of=retry_of)
+    rec = JobRecord(
+        fut.uuid,
+        req.service,
+        req.task,
+        req.workers,
+        fut,
+        fp,
+        req.timeout,
+        request_json=raw if raw is not None else encode_request(req),
+        priority=req.priority,
+        retries=req.retries,
+        retry_of=retry_of,
+    )
     table.add(rec, persist=persist)
     return rec

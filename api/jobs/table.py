@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from zfab import JobFuture, final_state
+from zfab import JobFuture, decoded_size, final_state
 from zfab.errors import BackpressureError, BrokerUnavailableError, BusyError, ClosedError, JobError, NoWorkersError
 
 from ..models import Attempt, Job, JobErrorInfo, JobRequest, JobState
@@ -33,13 +33,24 @@ REFUSAL_NAMES = frozenset(cls.__name__ for cls in REFUSALS)
 # A recovery (GET from the workers after an API restart) that ended like this tried nothing:
 # the job stays as the database has it, and the next read tries again.
 RECOVERY_RETRY = (*REFUSALS, BrokerUnavailableError)
-DEFAULT_MAX_BYTES = 256 * 1024 * 1024  # results and events of finished jobs the table keeps in memory
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024  # requests, results and events the table keeps in memory
 IDEMPOTENCY_NAMESPACE = uuidlib.UUID("6f1b7f4e-2c55-4f0e-9d43-0b7d7cf0a6a1")
 
 
 def job_uuid_for_key(key: str, principal: str) -> str:
     """The job uuid an Idempotency-Key stands for; scoped by caller so two tokens never share jobs."""
     return uuidlib.uuid5(IDEMPOTENCY_NAMESPACE, f"{principal}\x00{key}").hex
+
+
+def stored_size(job: Job, raw: int) -> int:
+    """What a job's view read back from the database (`raw` bytes of JSON) holds in memory: its results
+    as the objects they decoded to, and about its JSON's size again for the rest of the model."""
+    return decoded_size(job.results, raw) + raw if job.results else 2 * raw
+
+
+def encode_request(req: JobRequest) -> bytes:
+    """A request as the table holds it: its JSON, which JobRecord.request reads back."""
+    return req.model_dump_json().encode()
 
 
 def fingerprint(req: JobRequest) -> str:
@@ -84,11 +95,17 @@ class JobRecord:
     future: JobFuture | None
     fingerprint: str  # of the request, when it came with an Idempotency-Key
     timeout: float = 60.0
-    request: JobRequest | None = None  # what was asked (kept to submit it again after a restart)
+    # What was asked, as its JSON (kept to submit it again, to show it): decoded when read (`request`),
+    # never held decoded, so the table holds and counts its bytes. `priority` and `retries` are read
+    # by every view, so they are kept beside it.
+    request_json: bytes | None = None
+    priority: int = 5
+    retries: int | None = None
     seq: int = 0  # order of arrival in the table (cursor pagination)
     counted: int = 0  # bytes of it the table counts (settled when the job finishes)
     cancel_requested: bool = False
     stored: Job | None = None
+    stored_bytes: int = 0  # what `stored` holds in memory (see stored_size)
     ran_on: list[str] = field(default_factory=list)  # workers known to run it, from the database
     # Shared store (PostgreSQL): the replica holding the job's future, and what of its events is written.
     owner: str = ""
@@ -116,10 +133,24 @@ class JobRecord:
         return fut
 
     @property
+    def request(self) -> JobRequest | None:
+        """What was asked, decoded from its JSON (a new object at each read)."""
+        raw = self.request_json
+        return JobRequest.model_validate_json(raw) if raw is not None else None
+
+    @request.setter
+    def request(self, req: JobRequest | None) -> None:
+        self.request_json = encode_request(req) if req is not None else None
+        if req is not None:
+            self.priority, self.retries = req.priority, req.retries
+
+    @property
     def size(self) -> int:
-        """Bytes the record holds in memory: its future's results and events."""
+        """Bytes the record holds in memory: its request's JSON, its future's results and events, and
+        the view of it the database gave (a job known from before a restart)."""
         fut = self.future
-        return fut.size if fut is not None else 0
+        raw = self.request_json
+        return (fut.size if fut is not None else 0) + (len(raw) if raw is not None else 0) + self.stored_bytes
 
     @property
     def done(self) -> bool:
@@ -140,6 +171,8 @@ class JobRecord:
         fut = self.live
         if fut is not None and fut.done() and not fut.cancelled():
             exc = fut.exception()
+            if exc is None and fut.answered is not None:  # known without decoding its result
+                return list(fut.answered)
             results = exc.results if isinstance(exc, JobError) else None if exc else fut.result()
             if results:
                 return sorted(results)
@@ -192,7 +225,6 @@ class JobRecord:
             state = JobState.waiting
         started = _started(timings, results)
         finished = _when(timings.get("completed")) if state.finished else None
-        req = self.request
         if not tracebacks and results:
             results = without_tracebacks(results)
         return Job(
@@ -213,8 +245,8 @@ class JobRecord:
             trace=fut.trace if fut.trace is not None else (self.stored.trace if self.stored else None),
             cancel_requested=self.cancel_requested,
             input_request=request,
-            priority=req.priority if req is not None else 5,
-            retries=req.retries if req is not None else None,
+            priority=self.priority,
+            retries=self.retries,
             attempt=fut.attempt,
             attempts=[attempt_of(a, tracebacks=tracebacks) for a in fut.attempts],
             dead=state in DEAD_STATES and self.retried_as is None and not refused_at_admission(fut),
@@ -297,7 +329,7 @@ class JobTable:
             raise ValueError("capacity must be at least 1")
         self.capacity = capacity
         self.max_bytes = max_bytes
-        self.bytes = 0  # results and events of finished jobs held in memory
+        self.bytes = 0  # requests (as JSON) of its jobs, and results and events of finished ones
         self.loop = loop
         # The loop's thread (the table is made on it), where the API's client finishes its jobs: a wake-up
         # from there is a call_soon, not a call_soon_threadsafe and its self-pipe write.
@@ -333,6 +365,8 @@ class JobTable:
             self.bytes -= old.counted
         self._seq += 1
         record.seq = self._seq
+        record.counted = record.size  # its request now; its results and events when it ends (settle)
+        self.bytes += record.counted
         self._jobs[record.uuid] = record
         while len(self._jobs) > self.capacity:
             _, gone = self._jobs.popitem(last=False)
@@ -345,6 +379,7 @@ class JobTable:
             self.watch(record.future)
         if persist:
             self.touch(record.uuid)
+        self.trim()
 
     def watch(self, future: JobFuture) -> None:
         """Persist and wake listeners when `future` (a job's, or its recovery's) finishes."""
@@ -365,6 +400,11 @@ class JobTable:
             size = rec.size
             self.bytes += size - rec.counted
             rec.counted = size
+        self.trim()
+
+    def trim(self) -> None:
+        """Let the oldest finished jobs go while the table holds more than its byte bound (a job not
+        finished yet stays: what it holds is bounded by the jobs in flight, see api/jobs/shares.py)."""
         if self.bytes <= self.max_bytes:
             return
         for old in list(self._jobs.values()):

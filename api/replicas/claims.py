@@ -11,7 +11,7 @@ from contextlib import suppress
 from datetime import UTC, datetime
 
 from ..errors import database_unavailable
-from ..jobs.table import JobRecord
+from ..jobs.table import JobRecord, encode_request
 from ..models import Job, JobRequest, JobState
 from ..state import ApiState
 from .remote import place, read
@@ -38,7 +38,9 @@ async def claim_key(st: ApiState, uuid: str, fp: str, req: JobRequest) -> tuple[
         None,
         fp,
         req.timeout,
-        request=req,
+        request_json=encode_request(req),
+        priority=req.priority,
+        retries=req.retries,
         stored=Job(
             uuid=uuid,
             service=req.service,

@@ -18,8 +18,8 @@ from pathlib import Path
 from zfab.errors import ClosedError
 from zfab.storage import open_sqlite
 
-from ..jobs.table import JobRecord
-from ..models import Job, JobRequest, JobState
+from ..jobs.table import JobRecord, stored_size
+from ..models import Job, JobState
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def row_of(rec: JobRecord, broker: str, *, keep_waiting: bool = False) -> Row:
         job.submitted_at.timestamp(),
         done,
         job.model_dump_json(),
-        rec.request.model_dump_json() if rec.request is not None else None,
+        rec.request_json.decode() if rec.request_json is not None else None,
     )
 
 
@@ -104,7 +104,6 @@ def record_of(
 ) -> JobRecord:
     """A job read back from its row: known only from the database until a read recovers it."""
     stored = Job.model_validate_json(job)
-    asked = JobRequest.model_validate_json(request) if request else None
     return JobRecord(
         uuid=uuid,
         service=service,
@@ -116,7 +115,10 @@ def record_of(
         cancel_requested=stored.cancel_requested,
         stored=stored,
         ran_on=json.loads(workers),
-        request=asked,
+        stored_bytes=stored_size(stored, len(job)),  # counted by the table, which bounds what it holds
+        request_json=request.encode() if request else None,  # decoded when read: see JobRecord.request
+        priority=stored.priority,
+        retries=stored.retries,
         retry_of=stored.retry_of,
         retried_as=stored.retried_as,
     )

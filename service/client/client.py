@@ -72,8 +72,12 @@ class Client(ClientSession):
         queued_notice: float = QUEUED_NOTICE,
         transport: LoopFactory | None = None,
         clock: Clock = time.monotonic,
+        encoded_results: bool = False,
     ) -> None:
-        """`queued_notice`: seconds a job may wait in the broker's queue before the broker says
+        """`encoded_results`: a finished job's future holds its result as the JSON it came as and
+        decodes it at each `result()`, so what a holder of many finished futures keeps (the API's job
+        table) is the bytes that came, not several times as much in Python objects.
+        `queued_notice`: seconds a job may wait in the broker's queue before the broker says
         "queued" (the future's admission and its "queued" timing); a job dispatched sooner costs
         no such message. 0 asks for it at once (the API does: its POST answers with the state).
         `transport` and `clock` are for tests: a StubTransport and its FakeClock (transport/stub.py)."""
@@ -84,6 +88,7 @@ class Client(ClientSession):
         self.acks = acks
         self.push = push
         self.queued_notice = queued_notice
+        self.encoded_results = encoded_results
         self.poll_after = poll_after if poll_after is not None else max(1.0, 2 * s.keepalive_interval)
         self.max_jobs = s.max_client_jobs
         self.clock = clock
@@ -422,6 +427,7 @@ class Client(ClientSession):
         deadline = payloads.job_deadline(now, timeout, delay)
         job = ClientJob(juuid, service, target, body, flags, fut, deadline, now, mmi=mmi, retries_left=retries)
         job.expected = expected  # known already when recovering a job by GET
+        job.keep_raw = self.encoded_results
         job.fields = fields
         job.follow_task = follow_task
         job.sent = now if began is None else began
@@ -499,11 +505,16 @@ class Client(ClientSession):
                 self.on_complete(fut, job.service.decode(errors="replace"), fut.state.value, result)
             except Exception:
                 log.exception("client %s: completion hook failed", self.name)
+        value: Any = result
+        if result is not None and not job.mmi:
+            fut.answered = sorted(result)
+            if self.encoded_results:
+                value = job.encoded(result)
         if self._receiving:
             # A reply in a receive batch: the future is settled when the batch ends, so a caller
             # blocked on the oldest of many pipelined jobs wakes once a batch, not once a job.
             # Each wake-up of a waiting thread also takes a core from this one for a while: the
             # pipelined client's owner was preempted 0.6 times a job, its recv 4x its CPU in wall.
-            self._settle.append((fut, result, error))
+            self._settle.append((fut, value, error))
             return
-        settle_future(fut, result, error)
+        settle_future(fut, value, error)

@@ -7,6 +7,7 @@ No sockets or threads: the client's owner loop calls `apply` for each reply and
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from collections import deque
@@ -50,6 +51,39 @@ _REFUSAL_ERRORS: dict[bytes, type[JobError]] = {
 }
 
 
+# Objects walked to measure what a decoded event holds; past it, the worst ratio JSON decodes at (a
+# list of one-item lists of ints: [[0],[1],...] is ~17x its text as Python objects) stands for the rest.
+SIZE_WALK_NODES = 4096
+WORST_DECODE_RATIO = 24
+
+
+def decoded_size(obj: Any, wire: int = 0) -> int:
+    """Bytes `obj` (decoded JSON: dicts, lists, str, numbers) holds as Python objects, at least `wire`.
+    A walk of at most SIZE_WALK_NODES objects; a larger one is counted at WORST_DECODE_RATIO x `wire`."""
+    total, stack, budget = 0, [obj], SIZE_WALK_NODES
+    while stack:
+        budget -= 1
+        if budget < 0:
+            return max(total, wire * WORST_DECODE_RATIO)
+        o = stack.pop()
+        total += sys.getsizeof(o)
+        if type(o) is dict:
+            stack.extend(o.keys())
+            stack.extend(o.values())
+        elif type(o) is list:
+            stack.extend(o)
+    return max(total, wire)
+
+
+class Encoded:
+    """A finished job's result held as the JSON it came as; JobFuture.result() decodes it at each read."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+
+
 class JobFuture(Future[Any]):
     """A submitted job: `result()` gives the dictionary keyed by worker name, or raises.
 
@@ -70,6 +104,7 @@ class JobFuture(Future[Any]):
         self._admitted: str | None = None
         self._refusal: BaseException | None = None
         self.events: deque[dict[str, Any]] = deque(maxlen=max_events)
+        self._event_sizes: deque[int] = deque()  # each held event's size, in step with `events`
         self.events_bytes = 0
         self.events_dropped = 0
         self.result_bytes = 0
@@ -87,7 +122,14 @@ class JobFuture(Future[Any]):
         self.trace_rejected = 0  # figures of its trace that were no duration (counted when it is built)
         # Seconds its submitter held the job before submit() (the API's hop), set by the submitter.
         self.held_before = 0.0
+        self.answered: list[str] | None = None  # the workers whose answers make its result, once it ended
         self.add_done_callback(self._notify)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The result dictionary keyed by worker name (decoded anew at each call when its client keeps
+        results encoded: `Client(encoded_results=True)`), or the job's error raised."""
+        value = super().result(timeout)
+        return nfp.loads(value.raw) if type(value) is Encoded else value
 
     @property
     def trace(self) -> dict[str, Any] | None:
@@ -101,7 +143,8 @@ class JobFuture(Future[Any]):
 
     @property
     def size(self) -> int:
-        """Bytes this future holds: its results and events (what a table of finished jobs must bound)."""
+        """Bytes this future holds: its results (their JSON, as an encoded result holds them) and its
+        events (as decoded objects), what a table of finished jobs must bound."""
         return self.result_bytes + self.events_bytes
 
     @property
@@ -110,14 +153,20 @@ class JobFuture(Future[Any]):
         return lazy(self, "_changed", threading.Condition)
 
     def add_event(self, event: dict[str, Any], size: int = 0) -> None:
+        """Keep `event` (`size`: the bytes it holds, see decoded_size); the oldest go first past the count
+        or byte bound, each taking its own size with it (the worker's job store keeps them all)."""
         with self.changed:
-            if len(self.events) == self.events.maxlen:
+            events, sizes = self.events, self._event_sizes
+            if len(events) == events.maxlen:
+                events.popleft()  # made room for here, so its size leaves with it
+                self.events_bytes -= sizes.popleft()
                 self.events_dropped += 1
-            self.events.append(event)
+            events.append(event)
+            sizes.append(size)
             self.events_bytes += size
-            while self.events_bytes > MAX_EVENT_BYTES_PER_JOB and len(self.events) > 1:
-                self.events.popleft()  # the oldest go first; the worker's job store keeps them all
-                self.events_bytes -= size  # an estimate: events of one job are alike in size
+            while self.events_bytes > MAX_EVENT_BYTES_PER_JOB and len(events) > 1:
+                events.popleft()
+                self.events_bytes -= sizes.popleft()
                 self.events_dropped += 1
             self.changed.notify_all()
 
@@ -189,6 +238,8 @@ class ClientJob:
     resubmitted: bool = False  # POSTed again after the broker came back: the job may have run before
     follow_task: bool = False  # no `retries` asked: a failed attempt runs again as its task declares
     results_size: int = 0  # bytes of this attempt's result payloads (let go of when it is retried)
+    keep_raw: bool = False  # its client keeps results encoded: the answer that is its whole result is kept
+    raw_result: bytes | None = None  # that answer, as it came (a copy of a view: a mapping is given back)
     sent: float = 0.0  # monotonic: this attempt was submitted (its hop trace's start)
     traces: dict[str, tuple[float, bytes]] | None = None  # worker -> (seconds to its answer, its trace frame)
     trace_rejected: int = 0  # figures of trace frames that were no duration (or frames of a wrong length)
@@ -282,6 +333,7 @@ class ClientJob:
         self.body = payloads.with_attempt(self.body, self.attempt)
         self.expected = None
         self.results, self.statuses, self.lost, self.refused = {}, {}, set(), None
+        self.raw_result = None
         self.future.timings["retried"] = time.time()
         for step in ("queued", "dispatched", "started"):
             self.future.timings.pop(step, None)
@@ -400,6 +452,10 @@ class ClientJob:
         fut.result_bytes += len(reply.payload)
         if reply.trace is not None and len(payload) == 1:
             self._traced(str(next(iter(payload))), reply.trace, now)
+        # The whole result as it came, while one answer of a first attempt is all of it (later attempts
+        # rewrite their entries' uuid, several answers merge): what an encoded result keeps.
+        keep = self.keep_raw and not self.results and self.attempt == 1
+        self.raw_result = bytes(reply.payload) if keep else None
         for worker, entry in payload.items():
             if self.attempt > 1 and isinstance(entry, dict):
                 entry["juuid"], entry["attempt"] = self.uuid, self.attempt  # the job's own uuid, not the wire's
@@ -429,6 +485,13 @@ class ClientJob:
             t, frame = traces[last]
             traces[last] = (max(t, now - self.sent), frame)
             self.future._trace_from = traces
+
+    def encoded(self, results: dict[str, Any]) -> Encoded:
+        """`results` (its outcome) held as JSON: the answer's own bytes when it was one answer."""
+        raw = self.raw_result
+        if raw is None or len(results) != 1:
+            raw = nfp.dumps(results)
+        return Encoded(raw)
 
     def outcome(self) -> tuple[dict[str, Any] | None, JobError | None]:
         """The finished job's result dictionary, or the error to raise."""

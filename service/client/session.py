@@ -34,7 +34,7 @@ from ..settings import Settings
 from ..transport.base import Frames, Transport
 from ..transport.shm import ShmArena
 from ..transport.wire import dealer_socket
-from .clientjob import ClientJob, JobFuture
+from .clientjob import ClientJob, JobFuture, decoded_size
 
 log = logging.getLogger(__name__)
 
@@ -351,7 +351,7 @@ class ClientSession:
         if kind == "result_ready" and isinstance(worker, str) and worker in job.pending:
             # A worker that does not push results (a NorFab worker) says it has one: GET it now.
             self._get(job, [worker])
-        fut.add_event(payload, len(reply.payload))
+        fut.add_event(payload, decoded_size(payload, len(reply.payload)))
         cb = self._callbacks.get(job.uuid)
         if cb is not None:
             try:

@@ -22,7 +22,7 @@ async def in_process_api(f: Fabric, db: str = "", ready_within: float = 10.0) ->
     app = create_app(s)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
-        async with httpx.AsyncClient(transport=transport, base_url="http://api", timeout=30) as c:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost", timeout=30) as c:
             deadline = time.monotonic() + ready_within
             while (await c.get("/readyz")).status_code != 200:
                 if time.monotonic() > deadline:

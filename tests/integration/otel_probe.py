@@ -64,7 +64,7 @@ async def main(tmp: Path) -> list[dict[str, Any]]:
     try:
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
-            async with httpx.AsyncClient(transport=transport, base_url="http://api", timeout=30) as c:
+            async with httpx.AsyncClient(transport=transport, base_url="http://localhost", timeout=30) as c:
                 deadline = time.monotonic() + 20
                 while (await c.get("/mmi/workers")).text.count('"alive":true') < 1:
                     if time.monotonic() > deadline:

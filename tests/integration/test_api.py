@@ -65,7 +65,7 @@ async def api(
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app, client=(peer, 40000))
-        async with httpx.AsyncClient(transport=transport, base_url="http://api", headers=headers) as c:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost", headers=headers) as c:
             yield c
 
 

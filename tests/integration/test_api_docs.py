@@ -26,7 +26,7 @@ TYPES = {".js": "text/javascript", ".css": "text/css", ".png": "image/png"}
 async def fetch(paths: list[str]) -> dict[str, httpx.Response]:
     app = create_app(ApiSettings())  # no lifespan needed: the docs pages do not touch the fabric
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://api") as c:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
         return {p: await c.get(p) for p in paths}
 
 

@@ -31,7 +31,7 @@ LOOPBACK = ("127.0.0.1", 40000)
 
 async def get(app: Any, paths: list[str], peer: tuple[str, int] = LOOPBACK, **kw: Any) -> dict[str, httpx.Response]:
     transport = httpx.ASGITransport(app=app, client=peer)
-    async with httpx.AsyncClient(transport=transport, base_url="http://api") as c:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
         return {p: await c.get(p, **kw) for p in paths}
 
 
@@ -92,7 +92,7 @@ def test_the_root_leads_to_the_console_and_head_works() -> None:
     assert 'href="/ui"' in r.text and 'href="/docs"' in r.text
 
     async def head() -> httpx.Response:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as c:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as c:
             return await c.head("/ui/queues")
 
     h = asyncio.run(head())
@@ -130,7 +130,7 @@ def test_the_first_page_of_100000_jobs_takes_the_api_under_300_ms() -> None:
         async with app.router.lifespan_context(app):
             fill(app, n)
             transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://api") as c:
+            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
                 out = {}
                 for path, route in (("/ui", "/ui"), ("/jobs?limit=50", "/jobs")):
                     before = server_ms(route)

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from zfab import Client, Settings
+from zfab.client.clientjob import decoded_size
 from zfab.core import protocol as nfp
 from zfab.errors import (
     BusyError,
@@ -409,3 +410,82 @@ def test_the_deadline_rule_is_one_function() -> None:
     # what is left of the timeout to send again: all of it during the delay, the rest after
     assert timeout_left(104.5, 101.0, 1.5) == 1.5 and timeout_left(104.5, 104.0, 1.5) == 0.5
     assert timeout_left(104.5, 105.0, 1.5) == 0.001
+
+
+def _event_of(n: int, size: int) -> dict[str, Any]:
+    """A progress event whose encoding is exactly `size` bytes."""
+    event: dict[str, Any] = {"event_type": "progress", "worker": "w1", "n": n, "message": ""}
+    event["message"] = "x" * (size - len(nfp.dumps(event)))
+    assert len(nfp.dumps(event)) == size
+    return event
+
+
+def test_a_jobs_event_bytes_count_the_events_it_holds_not_every_event_it_saw(clock: FakeClock) -> None:
+    # Given a client that keeps 200 events a job, and 1,000 events of 100 B each
+    s = Settings(keepalive_interval=INTERVAL, keepalive_multiplier=MULTIPLIER, max_events_per_job=200)
+    c = Client(settings=s, name="t", transport=StubTransport(clock), clock=clock).start()
+    try:
+        fut = c.submit("demo", "progress", timeout=60)
+        from_broker(c, fut.uuid, nfp.ST_DISPATCHED, {"workers": ["w1"]})
+        for n in range(1000):
+            from_broker(c, fut.uuid, nfp.ST_OK, _event_of(n, 100), command=nfp.EVENT)
+        # Then it holds the last 200, says so, and counts what those 200 hold (not what 1,000 did)
+        assert [e["n"] for e in fut.events] == list(range(800, 1000))
+        assert fut.events_dropped == 800
+        assert fut.events_bytes == sum(decoded_size(e) for e in fut.events)
+        assert 200 * 100 <= fut.events_bytes < 1000 * decoded_size(fut.events[0])
+    finally:
+        c.close()
+
+
+def test_events_of_mixed_sizes_are_uncounted_with_their_own_size_when_the_byte_bound_drops_them(
+    client: Client,
+) -> None:
+    # Given a job whose small events are followed by large ones past the 1 MiB a job keeps
+    fut = client.submit("demo", "progress", timeout=60)
+    from_broker(client, fut.uuid, nfp.ST_DISPATCHED, {"workers": ["w1"]})
+    sizes = [100] * 50 + [300_000] * 5
+    for n, size in enumerate(sizes):
+        from_broker(client, fut.uuid, nfp.ST_OK, _event_of(n, size), command=nfp.EVENT)
+    # Then the bytes it reports are the bytes of exactly the events it still holds, within the bound
+    held = [decoded_size(e, sizes[e["n"]]) for e in fut.events]
+    assert fut.events_bytes == sum(held) <= 1024 * 1024
+    assert fut.events_dropped == len(sizes) - len(held) > 0
+
+
+def test_a_decoded_events_size_is_what_its_objects_take_not_its_wire_bytes() -> None:
+    import tracemalloc
+
+    for raw in (b"[" + b",".join(b"[%d]" % i for i in range(1000, 3000)) + b"]", nfp.dumps(_event_of(1, 300))):
+        tracemalloc.start()
+        obj = nfp.loads(raw)
+        taken = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        assert taken * 0.8 <= decoded_size(obj, len(raw)) <= taken * 2.5, (len(raw), taken)
+    huge = [[i] for i in range(100_000)]  # past the walk's budget: the worst ratio stands for the rest
+    assert decoded_size(huge, 900_000) >= 900_000 * 24
+
+
+def test_an_encoded_results_client_holds_the_answer_as_it_came_and_decodes_it_at_each_read(
+    clock: FakeClock,
+) -> None:
+    s = Settings(keepalive_interval=INTERVAL, keepalive_multiplier=MULTIPLIER)
+    c = Client(settings=s, name="t", transport=StubTransport(clock), clock=clock, encoded_results=True).start()
+    try:
+        data = [[i] for i in range(10_000)]  # past 64 KiB: a frame the client reads as a view
+        one = c.submit("demo", "echo", kwargs={"data": data}, timeout=5)
+        answer = nfp.dumps({"w1": {"result": data, "failed": False}})
+        buf = bytearray(answer)  # a view onto memory that is reused once read (a shared-memory block)
+        stub(c).feed([b"", nfp.BROKER, nfp.RESPONSE, b"demo", one.uuid.encode(), nfp.ST_OK, memoryview(buf)])
+        buf[:] = b" " * len(buf)
+        # Then it holds the answer's bytes, not the objects, and each read decodes them anew
+        assert one.state == "completed" and one.answered == ["w1"]
+        assert one.result(0) == {"w1": {"result": data, "failed": False}}
+        assert one.result(0) is not one.result(0) and one.size >= len(answer)
+        both = c.submit("demo", "echo", workers="all", timeout=5)
+        from_broker(c, both.uuid, nfp.ST_DISPATCHED, {"workers": ["w1", "w2"]})
+        from_broker(c, both.uuid, nfp.ST_OK, {"w1": {"result": 1, "failed": False}})
+        from_broker(c, both.uuid, nfp.ST_OK, {"w2": {"result": 2, "failed": False}})
+        assert both.result(0) == {"w1": {"result": 1, "failed": False}, "w2": {"result": 2, "failed": False}}
+    finally:
+        c.close()

@@ -81,7 +81,7 @@ def _applied(request: Request, response: Response, waited: float | None) -> None
     responses={
         200: {"model": Job, "description": "The job finished within the wait bound (any final state)"},
         202: {"description": "Admitted (queued or running); poll the `Location` header, GET /jobs/{uuid}"},
-        **responses(400, 401, 403, 404, 409, 413, 415, 422, 503),
+        **responses(400, 401, 403, 404, 409, 413, 415, 422, 429, 503),
     },
 )
 async def submit_job(
@@ -111,7 +111,7 @@ async def submit_job(
     st = api_state(request)
     uuid, fp = (job_uuid_for_key(idempotency_key, principal), fingerprint(req)) if idempotency_key else (None, "")
     bound = wait_bound(wait, prefer, st.settings.default_wait_max)
-    rec, fresh = await submit(st, req, uuid, fp, bound, began=began)
+    rec, fresh = await submit(st, req, uuid, fp, bound, began=began, caller=principal)
     return submitted(st, rec, fresh, bound, request.scope.get("root_path", ""), wait is None)
 
 
@@ -196,11 +196,11 @@ async def cancel_job(uuid: JobUuid, request: Request, _: Principal) -> Job:
     responses={
         200: {"model": Job, "description": "The new job finished within the wait bound (any final state)"},
         202: {"description": "The new job, admitted (queued or running); its `retry_of` names the old one"},
-        **responses(400, 401, 403, 404, 409, 422, 503),
+        **responses(400, 401, 403, 404, 409, 422, 429, 503),
     },
 )
 async def retry_dead_job(
-    uuid: JobUuid, request: Request, _: Principal, wait: WaitQuery = None, prefer: PreferHeader = None
+    uuid: JobUuid, request: Request, principal: Principal, wait: WaitQuery = None, prefer: PreferHeader = None
 ) -> Response:
     """Submit a job that ended failed, expired, lost or cancelled again, with the same request
     (service, task, arguments, target, timeout, priority, retries), as a new job: 202 with it and
@@ -211,7 +211,7 @@ async def retry_dead_job(
     st = api_state(request)
     rec = await known_job(st, uuid)
     bound = wait_bound(wait, prefer, st.settings.default_wait_max)
-    new = await retry_job(st, rec, bound)
+    new = await retry_job(st, rec, bound, caller=principal)
     return submitted(st, new, True, bound, request.scope.get("root_path", ""), wait is None)
 
 

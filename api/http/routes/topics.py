@@ -8,7 +8,13 @@ is told what it missed) without slowing another, the hub or the fabric. A reconn
 EventSource sends `Last-Event-ID` and resumes after it, within what the ring still holds.
 
 The hub's pump thread moves events from the subscriber (whose SUB socket its own thread owns)
-into the ring and wakes the streams with one call_soon_threadsafe per batch.
+into the ring and hands each batch's topics to the event loop with one call_soon_threadsafe. There
+only the streams whose prefix one of those topics starts with are found (streams are grouped by
+prefix, and a topic's prefixes of the lengths in use are looked up) and woken; an idle stream is not
+touched at all, and when it wakes (an event for it, or its ping) it skips what the hub has looked at
+for it meanwhile, so it never reports as missed what was never for it. A stream sends at most CHUNK_BYTES
+of frames at a time and reads on only once they are out, so a reader that reads nothing pins one
+chunk and the server's write buffer, never the ring.
 """
 
 from __future__ import annotations
@@ -40,6 +46,19 @@ log = logging.getLogger(__name__)
 
 MAX_TOPIC = 256  # characters of a topic prefix (the broker's bound, in bytes, is the same)
 PING = b": ping\n\n"
+CHUNK_BYTES = 64 * 1024  # frames a stream sends at once (one frame more when a single one is larger)
+
+
+class Reader:
+    """One stream's place in the ring: its prefix, the last id it has dealt with, what wakes it."""
+
+    __slots__ = ("last", "topic", "waiter")
+
+    def __init__(self, topic: str, last: int) -> None:
+        self.topic = topic
+        self.last = last
+        self.waiter: asyncio.Future[None] | None = None
+
 
 # A plain string with an empty default, not `str | None`: an optional header's schema would say `null`
 # is a value, and a client (schemathesis did) may send the text "null".
@@ -81,7 +100,10 @@ class TopicHub:
         self._thread: threading.Thread | None = None
         self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._waiters: set[asyncio.Future[None]] = set()
+        # Streams by prefix (bounded by max_streams), and how many use each prefix length.
+        self._groups: dict[str, set[Reader]] = {}
+        self._lengths: dict[int, int] = {}
+        self.woken_until = 0  # the last event id whose batch has been looked at for the streams
         self._starting = asyncio.Lock()
 
     @property
@@ -130,48 +152,89 @@ class TopicHub:
             self.missed = sub.missed + sub.dropped
 
     def _add(self, batch: list[dict[str, Any]]) -> None:
+        topics: set[str] = set()
         with self._lock:
+            first = self.last_id + 1
             for ev in batch:
                 self.last_id += 1
                 data = json.dumps(ev, separators=(",", ":"))
                 frame = f"id: {self.last_id}\ndata: {data}\n\n".encode()
-                self.ring.append((self.last_id, str(ev.get("topic", "")), frame))
+                topic = str(ev.get("topic", ""))
+                topics.add(topic)
+                self.ring.append((self.last_id, topic, frame))
                 self.ring_bytes += len(frame)
                 while len(self.ring) > self.capacity or self.ring_bytes > self.max_bytes:
                     self.ring_bytes -= len(self.ring.popleft()[2])
         loop = self._loop
         if loop is not None and not loop.is_closed():
             try:
-                loop.call_soon_threadsafe(self._wake)
+                loop.call_soon_threadsafe(self._wake, first, self.last_id, tuple(topics))
             except RuntimeError:  # the loop closed meanwhile
                 pass
 
     # ---- the event loop -------------------------------------------------------------
 
-    def _wake(self) -> None:
-        waiters, self._waiters = self._waiters, set()
-        for w in waiters:
-            if not w.done():
-                w.set_result(None)
+    def _wake(self, first: int, last: int, topics: tuple[str, ...]) -> None:
+        """Events `first`..`last` with these topics are in the ring: wake the streams they are for."""
+        groups = self._groups
+        for t in topics:
+            for n in self._lengths:
+                group = groups.get(t[:n]) if len(t) >= n else None
+                for r in group or ():
+                    w = r.waiter
+                    if w is not None and not w.done():  # waiting: nothing before `first` was for it
+                        r.last = max(r.last, first - 1)
+                        r.waiter = None
+                        w.set_result(None)
+        self.woken_until = last
 
-    def waiter(self) -> asyncio.Future[None]:
+    def join(self, topic: str, last: int) -> Reader:
+        reader = Reader(topic, last)
+        self._groups.setdefault(topic, set()).add(reader)
+        self._lengths[len(topic)] = self._lengths.get(len(topic), 0) + 1
+        return reader
+
+    def leave(self, reader: Reader) -> None:
+        group = self._groups.get(reader.topic)
+        if group is None or reader not in group:
+            return
+        group.discard(reader)
+        if not group:
+            del self._groups[reader.topic]
+        n = len(reader.topic)
+        self._lengths[n] -= 1
+        if not self._lengths[n]:
+            del self._lengths[n]
+
+    def idle(self, reader: Reader) -> None:
+        """`reader` waited a ping interval without a wake-up: no event the hub has looked at was for it."""
+        reader.last = max(reader.last, self.woken_until)
+
+    def arm(self, reader: Reader) -> asyncio.Future[None]:
+        """What wakes `reader` when an event for it arrives (event loop only)."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.add(fut)
+        reader.waiter = fut
         return fut
 
-    def forget(self, waiter: asyncio.Future[None]) -> None:
-        self._waiters.discard(waiter)
-
-    def after(self, last: int, topic: str) -> tuple[int, int, list[bytes]]:
-        """Frames after id `last` whose topic starts with `topic`: (new last id, ids missed, frames)."""
+    def after(self, last: int, topic: str, max_bytes: int = CHUNK_BYTES) -> tuple[int, int, list[bytes]]:
+        """Frames after id `last` whose topic starts with `topic`, up to about `max_bytes` of them:
+        (the last id read, ids missed, frames)."""
         with self._lock:
             if not self.ring or self.last_id <= last:
                 return last, 0, []
             first = self.ring[0][0]
             missed = max(0, first - last - 1)
             start = max(0, last + 1 - first)
-            frames = [f for _, t, f in islice(self.ring, start, None) if t.startswith(topic)]
-            return self.last_id, missed, frames
+            frames: list[bytes] = []
+            size, seen = 0, last
+            for i, t, f in islice(self.ring, start, None):
+                seen = i
+                if t.startswith(topic):
+                    frames.append(f)
+                    size += len(f)
+                    if size >= max_bytes:
+                        break
+            return seen, missed, frames
 
 
 class TopicHubCollector(Collector):
@@ -276,26 +339,29 @@ async def topic_events(
             hub.streams -= 1
 
     async def stream() -> AsyncIterator[bytes]:
-        last = start
+        reader = hub.join(topic, start)
         try:
             yield b": subscribed\n\n"
             while not hub.closing:
-                waiter = hub.waiter()
+                waiter = hub.arm(reader)
+                last = reader.last
                 last_now, missed, frames = hub.after(last, topic)
                 if missed:
                     yield f"event: gap\ndata: {json.dumps({'missed': missed, 'after': last})}\n\n".encode()
-                last = last_now
+                reader.last = max(reader.last, last_now)
                 if frames:
-                    waiter.cancel()
-                    yield b"".join(frames)
+                    reader.waiter = None
+                    yield b"".join(frames)  # at most a chunk: the next is read once this one is out
                     continue
                 try:
                     await asyncio.wait_for(waiter, ping)
                 except TimeoutError:
+                    hub.idle(reader)
                     yield PING
                 finally:
-                    hub.forget(waiter)
+                    reader.waiter = None
         finally:
+            hub.leave(reader)
             release()
 
     body = stream()

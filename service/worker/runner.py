@@ -23,6 +23,7 @@ from .. import tracing
 from ..core import hoptrace, payloads
 from ..core import protocol as nfp
 from ..core.histogram import Histogram
+from ..core.logbudget import LogBudget, clip
 from ..core.payloads import Outcome, Word
 from ..errors import BackpressureError, ClosedError, JobCancelledError, JobTimeoutError
 from ..transport.base import Frames, Transport
@@ -43,6 +44,12 @@ ENVELOPE_BYTES = 512  # frames and headers around a result payload, with room to
 # to broker, broker to client) for news the 200 brings anyway. A longer job's client learns it
 # started this much later.
 STARTED_NOTICE_DELAY = 0.01
+# A task's traceback in the worker's log: at most this many characters (its middle left out), and at
+# most FAILURE_LOG_BURST of them at once, then one every 1 / FAILURE_LOG_RATE s per worker, so a task
+# raising on every job neither floods the log nor costs the pool its time (the result carries each one).
+MAX_LOGGED_TRACEBACK = 8192
+FAILURE_LOG_BURST = 10
+FAILURE_LOG_RATE = 0.2
 
 
 class TaskStats:
@@ -93,6 +100,7 @@ class JobRunner:
         self._notices: deque[tuple[float, Job]] = deque()
         self._notice_lock = threading.Lock()
         self._notice_armed = False  # the owner knows of the first one (its timer is set for it)
+        self.failure_log = LogBudget(burst=FAILURE_LOG_BURST, per_second=FAILURE_LOG_RATE, clock=clock)
 
     # ---- shapes (core/payloads.py holds the rules) ---------------------------------------------
 
@@ -321,9 +329,27 @@ class JobRunner:
             return Outcome.CANCELLED, ["cancelled while running"], []
         if isinstance(exc, JobTimeoutError):
             return Outcome.TIMEOUT, [str(exc)], []
-        log.debug("worker %s: task %s raised %r", self.name, job.task, exc)
         tb = "".join(traceback.format_exception(exc))
+        self._log_failure(job, tb)
         return Outcome.ERROR, [tb], [f"{type(exc).__name__}: {exc}"]
+
+    def _log_failure(self, job: Job, tb: str) -> None:
+        """The traceback where operators look, at WARNING (the default level shows it): bounded in
+        size and, under a storm of failures, in rate (the lines held back are counted in the next)."""
+        held = self.failure_log.take()
+        if held is None:
+            return
+        more = f" ({held} more failures not logged: too many at once)" if held else ""
+        log.warning(
+            "worker %s: task %s of job %s raised (attempt %d of %d)%s\n%s",
+            self.name,
+            job.task,
+            job.uuid,
+            job.attempt,
+            job.attempts,
+            more,
+            clip(tb.rstrip(), MAX_LOGGED_TRACEBACK),
+        )
 
     @staticmethod
     def _retry(job: Job, exc: Exception) -> dict[str, Any] | None:

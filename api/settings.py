@@ -25,7 +25,9 @@ class ApiSettings(Settings):
         description="Bytes of finished jobs' results and events the API keeps in memory (the rest: its database)",
     )
     api_expose_tracebacks: bool = Field(
-        False, description="Show tasks' tracebacks in REST results (else the error's type and message only)"
+        False,
+        description="Show tasks' tracebacks in REST results to every caller (else only to trusted loopback "
+        "callers of an API without tokens; others get the error's type and message)",
     )
     mmi_cache_seconds: float = Field(1.0, ge=0, description="How long /metrics reuses the broker's MMI answers")
     default_wait_max: float = Field(60, ge=0, description="Upper bound of ?wait= / Prefer: wait=N, in seconds")
@@ -64,3 +66,9 @@ class ApiSettings(Settings):
 
     def token_list(self) -> list[str]:
         return [t.strip() for t in self.api_tokens.split(",") if t.strip()]
+
+    def tracebacks_for(self, principal: str) -> bool:
+        """May this caller read tasks' tracebacks? Everyone with ZFAB_API_EXPOSE_TRACEBACKS; else only the
+        trusted loopback caller of an API without tokens (principal ''), who can read the worker's log
+        anyway. A token holder gets the error's type and message: a traceback names paths and values."""
+        return self.api_expose_tracebacks or principal == ""

@@ -74,7 +74,8 @@ class LeanSubmitRoute(BaseRoute):
         body = b"".join(chunks)
         began = time.monotonic()  # read: the job's `api` hop (its hop trace) starts
         req: JobRequest | None = None
-        if st is not None and _authorized(app.state.tokens, scope):
+        principal = _principal(app.state.tokens, scope)
+        if st is not None and principal is not None:
             try:
                 req = JobRequest.model_validate_json(body)
             except ValidationError:
@@ -85,7 +86,8 @@ class LeanSubmitRoute(BaseRoute):
         query = scope.get("query_string", b"")
         bound = min(float(query[5:]), st.settings.default_wait_max) if query else None
         rec, fresh = await submit(st, req, None, "", bound, began=began)
-        answer = submitted(st, rec, fresh, bound, scope.get("root_path", ""), False)
+        assert principal is not None
+        answer = await submitted(st, rec, fresh, bound, scope.get("root_path", ""), False, principal)
         await answer(scope, receive, send)
 
     async def _documented(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
@@ -102,16 +104,15 @@ class LeanSubmitRoute(BaseRoute):
         await scope["app"].router(scope, replay, send)
 
 
-def _authorized(tokens: TokenSet, scope: Scope) -> bool:
-    """What require_auth accepts (the same principal_of); False sends the request to the documented
+def _principal(tokens: TokenSet, scope: Scope) -> str | None:
+    """What require_auth accepts (the same principal_of); None sends the request to the documented
     route, which gives the 401 or 403."""
     client = scope.get("client")
     token = next((v[7:].decode("latin-1").strip() for n, v in scope["headers"] if n == b"authorization"), None)
     try:
-        principal_of(tokens, client[0] if client else None, token)
+        return principal_of(tokens, client[0] if client else None, token)
     except ProblemError:
-        return False
-    return True
+        return None
 
 
 def install(app: Any) -> None:

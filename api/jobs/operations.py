@@ -10,8 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import Future
+from typing import Any
 
-from zfab.errors import BadRequestError, JobNotFoundError, JobTimeoutError, ZfabError
+from zfab import JobFuture
+from zfab.errors import (
+    BackpressureError,
+    BadRequestError,
+    BusyError,
+    JobNotFoundError,
+    JobTimeoutError,
+    NoWorkersError,
+    ZfabError,
+)
 
 from ..errors import ProblemError, admission_problem, database_unavailable, from_fabric_error, unavailable
 from ..fabric import wait_done
@@ -20,12 +31,15 @@ from ..state import ApiState
 from .admission import check_job
 from .recovery import ensure_live
 from .submit import submit_record
-from .table import JobRecord
+from .table import JobRecord, refused_at_admission
 
 # How long POST /jobs waits for the broker to admit a job. A broker that just started holds a POST
 # for a service none of its workers confirmed yet for its startup grace (a few seconds).
 ADMISSION_TIMEOUT = 10.0
 INPUT_TIMEOUT = 10.0
+# The broker's refusals of a POST (admission_problem: 404 no such service or worker, 400 no such task,
+# 503 a full queue), as the API's client raises them.
+AT_ONCE = (NoWorkersError, BadRequestError, BusyError, BackpressureError)
 
 
 async def submit(
@@ -67,16 +81,21 @@ async def submit(
     # Shared store: a job this POST waits for is written when it ends (or when the wait does), not also
     # when it starts: one write per quick job instead of two, and nobody else knows its uuid meanwhile.
     deferred = cluster is not None and bound is not None and st.persister is not None
-    if rec is None or fresh:
+    started = rec is None or fresh
+    if started:
         try:
             await check_job(st.schemas, st.client, req)
-            rec = submit_record(st, req, uuid, fp, persist=not deferred, retry_of=retry_of, began=began)
+            # Written once the broker has taken it (below): a job it refuses at once is no row.
+            rec = submit_record(st, req, uuid, fp, persist=False, retry_of=retry_of, began=began)
+            if not deferred:
+                _persist_once_taken(st, rec)
         except Exception:
             if claimed and uuid is not None and cluster is not None:
                 await cluster.release(uuid)
             raise
-    elif not rec.remote:
+    elif rec is not None and not rec.remote:
         await ensure_live(st, rec)
+    assert rec is not None
     waited = 0.0
     if not rec.remote:
         if bound is not None and rec.live is not None:
@@ -85,12 +104,42 @@ async def submit(
             t0 = time.monotonic()
             await wait_done(rec.live, min(bound, ADMISSION_TIMEOUT))
             waited = time.monotonic() - t0
-        await admitted(rec, max(0.0, ADMISSION_TIMEOUT - waited))
+        try:
+            await admitted(rec, max(0.0, ADMISSION_TIMEOUT - waited))
+        except Exception:
+            if started and (fut := rec.live) is not None and refused_at_once(fut):
+                # The caller has the refusal and nothing ran: the job leaves no `failed` row behind
+                # (an Idempotency-Key retry submits it anew).
+                st.jobs.discard(rec.uuid)
+                if claimed and uuid is not None and cluster is not None:
+                    await cluster.release(uuid)
+            elif started and not deferred:
+                st.jobs.touch(rec.uuid)  # no answer in time: written, and followed (api/jobs/recovery.py)
+            raise
     if bound is not None:
         rec = await await_job(st, rec, max(0.0, bound - waited))
     if cluster is not None:
         await cluster.settled(rec, started=fresh)
     return rec, fresh
+
+
+def refused_at_once(fut: JobFuture) -> bool:
+    """The broker turned the job away when it was posted: no such service or worker, no such task, a
+    full queue. (Not a client that gave up waiting: that job's outcome is not known.)"""
+    return refused_at_admission(fut) and isinstance(fut.admission.exception(), AT_ONCE)
+
+
+def _persist_once_taken(st: ApiState, rec: JobRecord) -> None:
+    """Write a new job when the broker takes it, not before: one it refuses at once is no row."""
+    uuid, fut = rec.uuid, rec.live
+    if fut is None:
+        return
+
+    def taken(admission: Future[Any]) -> None:
+        if admission.cancelled() or admission.exception() is None:
+            st.jobs.touch(uuid)
+
+    fut.admission.add_done_callback(taken)
 
 
 async def admitted(rec: JobRecord, timeout: float = ADMISSION_TIMEOUT) -> None:
@@ -155,7 +204,7 @@ async def known_job(st: ApiState, uuid: str) -> JobRecord:
     return rec
 
 
-async def cancel_local(st: ApiState, rec: JobRecord) -> Job:
+async def cancel_local(st: ApiState, rec: JobRecord, *, tracebacks: bool | None = None) -> Job:
     """Cancel a job this replica holds (its own DELETE, or one another replica forwarded)."""
     uuid = rec.uuid
     await ensure_live(st, rec)
@@ -172,7 +221,7 @@ async def cancel_local(st: ApiState, rec: JobRecord) -> Job:
         )
     rec.cancel_requested = True
     st.jobs.touch(uuid)
-    return rec.view(tracebacks=st.settings.api_expose_tracebacks)
+    return rec.view(tracebacks=st.settings.api_expose_tracebacks if tracebacks is None else tracebacks)
 
 
 def _conflict(uuid: str, slug: str, title: str, detail: str) -> ProblemError:
@@ -213,7 +262,7 @@ async def retry_job(st: ApiState, rec: JobRecord, bound: float | None) -> JobRec
     return new
 
 
-async def input_local(st: ApiState, rec: JobRecord, answer: InputAnswer) -> Job:
+async def input_local(st: ApiState, rec: JobRecord, answer: InputAnswer, *, tracebacks: bool | None = None) -> Job:
     """Answer the input request of a job this replica holds (its own POST, or one another replica forwarded)."""
     uuid = rec.uuid
     fut = rec.live
@@ -244,7 +293,7 @@ async def input_local(st: ApiState, rec: JobRecord, answer: InputAnswer) -> Job:
         raise ProblemError(504, "timeout", "The worker did not answer in time", str(exc), job=uuid) from None
     except ZfabError as exc:
         raise from_fabric_error(exc, uuid) from None
-    return rec.view(tracebacks=st.settings.api_expose_tracebacks)
+    return rec.view(tracebacks=st.settings.api_expose_tracebacks if tracebacks is None else tracebacks)
 
 
 __all__ = [

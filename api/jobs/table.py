@@ -346,6 +346,13 @@ class JobTable:
         if persist:
             self.touch(record.uuid)
 
+    def discard(self, uuid: str) -> None:
+        """Forget a job the fabric refused at once (POST /jobs answered the refusal): it never ran, so it
+        is no row of the table or the database (a write already queued for it finds nothing)."""
+        rec = self._jobs.pop(uuid, None)
+        if rec is not None:
+            self.bytes -= rec.counted
+
     def watch(self, future: JobFuture) -> None:
         """Persist and wake listeners when `future` (a job's, or its recovery's) finishes."""
         uuid = future.uuid

@@ -17,7 +17,9 @@ from collections.abc import Callable
 class LogBudget:
     """At most `burst` lines at once, refilled at `per_second`; `take()` says whether to log this one."""
 
-    def __init__(self, *, burst: int = 10, per_second: float = 0.2, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, *, burst: int = 10, per_second: float = 0.2, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if burst < 1 or per_second <= 0:
             raise ValueError("a log budget needs burst >= 1 and per_second > 0")
         self.burst = burst

@@ -44,6 +44,21 @@
       tick();
     }
 
+    /** A failed entry: its error in one line, then the traceback when the API shows it to this caller
+     *  (ZFAB_API_EXPOSE_TRACEBACKS, or a trusted local caller); others see the error's type and message. */
+    function failure(e) {
+      const errors = (e.errors || []).map(String);
+      const tbs = errors.filter((x) => x.startsWith('Traceback'));
+      const rest = errors.filter((x) => !x.startsWith('Traceback'));
+      const said = (e.messages || []).join(' · ') || rest[0] || (tbs.length ? tbs[0].trim().split('\n').pop() : '') || 'the task failed';
+      return [
+        h('p', { class: 'error task-error' }, said),
+        rest.length && rest.join('\n') !== said ? h('pre', { class: 'json errors' }, rest.join('\n')) : null,
+        tbs.length ? h('details', { class: 'traceback', open: true }, h('summary', {}, 'Traceback'),
+          h('pre', { class: 'json errors' }, tbs.join('\n'))) : null,
+      ];
+    }
+
     function renderResults() {
       const out = [];
       if (job.error) out.push(h('p', { class: 'error' }, `${job.error.type}: ${job.error.message}`));
@@ -53,7 +68,7 @@
         out.push(h('div', { class: `result${failed ? ' failed' : ''}` },
           h('h3', {}, worker, badge(failed ? 'failed' : 'completed'),
             e.status && e.status !== (failed ? 'failed' : 'completed') ? h('span', { class: 'muted' }, e.status) : null),
-          failed && (e.errors || []).length ? h('pre', { class: 'json errors' }, (e.errors || []).join('\n')) : null,
+          ...(failed ? failure(e) : []),
           (e.messages || []).length && !failed ? h('p', { class: 'muted' }, (e.messages || []).join(' · ')) : null,
           h('pre', { class: 'json' }, pretty(e.result === undefined ? null : e.result))));
       }

@@ -255,6 +255,85 @@ def test_bad_requests_are_problems_that_say_what_is_wrong(tmp_path: Path) -> Non
         run(scenario(f))
 
 
+def test_a_post_refused_at_once_leaves_no_job_behind(tmp_path: Path) -> None:
+    async def scenario(f: Fabric) -> None:
+        s = settings_for(f, api_db=str(tmp_path / "api.sqlite"))
+        async with api(s) as c:
+            await workers_ready(c, {"w1"})
+            # When the broker refuses POSTs at once: no such service, no such worker, no such task
+            refused = [
+                assert_problem(await c.post("/jobs", json={"service": "nope", "task": "echo"}), 404),
+                assert_problem(await c.post("/jobs", json={"service": "demo", "task": "echo", "workers": ["w9"]}), 404),
+                assert_problem(await c.post("/jobs?wait=5", json={"service": "demo", "task": "nosuch"}), 400),
+            ]
+            # Then none of them is a row of the job table, nor a `failed` job to list
+            page = (await c.get("/jobs", params={"state": "failed"})).json()
+            assert page["total"] == 0 and page["items"] == [], page
+            ok = (await c.post("/jobs?wait=5", json={"service": "demo", "task": "echo", "kwargs": {"data": 1}})).json()
+            assert ok["state"] == "completed"
+            assert [j["uuid"] for j in (await c.get("/jobs")).json()["items"]] == [ok["uuid"]]
+            for p in refused:
+                if p.get("job"):
+                    assert_problem(await c.get(f"/jobs/{p['job']}"), 404)
+        # And the API's database holds only the job that ran
+        async with api(s) as c:
+            assert [j["uuid"] for j in (await c.get("/jobs")).json()["items"]] == [ok["uuid"]]
+
+    with fabric(tmp_path) as f:
+        f.broker()
+        f.worker("w1")
+        run(scenario(f))
+
+
+def test_a_waited_post_answers_the_jobs_arguments_as_get_does(tmp_path: Path) -> None:
+    async def scenario(f: Fabric) -> None:
+        async with api(settings_for(f)) as c:
+            await workers_ready(c, {"w1"})
+            body = {"service": "demo", "task": "add", "args": [2, 3]}
+            done = await c.post("/jobs?wait=5", json=body)
+            assert done.status_code == 200 and done.json()["state"] == "completed", done.text
+            got = (await c.get(f"/jobs/{done.json()['uuid']}")).json()
+            assert done.json()["arguments"] == got["arguments"] and got["arguments"]["args"] == [2, 3]
+            queued = await c.post("/jobs", json={"service": "demo", "task": "echo", "kwargs": {"data": "x"}})
+            assert queued.status_code == 202 and queued.json()["arguments"]["kwargs"] == {"data": "x"}
+
+    with fabric(tmp_path) as f:
+        f.broker()
+        f.worker("w1")
+        run(scenario(f))
+
+
+def test_a_tasks_traceback_is_shown_only_to_a_caller_allowed_to_see_it(tmp_path: Path) -> None:
+    fail = {"service": "demo", "task": "fail", "kwargs": {"message": "tb-secret-path"}}
+
+    async def errors(c: httpx.AsyncClient) -> list[str]:
+        job = (await c.post("/jobs?wait=5", json=fail)).json()
+        assert job["state"] == "failed", job
+        shown: list[str] = job["results"]["w1"]["errors"]
+        again = (await c.get(f"/jobs/{job['uuid']}")).json()["results"]["w1"]["errors"]
+        assert again == shown  # POST and GET say the same to the same caller
+        return shown
+
+    async def scenario(f: Fabric) -> None:
+        # A trusted local caller (loopback, no tokens configured): the whole traceback
+        async with api(settings_for(f)) as c:
+            await workers_ready(c, {"w1"})
+            [tb] = await errors(c)
+            assert tb.startswith("Traceback (most recent call last)") and "tb-secret-path" in tb
+        # A token holder: the error's type and message only
+        auth = {"Authorization": "Bearer t0k"}
+        async with api(settings_for(f, api_tokens="t0k"), headers=auth) as c:
+            assert await errors(c) == ["RuntimeError: tb-secret-path"]
+        # Unless the API is told to show them to everyone
+        async with api(settings_for(f, api_tokens="t0k", api_expose_tracebacks=True), headers=auth) as c:
+            assert (await errors(c))[0].startswith("Traceback")
+
+    with fabric(tmp_path) as f:
+        f.broker()
+        f.worker("w1")
+        run(scenario(f))
+
+
 def test_job_and_mmi_routes_need_a_bearer_token_when_tokens_are_configured(tmp_path: Path) -> None:
     async def scenario(f: Fabric) -> None:
         s = settings_for(f, api_tokens="s3cret, other")

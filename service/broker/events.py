@@ -78,6 +78,8 @@ _BY_STATUS = {
     nfp.ST_NOT_FOUND: "failed",
 }
 FINAL = frozenset({"completed", "failed", "cancelled", "expired", "lost"})
+# An attempt's end that is not the job's (a failed attempt its worker says runs again): its route ends.
+ATTEMPT_ENDS = frozenset({"retrying"})
 _TRACE = b"trace."
 
 
@@ -100,7 +102,9 @@ def topic_part(name: str) -> str:
 
 
 def result_state(payload: bytes | None) -> str:
-    """completed or failed, from a worker's 200 (a small one is parsed; a large one is a result)."""
+    """completed, failed or retrying, from a worker's 200 (a small one is parsed; a large one is a result).
+    `retrying`: every failed entry carries the worker's `retry` (docs/protocol.md "Retries on failure"),
+    so this attempt's failure is not the job's end: its next attempt follows, as `<uuid>~<N>`."""
     if payload is None:
         return "completed"
     keys = payload.count(b'"failed"')
@@ -112,8 +116,11 @@ def result_state(payload: bytes | None) -> str:
         entries = json.loads(payload)
     except ValueError:
         return "completed"
-    if isinstance(entries, dict) and any(isinstance(e, dict) and e.get("failed") for e in entries.values()):
-        return "failed"
+    failed = (
+        [e for e in entries.values() if isinstance(e, dict) and e.get("failed")] if isinstance(entries, dict) else []
+    )
+    if failed:
+        return "retrying" if all(isinstance(e.get("retry"), dict) for e in failed) else "failed"
     return "completed"
 
 
@@ -247,7 +254,9 @@ class EventPublisher:
             elif self._bytes_in - self._bytes_out + len(payload) > QUEUE_BYTES:
                 # The hand-off holds its bound of results already: a cheaper look here instead.
                 failed = b'"failed": true' in payload or b'"failed":true' in payload
-                self._state(entry, uuid, "failed" if failed else "completed", worker, None, status)
+                retrying = failed and (b'"retry": {"after"' in payload or b'"retry":{"after"' in payload)
+                state = "retrying" if retrying else "failed" if failed else "completed"
+                self._state(entry, uuid, state, worker, None, status)
             else:
                 self._state(entry, uuid, None, worker, payload, status)
         else:
@@ -258,7 +267,7 @@ class EventPublisher:
     ) -> None:
         if state is None and status != nfp.ST_OK:
             return  # 202, 301, 300, a worker's busy: no change of state
-        if (state is None or state in FINAL) and entry[2]:
+        if (state is None or state in FINAL or state in ATTEMPT_ENDS) and entry[2]:
             self._names.pop(uuid, None)  # a job for one worker ends once
             self._final = (uuid, entry)  # for its hop trace, which the broker offers next
         if self.active:

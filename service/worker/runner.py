@@ -153,7 +153,10 @@ class JobRunner:
             self._notice_armed = nxt is not None
         for job in due:
             if not job.state.final:
-                payload = nfp.dumps(self.status(job.uuid, Word.ACCEPTED))
+                # `age`: how long ago it started, on this process's clock: the client places the start on
+                # its own clock as its receipt less this (docs/protocol.md, "Times across processes").
+                age = max(0.0, time.monotonic() - job.started_mono) if job.started_mono else 0.0
+                payload = nfp.dumps(self.status(job.uuid, Word.ACCEPTED, age=round(age, 6)))
                 frames = nfp.worker_reply(nfp.RESPONSE, job.client, job.uuid.encode(), nfp.ST_WORKER_ACCEPTED, payload)
                 self.send(frames)
         return nxt

@@ -327,6 +327,9 @@ def test_a_tasks_traceback_is_shown_only_to_a_caller_allowed_to_see_it(tmp_path:
         # Unless the API is told to show them to everyone
         async with api(settings_for(f, api_tokens="t0k", api_expose_tracebacks=True), headers=auth) as c:
             assert (await errors(c))[0].startswith("Traceback")
+        # And the worker logged each one, traceback and message, at its default level
+        log = f.log("w1")
+        assert "Traceback (most recent call last)" in log and log.count("RuntimeError: tb-secret-path") >= 3
 
     with fabric(tmp_path) as f:
         f.broker()

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -296,6 +297,44 @@ def test_a_waited_post_answers_the_jobs_arguments_as_get_does(tmp_path: Path) ->
             assert done.json()["arguments"] == got["arguments"] and got["arguments"]["args"] == [2, 3]
             queued = await c.post("/jobs", json={"service": "demo", "task": "echo", "kwargs": {"data": "x"}})
             assert queued.status_code == 202 and queued.json()["arguments"]["kwargs"] == {"data": "x"}
+
+    with fabric(tmp_path) as f:
+        f.broker()
+        f.worker("w1")
+        run(scenario(f))
+
+
+def test_a_jobs_history_has_each_state_when_its_process_says_in_order(tmp_path: Path) -> None:
+    async def scenario(f: Fabric) -> None:
+        async with api(settings_for(f)) as c:
+            await workers_ready(c, {"w1"})
+            # Given a job that sleeps 1.5 s, and a quick one whose 201 never comes (it ends first)
+            slow = (
+                await c.post("/jobs?wait=10", json={"service": "demo", "task": "sleep", "kwargs": {"seconds": 1.5}})
+            ).json()
+            quick = (
+                await c.post("/jobs?wait=10", json={"service": "demo", "task": "echo", "kwargs": {"data": 1}})
+            ).json()
+            for job in (slow, quick):
+                steps = job["history"]
+                # Then each state is there once, in the order it happened, by the process that saw it
+                assert [(s["state"], s["by"]) for s in steps] == [
+                    ("submitted", "api"),
+                    ("queued", "broker"),
+                    ("running", "worker"),
+                    ("completed", "worker"),
+                ], steps
+                at = [datetime.fromisoformat(s["at"]) for s in steps]
+                assert at == sorted(at)
+                assert job["queued_at"] == steps[1]["at"] and job["started_at"] == steps[2]["at"]
+                # And the task's run is the worker's own measure of it (its hop trace), not message receipts
+                ran = (at[3] - at[2]).total_seconds()
+                assert ran == pytest.approx(job["trace"]["hops"]["run"], abs=1e-5), (ran, job["trace"])
+            assert (
+                datetime.fromisoformat(slow["history"][3]["at"]) - datetime.fromisoformat(slow["history"][2]["at"])
+            ).total_seconds() >= 1.5
+            # And GET says the same as the POST that waited for it
+            assert (await c.get(f"/jobs/{slow['uuid']}")).json()["history"] == slow["history"]
 
     with fabric(tmp_path) as f:
         f.broker()

@@ -20,8 +20,8 @@ broker. A firing the fabric still refuses (no broker, no workers, busy) is count
 ended failed, expired or lost (its end, read from the job's future, is counted by the replica that
 submitted it); a job of it that completes clears `last_error`.
 
-A schedule is addressed by its id or by its name: names are unique among the schedules this API holds
-(with PostgreSQL, as this replica last read them), and a name never looks like an id.
+A schedule is addressed by its id or by its name (ids first): names are unique among the schedules this
+API holds (with PostgreSQL, as this replica last read them).
 """
 
 from __future__ import annotations

@@ -215,8 +215,8 @@ def test_a_schedule_is_addressed_by_its_unique_name(api: Api) -> None:
     r = api.http.patch(f"/schedules/{other}", json={"name": "nightly-report"})
     assert r.status_code == 409, r.text
     assert api.http.patch(f"/schedules/{sid}", json={"name": "nightly-report"}).status_code == 200  # its own
-    # A name that could be read as an id, or not as one path segment, is refused
-    for bad in ("a" * 32, "with/slash"):
+    # A name that is not one path segment is refused
+    for bad in ("with/slash", "tab\there"):
         r = api.http.post("/schedules", json={"job": ECHO, "every": 60, "name": bad})
         assert r.status_code == 422, r.text
     assert api.http.delete("/schedules/nightly-report").status_code == 204

@@ -76,14 +76,15 @@ def _valid_cron(expr: str) -> str:
     return expr
 
 
-ID_PATTERN = re.compile(r"[0-9a-f]{32}")
+# A name is one segment of a URL (GET /schedules/{name}): no '/', no control characters. (One that equals
+# another schedule's id addresses that one: ids are looked up first.)
+NAME_PATTERN = r"^[^/\x00-\x1f\x7f-\x9f]+$"
+_NAME = re.compile(NAME_PATTERN)
 
 
 def _valid_name(name: str) -> str:
-    if "/" in name or not name.isprintable() or name != name.strip():
-        raise ValueError("a schedule's name is printable, without '/' or surrounding spaces (it is part of its URL)")
-    if ID_PATTERN.fullmatch(name):
-        raise ValueError("a schedule's name may not look like a schedule id (32 hex digits)")
+    if not _NAME.fullmatch(name):
+        raise ValueError("a schedule's name has no '/' or control characters (it is part of its URL)")
     return name
 
 
@@ -92,7 +93,12 @@ ScheduleId = Annotated[
 ]
 Name = Annotated[
     str,
-    Field(min_length=1, max_length=200, description="Its name: unique, and usable in place of its id in URLs"),
+    Field(
+        min_length=1,
+        max_length=200,
+        json_schema_extra={"pattern": NAME_PATTERN},  # checked by _valid_name, with a readable message
+        description="Its name: unique, and usable in place of its id in URLs",
+    ),
     AfterValidator(_valid_name),
 ]
 Every = Annotated[

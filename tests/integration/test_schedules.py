@@ -258,6 +258,8 @@ def test_the_schedules_command_mirrors_the_routes(api: Api) -> None:
     assert any(line.startswith(sid) and "every 1s" in line and "active" in line for line in r.stdout.splitlines())
     r = zfab(["schedules", "show", sid], env)
     assert r.returncode == 0 and "last jobs:" in r.stdout and "demo/echo" in r.stdout, r.stdout
+    r = zfab(["schedules", "show", "c"], env)  # by its name
+    assert r.returncode == 0 and sid in r.stdout, r.stdout
     r = zfab(["schedules", "pause", sid], env)
     assert r.returncode == 0 and "paused" in r.stdout and schedule(api, sid)["paused"] is True
     r = zfab(["schedules", "resume", sid], env)

@@ -354,23 +354,26 @@ def test_a_tasks_traceback_is_shown_only_to_a_caller_allowed_to_see_it(tmp_path:
         return shown
 
     async def scenario(f: Fabric) -> None:
-        # A trusted local caller (loopback, no tokens configured): the whole traceback
+        # A caller of an API without tokens (loopback), and one with a token: the error's type and message
         async with api(settings_for(f)) as c:
+            await workers_ready(c, {"w1"})
+            assert await errors(c) == ["RuntimeError: tb-secret-path"]
+        s = settings_for(f, api_tokens="t0k, ops-t0k", api_traceback_tokens="ops-t0k")
+        async with api(s, headers={"Authorization": "Bearer t0k"}) as c:
+            await workers_ready(c, {"w1"})
+            assert await errors(c) == ["RuntimeError: tb-secret-path"]
+        # A caller whose token may see tracebacks (ZFAB_API_TRACEBACK_TOKENS): the whole traceback
+        async with api(s, headers={"Authorization": "Bearer ops-t0k"}) as c:
             await workers_ready(c, {"w1"})
             [tb] = await errors(c)
             assert tb.startswith("Traceback (most recent call last)") and "tb-secret-path" in tb
-        # A token holder: the error's type and message only
-        auth = {"Authorization": "Bearer t0k"}
-        async with api(settings_for(f, api_tokens="t0k"), headers=auth) as c:
-            await workers_ready(c, {"w1"})
-            assert await errors(c) == ["RuntimeError: tb-secret-path"]
-        # Unless the API is told to show them to everyone
-        async with api(settings_for(f, api_tokens="t0k", api_expose_tracebacks=True), headers=auth) as c:
+        # And everyone, when the API is told to show them (ZFAB_API_EXPOSE_TRACEBACKS)
+        async with api(settings_for(f, api_expose_tracebacks=True)) as c:
             await workers_ready(c, {"w1"})
             assert (await errors(c))[0].startswith("Traceback")
         # And the worker logged each one, traceback and message, at its default level
         log = f.log("w1")
-        assert "Traceback (most recent call last)" in log and log.count("RuntimeError: tb-secret-path") >= 3
+        assert "Traceback (most recent call last)" in log and log.count("RuntimeError: tb-secret-path") >= 4
 
     with fabric(tmp_path) as f:
         f.broker()

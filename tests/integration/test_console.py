@@ -300,11 +300,11 @@ def test_a_failed_jobs_page_shows_its_error_and_its_traceback_to_whom_the_api_sh
     c.until(lambda: c.text("#state") == "failed", "the job failed")
     c.until(lambda: "RuntimeError: console-boom" in c.text("#results .task-error"), "the error in one line")
     assert not c.js("return !!document.querySelector('#results details.traceback')")  # a token holder: no traceback
-    # An API that shows tracebacks (ZFAB_API_EXPOSE_TRACEBACKS) shows it on the same page
+    # An API that shows this token's callers tracebacks (ZFAB_API_TRACEBACK_TOKENS) shows it on the same page
     port = free_port()
     env = {
         "ZFAB_API_TOKENS": TOKEN,
-        "ZFAB_API_EXPOSE_TRACEBACKS": "true",
+        "ZFAB_API_TRACEBACK_TOKENS": TOKEN,
         "ZFAB_API_DB": str(c.fabric.tmp / "tracebacks.sqlite"),
     }
     c.fabric.start("api-tracebacks", "api", "--port", str(port), env=env)

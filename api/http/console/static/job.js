@@ -45,7 +45,7 @@
     }
 
     /** A failed entry: its error in one line, then the traceback when the API shows it to this caller
-     *  (ZFAB_API_EXPOSE_TRACEBACKS, or a trusted local caller); others see the error's type and message. */
+     *  (ZFAB_API_EXPOSE_TRACEBACKS, or a token of ZFAB_API_TRACEBACK_TOKENS); others see type and message. */
     function failure(e) {
       const errors = (e.errors || []).map(String);
       const tbs = errors.filter((x) => x.startsWith('Traceback'));

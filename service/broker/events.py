@@ -3,7 +3,8 @@
 Topics (docs/protocol.md, "Event subscriptions"): `job.<service>.<task>.<state>`, where service
 and task are names the broker already accepted (a registered service; a task its workers
 declared, else `_`), each reduced to `[A-Za-z0-9_:-]` (anything else becomes `_`, so a part never
-holds a dot) and cut to TOPIC_PART_MAX characters; state is one of core/states.py's words. Workers
+holds a dot) and cut to TOPIC_PART_MAX characters; state is one of core/states.py's words, or
+`retrying` for a failed attempt its worker says runs again (not the job's end). Workers
 that register or leave: `worker.<service>.<worker>.ready|lost`. A job's progress events (a worker's
 EVENT frames): `event.<service>.<worker>`, the payload parsed on the publisher's thread (at most
 EVENT_PAYLOAD_MAX bytes of it; a larger one is published without its fields) and its text cut to
@@ -17,8 +18,8 @@ thread, never by the broker's loop. The loop hands an event over with `offer()`:
 to a bounded deque, no lock and no wait; a full deque drops the event and counts it
 (zfab_broker_events_dropped_total). The thread wakes on an eventfd only when it sleeps, and then
 gathers for GATHER seconds before it sends. A worker's result of at most SMALL_RESULT bytes rides
-along to be parsed there (completed or failed), QUEUE_BYTES of them at most; past that, or for a
-larger result, the loop tells the two apart by a byte search instead.
+along to be parsed there (completed, failed or retrying), QUEUE_BYTES of them at most; past that, or
+for a larger result, the loop tells them apart by a byte search instead.
 
 Subscriptions are bounded: XPUB_MANUAL, so a subscription takes effect only when this thread
 accepts it: a prefix of at most MAX_PREFIX bytes, at most `max_subscriptions` at once (others are

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -196,6 +196,19 @@ class HopTrace(BaseModel):
     )
 
 
+class HistoryStep(BaseModel):
+    """One state of a job, at the time the process that saw it says it happened, placed on the API's clock
+    (docs/protocol.md, "Times across processes")."""
+
+    state: str = Field(
+        description="`submitted`, `queued`, `running`, `waiting`, or how it (or an earlier attempt) ended"
+    )
+    at: datetime
+    by: Literal["api", "broker", "worker"] = Field(description="The process that saw it happen")
+    worker: str | None = None
+    note: str = ""
+
+
 class JobTrace(HopTrace):
     """A finished job's hop trace (its last attempt's); for a job several workers ran, the slowest's."""
 
@@ -263,7 +276,7 @@ class Job(BaseModel):
     retries: int | None = Field(None, description="The retries asked for (null: as the task declares)")
     attempt: int = Field(1, description="The attempt that runs (or ran last): 2, 3... after retries")
     attempts: list[Attempt] = Field(
-        default_factory=list,
+        [],  # not default_factory=list: see `history`
         description="Each earlier attempt of a retried job, with its error (the last one's outcome is in `results`)",
     )
     arguments: JobArguments | None = Field(
@@ -283,6 +296,13 @@ class Job(BaseModel):
     finished_at: datetime | None = Field(None, description="When it reached its final state")
     completed_at: datetime | None = Field(None, description="The same as finished_at (kept for older clients)")
     timings: dict[str, float] = Field(description="Epoch seconds at each hop the client saw")
+    history: list[HistoryStep] = Field(
+        # A default (copied per model), not a default_factory: model_construct inspects a factory's signature
+        # on every call, 2 ms for `list` (the console's test builds a 100,000-job table that way).
+        [],
+        description="Each state in the order it happened, at the time the broker or worker that saw it says "
+        "(`queued_at`, `started_at` are its times too)",
+    )
     trace: JobTrace | None = Field(
         None, description="Once it ended: where its time went, hop by hop (null: the fabric sent no trace)"
     )
@@ -290,7 +310,8 @@ class Job(BaseModel):
     input_request: dict[str, Any] | None = Field(
         None,
         description="While `state` is `waiting`: what the worker asks (`id`, `question`, the JSON `schema` the "
-        "answer must match, `timeout` in seconds, `worker`, `asked_at`); answer with POST /jobs/{uuid}/input",
+        "answer must match, `timeout` in seconds, `worker`, `asked_at` and `deadline` on the API's clock, "
+        "`expires_in`: seconds left when this answer was made); answer with POST /jobs/{uuid}/input",
     )
 
 

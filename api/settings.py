@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
 from zfab.settings import Settings
 
@@ -38,6 +38,14 @@ class ApiSettings(Settings):
     api_expose_tracebacks: bool = Field(
         False, description="Show tasks' tracebacks in REST results (else the error's type and message only)"
     )
+    api_traceback_tokens: str = Field(
+        "",
+        description="Comma-separated tokens (of ZFAB_API_TOKENS) whose callers see tasks' tracebacks in REST "
+        "results and the console, when ZFAB_API_EXPOSE_TRACEBACKS is off",
+        repr=False,
+    )
+    # The principals (api/http/auth.py) of api_traceback_tokens: set by create_app, which drops the tokens.
+    _traceback_principals: frozenset[str] = PrivateAttr(default_factory=frozenset)
     mmi_cache_seconds: float = Field(1.0, ge=0, description="How long /metrics reuses the broker's MMI answers")
     default_wait_max: float = Field(60, ge=0, description="Upper bound of ?wait= / Prefer: wait=N, in seconds")
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest accepted POST /jobs body")
@@ -89,3 +97,12 @@ class ApiSettings(Settings):
 
     def token_list(self) -> list[str]:
         return [t.strip() for t in self.api_tokens.split(",") if t.strip()]
+
+    def traceback_token_list(self) -> list[str]:
+        return [t.strip() for t in self.api_traceback_tokens.split(",") if t.strip()]
+
+    def tracebacks_for(self, principal: str) -> bool:
+        """May this caller read tasks' tracebacks? Everyone with ZFAB_API_EXPOSE_TRACEBACKS; else the
+        callers of ZFAB_API_TRACEBACK_TOKENS (their principals, set by create_app). Anyone else gets the
+        error's type and message: a traceback names server paths and values."""
+        return self.api_expose_tracebacks or principal in self._traceback_principals

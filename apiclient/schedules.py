@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from typing import Any
+from urllib.parse import quote
 
 from zfab.cli import UsageError, json_flag
 
@@ -27,7 +28,7 @@ def show(s: dict[str, Any]) -> None:
         ("next run", when(s.get("next_run_at"))),
         ("last run", when(s.get("last_run_at"))),
         ("runs", s.get("runs")),
-        ("refused", s.get("failures") or None),
+        ("failures", s.get("failures") or None),
         ("last error", s.get("last_error")),
         ("last jobs", ", ".join(s.get("last_jobs") or []) or None),
     ]
@@ -82,7 +83,7 @@ def cmd_add(ns: argparse.Namespace) -> int:
 
 
 def cmd_show(ns: argparse.Namespace) -> int:
-    s = client_of(ns).call("GET", f"/schedules/{ns.id}")
+    s = client_of(ns).call("GET", f"/schedules/{quote(ns.id, safe='')}")
     if ns.json:
         print(json.dumps(s, indent=2))
     else:
@@ -92,7 +93,7 @@ def cmd_show(ns: argparse.Namespace) -> int:
 
 def patcher(paused: bool) -> Any:
     def cmd(ns: argparse.Namespace) -> int:
-        s = client_of(ns).call("PATCH", f"/schedules/{ns.id}", {"paused": paused})
+        s = client_of(ns).call("PATCH", f"/schedules/{quote(ns.id, safe='')}", {"paused": paused})
         nxt = f", next run {when(s.get('next_run_at'))}" if s.get("next_run_at") else ""
         print(f"schedule {s.get('id')} {s.get('state')}{nxt}")
         return 0
@@ -101,7 +102,7 @@ def patcher(paused: bool) -> Any:
 
 
 def cmd_delete(ns: argparse.Namespace) -> int:
-    client_of(ns).call("DELETE", f"/schedules/{ns.id}")
+    client_of(ns).call("DELETE", f"/schedules/{quote(ns.id, safe='')}")
     print(f"schedule {ns.id} deleted")
     return 0
 
@@ -137,7 +138,7 @@ def register(sub: Any) -> None:
     ):
         v = verbs.add_parser(verb, help=text)
         add_api_flags(v)
-        v.add_argument("id")
+        v.add_argument("id", help="the schedule's id or name")
         if verb == "show":
             v.add_argument("--json", action="store_true")
         v.set_defaults(fn=guarded(f"schedules {verb}", fn))

@@ -90,8 +90,10 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     """A new app with its own metrics registry (so several can live in one process)."""
     s = settings or ApiSettings()
     tokens = TokenSet(s.token_list())
+    tracebacks = TokenSet(s.traceback_token_list()).principals()
     # From here on only the digests: the settings the app keeps no longer carry the tokens.
-    s = s.model_copy(update={"api_tokens": ""})
+    s = s.model_copy(update={"api_tokens": "", "api_traceback_tokens": ""})
+    s._traceback_principals = tracebacks
     registry = CollectorRegistry()
 
     @asynccontextmanager

@@ -44,7 +44,15 @@ class TokenSet:
         ok = False
         for known in self._digests:  # no early exit: every check costs the same
             ok |= hmac.compare_digest(d, known)
-        return d.hex()[:16] if ok else None
+        return _principal(d) if ok else None
+
+    def principals(self) -> frozenset[str]:
+        """The principals check() answers for these tokens."""
+        return frozenset(_principal(d) for d in self._digests)
+
+
+def _principal(digest: bytes) -> str:
+    return digest.hex()[:16]
 
 
 @functools.lru_cache(maxsize=4096)  # ipaddress parsing is slow for a per-request check

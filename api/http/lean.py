@@ -80,7 +80,7 @@ class LeanSubmitRoute(BaseRoute):
                 req = JobRequest.model_validate_json(body)
             except ValidationError:
                 req = None  # the documented route names each bad field, or the JSON's line and column
-        if st is None or req is None:
+        if st is None or req is None or caller is None:
             await self._documented(scope, receive, send, body)
             return
         query = scope.get("query_string", b"")
@@ -90,7 +90,7 @@ class LeanSubmitRoute(BaseRoute):
         submitting = submit(st, req, None, "", bound, began=began, raw=body, caller=caller)
         del req
         rec, fresh = await submitting
-        answer = submitted(st, rec, fresh, bound, scope.get("root_path", ""), False)
+        answer = await submitted(st, rec, fresh, bound, scope.get("root_path", ""), False, caller)
         await answer(scope, receive, send)
 
     async def _documented(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:

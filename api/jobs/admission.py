@@ -4,8 +4,9 @@ The broker knows each service's tasks and their argument schemas from its worker
 `show_tasks`); the API reads them (cached a few seconds, bounded) and answers 422 naming the
 argument a worker would refuse, instead of a 202 for a job bound to fail. The check is as lax
 as the worker's own validation (core/schemacheck.py), so it never refuses what a worker would
-run; an unknown task is the broker's to refuse (400), and a service whose workers announce no
-schemas (NorFab's) is not checked here.
+run; for POST /jobs an unknown task is the broker's to refuse (400), and a service whose workers
+announce no schemas (NorFab's) is not checked here. A schedule's job, which the broker sees only
+when it fires, is checked here for all three (`check_template`), from the same announced tasks.
 """
 
 from __future__ import annotations
@@ -56,6 +57,52 @@ class TaskSchemas:
 async def check_job(schemas: TaskSchemas, client: Any, req: JobRequest) -> None:
     """422 when the job's arguments do not fit its task (as the worker would say)."""
     tasks = await schemas.get(client, req.service)
+    _check_arguments(req, tasks)
+
+
+async def check_template(schemas: TaskSchemas, client: Any, req: JobRequest) -> None:
+    """A job to be submitted later (a schedule's): refused now for what the broker would refuse then,
+    when the fabric can tell. 404 for a service no worker registered (past the broker's startup grace),
+    400 for a task the service's workers do not declare, 422 for arguments its schema refuses: the
+    answers POST /jobs gives. Nothing is refused when the broker cannot be asked, or for a service
+    whose workers announce no tasks (NorFab's): the firing then meets the broker's own judgement."""
+    known, tasks = await schemas.lookup(client, req.service)
+    if not known:
+        return
+    if tasks is None:
+        if not await _service_unknown(client, req.service):
+            return
+        raise ProblemError(
+            404,
+            "unknown-service",
+            "No such service or worker",
+            f"no worker of service '{req.service}' is registered with the broker: start one, or check the name",
+        )
+    if req.task not in tasks:
+        names = ", ".join(sorted(tasks)[:20]) + (", ..." if len(tasks) > 20 else "")
+        raise ProblemError(
+            400,
+            "unknown-task",
+            "No such task",
+            f"service '{req.service}' has no task '{req.task}' (its workers declare: {names})",
+        )
+    _check_arguments(req, tasks)
+
+
+async def _service_unknown(client: Any, service: str) -> bool:
+    """True when the broker answers that no worker of `service` registered and it is past its startup
+    grace (a broker that just started cannot tell a typo from workers on their way back)."""
+    try:
+        services = await mmi(client, "show_services")
+        if any(isinstance(s, dict) and s.get("service") == service for s in services or []):
+            return False
+        broker = await mmi(client, "show_broker")
+    except Exception:
+        return False
+    return isinstance(broker, dict) and not broker.get("starting")
+
+
+def _check_arguments(req: JobRequest, tasks: dict[str, Any] | None) -> None:
     schema = (tasks or {}).get(req.task)
     if not isinstance(schema, dict):
         return

@@ -10,9 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import Future
+from typing import Any
 
 from zfab import JobFuture
-from zfab.errors import BadRequestError, JobNotFoundError, JobTimeoutError, ZfabError
+from zfab.errors import (
+    BackpressureError,
+    BadRequestError,
+    BusyError,
+    JobNotFoundError,
+    JobTimeoutError,
+    NoWorkersError,
+    ZfabError,
+)
 
 from ..errors import ProblemError, admission_problem, database_unavailable, from_fabric_error, unavailable
 from ..fabric import wait_done
@@ -22,12 +32,15 @@ from .admission import check_job
 from .recovery import ensure_live
 from .shares import CallerShares
 from .submit import submit_record
-from .table import JobRecord, encode_request
+from .table import JobRecord, encode_request, refused_at_admission
 
 # How long POST /jobs waits for the broker to admit a job. A broker that just started holds a POST
 # for a service none of its workers confirmed yet for its startup grace (a few seconds).
 ADMISSION_TIMEOUT = 10.0
 INPUT_TIMEOUT = 10.0
+# The broker's refusals of a POST (admission_problem: 404 no such service or worker, 400 no such task,
+# 503 a full queue), as the API's client raises them.
+AT_ONCE = (NoWorkersError, BadRequestError, BusyError, BackpressureError)
 
 
 async def submit(
@@ -72,22 +85,27 @@ async def submit(
     # Shared store: a job this POST waits for is written when it ends (or when the wait does), not also
     # when it starts: one write per quick job instead of two, and nobody else knows its uuid meanwhile.
     deferred = cluster is not None and bound is not None and st.persister is not None
-    if rec is None or fresh:
+    started = rec is None or fresh
+    if started:
         try:
             await check_job(st.schemas, st.client, req)
             shares = st.shares if caller is not None else None
             if shares is not None and caller is not None:
                 raw = raw if raw is not None else encode_request(req)
                 shares.check(caller, len(raw))
-            rec = submit_record(st, req, uuid, fp, persist=not deferred, retry_of=retry_of, began=began, raw=raw)
+            # Written once the broker has taken it (below): a job it refuses at once is no row.
+            rec = submit_record(st, req, uuid, fp, persist=False, retry_of=retry_of, began=began, raw=raw)
             if shares is not None and caller is not None and rec.future is not None:
                 held(shares, caller, rec.future, len(raw or b""))
+            if not deferred:
+                _persist_once_taken(st, rec)
         except Exception:
             if claimed and uuid is not None and cluster is not None:
                 await cluster.release(uuid)
             raise
-    elif not rec.remote:
+    elif rec is not None and not rec.remote:
         await ensure_live(st, rec)
+    assert rec is not None
     # Submitted (or found): the decoded request is not held while the job is waited for; the table
     # holds its JSON, counted (a 4 MB nested argument is 70 MB as Python objects).
     del req
@@ -99,7 +117,18 @@ async def submit(
             t0 = time.monotonic()
             await wait_done(rec.live, min(bound, ADMISSION_TIMEOUT))
             waited = time.monotonic() - t0
-        await admitted(rec, max(0.0, ADMISSION_TIMEOUT - waited))
+        try:
+            await admitted(rec, max(0.0, ADMISSION_TIMEOUT - waited))
+        except Exception:
+            if started and (fut := rec.live) is not None and refused_at_once(fut):
+                # The caller has the refusal and nothing ran: the job leaves no `failed` row behind
+                # (an Idempotency-Key retry submits it anew).
+                st.jobs.discard(rec.uuid)
+                if claimed and uuid is not None and cluster is not None:
+                    await cluster.release(uuid)
+            elif started and not deferred:
+                st.jobs.touch(rec.uuid)  # no answer in time: written, and followed (api/jobs/recovery.py)
+            raise
     if bound is not None:
         rec = await await_job(st, rec, max(0.0, bound - waited))
     if cluster is not None:
@@ -111,6 +140,25 @@ def held(shares: CallerShares, caller: str, fut: JobFuture, size: int) -> None:
     """The job counts for `caller` until its future ends (on whichever thread ends it)."""
     shares.hold(caller, size)
     fut.add_done_callback(lambda _: shares.release(caller, size))
+
+
+def refused_at_once(fut: JobFuture) -> bool:
+    """The broker turned the job away when it was posted: no such service or worker, no such task, a
+    full queue. (Not a client that gave up waiting: that job's outcome is not known.)"""
+    return refused_at_admission(fut) and isinstance(fut.admission.exception(), AT_ONCE)
+
+
+def _persist_once_taken(st: ApiState, rec: JobRecord) -> None:
+    """Write a new job when the broker takes it, not before: one it refuses at once is no row."""
+    uuid, fut = rec.uuid, rec.live
+    if fut is None:
+        return
+
+    def taken(admission: Future[Any]) -> None:
+        if admission.cancelled() or admission.exception() is None:
+            st.jobs.touch(uuid)
+
+    fut.admission.add_done_callback(taken)
 
 
 async def admitted(rec: JobRecord, timeout: float = ADMISSION_TIMEOUT) -> None:
@@ -175,7 +223,7 @@ async def known_job(st: ApiState, uuid: str) -> JobRecord:
     return rec
 
 
-async def cancel_local(st: ApiState, rec: JobRecord) -> Job:
+async def cancel_local(st: ApiState, rec: JobRecord, *, tracebacks: bool | None = None) -> Job:
     """Cancel a job this replica holds (its own DELETE, or one another replica forwarded)."""
     uuid = rec.uuid
     await ensure_live(st, rec)
@@ -192,7 +240,7 @@ async def cancel_local(st: ApiState, rec: JobRecord) -> Job:
         )
     rec.cancel_requested = True
     st.jobs.touch(uuid)
-    return rec.view(tracebacks=st.settings.api_expose_tracebacks)
+    return rec.view(tracebacks=st.settings.api_expose_tracebacks if tracebacks is None else tracebacks)
 
 
 def _conflict(uuid: str, slug: str, title: str, detail: str) -> ProblemError:
@@ -233,7 +281,7 @@ async def retry_job(st: ApiState, rec: JobRecord, bound: float | None, caller: s
     return new
 
 
-async def input_local(st: ApiState, rec: JobRecord, answer: InputAnswer) -> Job:
+async def input_local(st: ApiState, rec: JobRecord, answer: InputAnswer, *, tracebacks: bool | None = None) -> Job:
     """Answer the input request of a job this replica holds (its own POST, or one another replica forwarded)."""
     uuid = rec.uuid
     fut = rec.live
@@ -264,7 +312,7 @@ async def input_local(st: ApiState, rec: JobRecord, answer: InputAnswer) -> Job:
         raise ProblemError(504, "timeout", "The worker did not answer in time", str(exc), job=uuid) from None
     except ZfabError as exc:
         raise from_fabric_error(exc, uuid) from None
-    return rec.view(tracebacks=st.settings.api_expose_tracebacks)
+    return rec.view(tracebacks=st.settings.api_expose_tracebacks if tracebacks is None else tracebacks)
 
 
 __all__ = [

@@ -6,6 +6,7 @@ from __future__ import annotations
 # worker's job store and the shared PostgreSQL table insert at the end of their uuid index; its
 # random bits come from the OS 256 uuids at a time, so the event loop rarely gives up the GIL.
 import time
+from typing import Any
 
 from zfab import new_job_uuid
 from zfab.errors import ZfabError
@@ -13,7 +14,15 @@ from zfab.errors import ZfabError
 from ..errors import from_fabric_error, unavailable
 from ..models import JobRequest
 from ..state import ApiState
-from .table import JobRecord, encode_request
+from .table import JobRecord, JobTable, encode_request
+
+
+def received(table: JobTable, uuid: str, event: dict[str, Any]) -> None:
+    """An event of the job came (on the client's loop, as the worker sent it): stamped with its receipt on
+    this process's clock (`received`, epoch seconds), where its history places it (api/jobs/history.py),
+    and the job's SSE streams, if any, are woken."""
+    event["received"] = round(time.time(), 6)
+    table.changed(uuid)
 
 
 def submit_record(
@@ -48,7 +57,7 @@ def submit_record(
             req.workers,
             req.timeout,
             uuid=juuid,
-            on_event=lambda _: table.changed(juuid),  # wakes the job's SSE streams, if any
+            on_event=lambda event: received(table, juuid, event),
             retries=req.retries,
             backoff=req.backoff,
             priority=req.priority,

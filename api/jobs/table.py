@@ -23,8 +23,9 @@ from typing import Any
 from zfab import JobFuture, decoded_size, final_state
 from zfab.errors import BackpressureError, BrokerUnavailableError, BusyError, ClosedError, JobError, NoWorkersError
 
-from ..models import Attempt, Job, JobErrorInfo, JobRequest, JobState
-from .inputs import is_open, pending_input, snapshot
+from ..models import Attempt, HistoryStep, Job, JobErrorInfo, JobRequest, JobState
+from .history import Step, history, input_steps
+from .inputs import is_open, pending_input, shown, snapshot
 
 # Errors that mean the fabric refused the job before any worker ran it: a retry of the same
 # Idempotency-Key may submit it again (with the same uuid, so workers still dedupe).
@@ -117,6 +118,7 @@ class JobRecord:
     retried_as: str | None = None  # the job that submitted this one again
     retrying: bool = False  # POST /jobs/{uuid}/retry is submitting it again right now
     _input: tuple[int, dict[str, Any] | None] = (0, None)  # (events scanned, pending request)
+    _inputs: tuple[int, list[Step]] = (0, [])  # (events scanned, their input steps: jobs/history.py)
 
     @property
     def live(self) -> JobFuture | None:
@@ -196,6 +198,18 @@ class JobRecord:
             self._input = (len(events), request)
         return request if request is not None and is_open(request) else None
 
+    def input_steps(self) -> list[Step]:
+        """The job's input requests and answers as history steps (events are scanned once each)."""
+        fut = self.live
+        if fut is None or not fut.events:
+            return []
+        seen, steps = self._inputs
+        events = snapshot(fut.events)
+        if len(events) != seen:
+            steps = input_steps(events)
+            self._inputs = (len(events), steps)
+        return steps
+
     def view(self, *, tracebacks: bool = True) -> Job:
         """The job as it stands. `tracebacks=False` (REST, by default) keeps tasks' tracebacks
         server-side: a failed entry's `errors` then carry the error's type and message only."""
@@ -223,7 +237,19 @@ class JobRecord:
         request = self.input_request() if not state.finished else None
         if request is not None:
             state = JobState.waiting
-        started = _started(timings, results)
+        steps = history(
+            state=state.value,
+            finished=state.finished,
+            reason=fut.reason if state.finished else None,
+            timings=timings,
+            trace=fut.trace,
+            results=results,
+            worker=fut.worker,
+            attempts=fut.attempts,
+            inputs=self.input_steps(),
+        )
+        queued = next((s.at for s in steps if s.state == "queued"), None)
+        started = next((_when(s.at) for s in steps if s.state == "running"), None)
         finished = _when(timings.get("completed")) if state.finished else None
         if not tracebacks and results:
             results = without_tracebacks(results)
@@ -237,14 +263,15 @@ class JobRecord:
             results=results,
             error=JobErrorInfo(type=type(exc).__name__, message=str(exc)) if exc is not None else None,
             submitted_at=_when(timings.get("submitted")) or datetime.now(UTC),
-            queued_at=_when(timings.get("queued") or timings.get("dispatched")),
+            queued_at=_when(queued),
             started_at=started,
             finished_at=finished,
             completed_at=finished,
             timings=timings,
             trace=fut.trace if fut.trace is not None else (self.stored.trace if self.stored else None),
+            history=[HistoryStep(**s.as_dict()) for s in steps],
             cancel_requested=self.cancel_requested,
-            input_request=request,
+            input_request=shown(request) if request is not None else None,
             priority=self.priority,
             retries=self.retries,
             attempt=fut.attempt,
@@ -299,20 +326,6 @@ def _last_line(text: str) -> str:
         return text
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1].strip() if lines else text
-
-
-def _started(timings: dict[str, float], results: dict[str, Any] | None) -> datetime | None:
-    """When a worker started the job: its 201, else the earliest start its results report."""
-    if "started" in timings:
-        return _when(timings["started"])
-    starts = [
-        ts["started"]
-        for entry in (results or {}).values()
-        if isinstance(entry, dict)
-        and isinstance(ts := entry.get("timestamps"), dict)
-        and isinstance(ts.get("started"), int | float)
-    ]
-    return _when(min(starts)) if starts else None
 
 
 class JobTable:
@@ -380,6 +393,13 @@ class JobTable:
         if persist:
             self.touch(record.uuid)
         self.trim()
+
+    def discard(self, uuid: str) -> None:
+        """Forget a job the fabric refused at once (POST /jobs answered the refusal): it never ran, so it
+        is no row of the table or the database (a write already queued for it finds nothing)."""
+        rec = self._jobs.pop(uuid, None)
+        if rec is not None:
+            self.bytes -= rec.counted
 
     def watch(self, future: JobFuture) -> None:
         """Persist and wake listeners when `future` (a job's, or its recovery's) finishes."""

@@ -16,7 +16,12 @@ A firing that falls due while the broker is silent waits for it for up to one ho
 interval × multiplier, counted from the due time or from the API's start, whichever is later), so
 the firing missed while the API was down is not lost to the moments before its client reaches the
 broker. A firing the fabric still refuses (no broker, no workers, busy) is counted on the schedule
-(`failures`, `last_error`) and not retried: the next slot comes as usual.
+(`failures`, `last_error`) and not retried: the next slot comes as usual. So is a firing whose job
+ended failed, expired or lost (its end, read from the job's future, is counted by the replica that
+submitted it); a job of it that completes clears `last_error`.
+
+A schedule is addressed by its id or by its name (ids first): names are unique among the schedules this
+API holds (with PostgreSQL, as this replica last read them).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from prometheus_client.registry import Collector
 
 from ..errors import ProblemError
 from ..jobs.submit import submit_record
+from ..jobs.table import JobRecord
 from ..models import JobRequest
 from ..state import ApiState
 from ..store.base import ScheduleBackend, SharedScheduleBackend, SqliteSchedules
@@ -53,6 +59,9 @@ DELAY_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 300, 3600)
 CLAIM_BACKOFF = 0.5
 CLAIM_RETRY = 2.0  # the database did not answer the claim: try again this much later
 RESYNC = 60.0
+# How a fired job's end counts against its schedule (zfab_schedule_failures_total{reason}: a closed set).
+FAILED_ENDS = ("failed", "expired", "lost")
+FAILURE_REASONS = ("refused", *FAILED_ENDS)
 
 
 def plan(
@@ -98,8 +107,17 @@ class ScheduleMetrics(Collector):
             buckets=DELAY_BUCKETS,
             registry=registry,
         )
+        self.failures = Counter(
+            "zfab_schedule_failures",
+            "Schedule firings that failed, by reason (refused: the fabric refused the job; failed, expired, "
+            "lost: how the job it submitted ended)",
+            ["reason"],
+            registry=registry,
+        )
         for outcome in ("submitted", "refused"):
             self.firings.labels(outcome)
+        for reason in FAILURE_REASONS:
+            self.failures.labels(reason)
         registry.register(self)
 
     def collect(self) -> Iterator[Metric]:
@@ -110,7 +128,7 @@ class ScheduleMetrics(Collector):
         yield g
 
     def close(self) -> None:
-        for c in (self, self.firings, self.delay):
+        for c in (self, self.firings, self.failures, self.delay):
             self.registry.unregister(c)
 
 
@@ -144,6 +162,8 @@ class Scheduler:
         self._reloads: set[asyncio.Task[None]] = set()
         self._resync_at = 0.0
         self._claims_failing = False
+        self._naming: set[str] = set()  # names of schedules being written (add/update): taken already
+        self._outcomes: set[asyncio.Task[None]] = set()  # writes of fired jobs' failures
         self.started_at = clock()
 
     # ---- lifecycle --------------------------------------------------------------------------
@@ -164,7 +184,7 @@ class Scheduler:
         self._task = asyncio.create_task(self._run(), name="zfab scheduler")
 
     async def stop(self) -> None:
-        for task in [self._task, *self._reloads]:
+        for task in [self._task, *self._reloads, *self._outcomes]:
             if task is not None:
                 task.cancel()
                 with suppress(asyncio.CancelledError):
@@ -178,6 +198,16 @@ class Scheduler:
 
     def full(self) -> bool:
         return len(self.schedules) >= self.capacity
+
+    def named(self, name: str) -> list[ScheduleRecord]:
+        """The schedules of that name (one, or none; several only from before names were unique)."""
+        return [r for r in self.schedules.values() if r.name == name]
+
+    def name_taken(self, name: str | None, by: str | None = None) -> bool:
+        """Another schedule than `by` holds the name, or is being written with it."""
+        if name is None:
+            return False
+        return name in self._naming or any(r.id != by for r in self.named(name))
 
     async def add(
         self, job: dict[str, Any], every: float | None, cron: str | None, name: str | None, paused: bool
@@ -193,7 +223,12 @@ class Scheduler:
             created_at=now,
             next_run_at=None if paused else first(every, cron, now),
         )
-        await self._save([rec])  # on disk before it exists: a schedule answered 201 survives a restart
+        if name is not None:
+            self._naming.add(name)  # a second create with it, while this one is written, is refused
+        try:
+            await self._save([rec])  # on disk before it exists: a schedule answered 201 survives a restart
+        finally:
+            self._naming.discard(name or "")
         self.schedules[rec.id] = rec
         self._changed.set()
         return rec
@@ -215,7 +250,13 @@ class Scheduler:
             rec.next_run_at = None
         elif retimed or resumed or rec.next_run_at is None:
             rec.next_run_at = first(rec.every, rec.cron, now)  # a resumed schedule does not catch up
-        await self._save([rec])
+        renamed = changes.get("name")
+        if renamed is not None:
+            self._naming.add(renamed)
+        try:
+            await self._save([rec])
+        finally:
+            self._naming.discard(renamed or "")
         self._changed.set()
         return rec
 
@@ -228,6 +269,10 @@ class Scheduler:
     async def fetch(self, sid: str) -> ScheduleRecord | None:
         """A schedule by id: from memory, or (shared store) from the database if another replica just made it."""
         rec = self.schedules.get(sid)
+        if rec is None:
+            same = self.named(sid)
+            if len(same) == 1:
+                return same[0]
         if rec is None and self._shared is not None:
             for found in await self._shared.read([sid]):
                 rec = self.schedules[found.id] = found
@@ -363,7 +408,8 @@ class Scheduler:
         try:
             if st is None:
                 raise ProblemError(503, "starting", "API starting", "the API is starting or stopping")
-            job = submit_record(st, JobRequest.model_validate(rec.job), None, "").uuid
+            made = submit_record(st, JobRequest.model_validate(rec.job), None, "")
+            job = made.uuid
         except ProblemError as exc:
             rec.failures += 1
             rec.last_error = exc.detail
@@ -374,7 +420,7 @@ class Scheduler:
             log.exception("schedule %s: firing failed", rec.id)
         else:
             rec.runs += 1
-            rec.last_error = None
+            self._follow(rec.id, made)
             rec.last_jobs.append(job)
             self.made[job] = rec.id
             while len(self.made) > self.backend.mapping_capacity:
@@ -383,7 +429,59 @@ class Scheduler:
         if self.metrics is not None:
             self.metrics.firings.labels(outcome).inc()
             self.metrics.delay.observe(max(0.0, now - due))
+            if row is None:
+                self.metrics.failures.labels("refused").inc()
         return row
+
+    # ---- how the jobs it fired ended ------------------------------------------------------------
+
+    def _follow(self, sid: str, made: JobRecord) -> None:
+        """Count the job's end against its schedule when it comes (on the event loop)."""
+        fut = made.live
+        if fut is None:
+            return
+        loop = asyncio.get_running_loop()
+        uuid = made.uuid
+
+        def ended(_: object) -> None:
+            # The API's client ends jobs on this loop's thread; call_soon_threadsafe serves any other.
+            with suppress(RuntimeError):  # the loop has closed: nobody is left to count it
+                loop.call_soon_threadsafe(self._ended, sid, uuid, made)
+
+        fut.add_done_callback(ended)
+
+    def _ended(self, sid: str, uuid: str, made: JobRecord) -> None:
+        view = made.view(tracebacks=False)
+        state, rec = view.state.value, self.schedules.get(sid)
+        if rec is None:  # deleted meanwhile
+            return
+        if state == "completed":
+            if rec.last_error is None:
+                return
+            rec.last_error = None
+            outcome: tuple[str, bool, str | None] | None = None
+        elif state in FAILED_ENDS:
+            rec.failures += 1
+            why = view.reason or (view.error.message if view.error else "")
+            rec.last_error = f"job {uuid} {state}" + (f": {why}" if why else "")
+            outcome = (sid, False, rec.last_error)
+            if self.metrics is not None:
+                self.metrics.failures.labels(state).inc()
+        else:  # cancelled: someone meant it
+            return
+        task = asyncio.ensure_future(self._record_end(rec, outcome))
+        self._outcomes.add(task)
+        task.add_done_callback(self._outcomes.discard)
+
+    async def _record_end(self, rec: ScheduleRecord, outcome: tuple[str, bool, str | None] | None) -> None:
+        try:
+            if self._shared is None:
+                await self._save([rec])
+            elif outcome is not None:  # counted in the row, not written over it (other replicas fire it too)
+                async with self._writes:
+                    await self._shared.record_firings([outcome], [])
+        except Exception as exc:  # the count stays in memory; the next write of the schedule carries it
+            log.warning("api schedules: could not record how a job of schedule %s ended: %s", rec.id, exc)
 
     async def _save(self, recs: list[ScheduleRecord], fired: list[tuple[str, str, float]] | None = None) -> None:
         rows = [r.row() for r in recs]  # taken now, on the loop: what is written is this moment's state

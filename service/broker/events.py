@@ -3,7 +3,8 @@
 Topics (docs/protocol.md, "Event subscriptions"): `job.<service>.<task>.<state>`, where service
 and task are names the broker already accepted (a registered service; a task its workers
 declared, else `_`), each reduced to `[A-Za-z0-9_:-]` (anything else becomes `_`, so a part never
-holds a dot) and cut to TOPIC_PART_MAX characters; state is one of core/states.py's words. Workers
+holds a dot) and cut to TOPIC_PART_MAX characters; state is one of core/states.py's words, or
+`retrying` for a failed attempt its worker says runs again (not the job's end). Workers
 that register or leave: `worker.<service>.<worker>.ready|lost`. A job's progress events (a worker's
 EVENT frames): `event.<service>.<worker>`, the payload parsed on the publisher's thread (at most
 EVENT_PAYLOAD_MAX bytes of it; a larger one is published without its fields) and its text cut to
@@ -17,8 +18,8 @@ thread, never by the broker's loop. The loop hands an event over with `offer()`:
 to a bounded deque, no lock and no wait; a full deque drops the event and counts it
 (zfab_broker_events_dropped_total). The thread wakes on an eventfd only when it sleeps, and then
 gathers for GATHER seconds before it sends. A worker's result of at most SMALL_RESULT bytes rides
-along to be parsed there (completed or failed), QUEUE_BYTES of them at most; past that, or for a
-larger result, the loop tells the two apart by a byte search instead.
+along to be parsed there (completed, failed or retrying), QUEUE_BYTES of them at most; past that, or
+for a larger result, the loop tells them apart by a byte search instead.
 
 Subscriptions are bounded: XPUB_MANUAL, so a subscription takes effect only when this thread
 accepts it: a prefix of at most MAX_PREFIX bytes, at most `max_subscriptions` at once, and at most
@@ -86,6 +87,8 @@ _BY_STATUS = {
     nfp.ST_NOT_FOUND: "failed",
 }
 FINAL = frozenset({"completed", "failed", "cancelled", "expired", "lost"})
+# An attempt's end that is not the job's (a failed attempt its worker says runs again): its route ends.
+ATTEMPT_ENDS = frozenset({"retrying"})
 _TRACE = b"trace."
 
 
@@ -108,7 +111,9 @@ def topic_part(name: str) -> str:
 
 
 def result_state(payload: bytes | None) -> str:
-    """completed or failed, from a worker's 200 (a small one is parsed; a large one is a result)."""
+    """completed, failed or retrying, from a worker's 200 (a small one is parsed; a large one is a result).
+    `retrying`: every failed entry carries the worker's `retry` (docs/protocol.md "Retries on failure"),
+    so this attempt's failure is not the job's end: its next attempt follows, as `<uuid>~<N>`."""
     if payload is None:
         return "completed"
     keys = payload.count(b'"failed"')
@@ -120,8 +125,11 @@ def result_state(payload: bytes | None) -> str:
         entries = json.loads(payload)
     except ValueError:
         return "completed"
-    if isinstance(entries, dict) and any(isinstance(e, dict) and e.get("failed") for e in entries.values()):
-        return "failed"
+    failed = (
+        [e for e in entries.values() if isinstance(e, dict) and e.get("failed")] if isinstance(entries, dict) else []
+    )
+    if failed:
+        return "retrying" if all(isinstance(e.get("retry"), dict) for e in failed) else "failed"
     return "completed"
 
 
@@ -260,7 +268,9 @@ class EventPublisher:
             elif self._bytes_in - self._bytes_out + len(payload) > QUEUE_BYTES:
                 # The hand-off holds its bound of results already: a cheaper look here instead.
                 failed = b'"failed": true' in payload or b'"failed":true' in payload
-                self._state(entry, uuid, "failed" if failed else "completed", worker, None, status)
+                retrying = failed and (b'"retry": {"after"' in payload or b'"retry":{"after"' in payload)
+                state = "retrying" if retrying else "failed" if failed else "completed"
+                self._state(entry, uuid, state, worker, None, status)
             else:
                 self._state(entry, uuid, None, worker, payload, status)
         else:
@@ -271,7 +281,7 @@ class EventPublisher:
     ) -> None:
         if state is None and status != nfp.ST_OK:
             return  # 202, 301, 300, a worker's busy: no change of state
-        if (state is None or state in FINAL) and entry[2]:
+        if (state is None or state in FINAL or state in ATTEMPT_ENDS) and entry[2]:
             self._names.pop(uuid, None)  # a job for one worker ends once
             self._final = (uuid, entry)  # for its hop trace, which the broker offers next
         if self.active:

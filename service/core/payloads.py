@@ -302,6 +302,24 @@ def worker_status(worker: str, service: str, uuid: str, word: str, **extra: Any)
     return {"worker": worker, "uuid": uuid, "service": service, "status": word, **extra}
 
 
+MAX_AGE = 3600.0  # seconds: an `age` past this (or none, or not a number) says nothing
+
+
+def age_of(payload: bytes | memoryview | None) -> float:
+    """The `age` a reply carries (a worker's 201: seconds since the job started, on its own clock), 0 when
+    it carries none that makes sense. A receiver places the event at its receipt less the age."""
+    if not payload or len(payload) > 4096:
+        return 0.0
+    try:
+        body = loads(payload)
+    except (ValueError, RecursionError):
+        return 0.0
+    age = body.get("age") if isinstance(body, dict) else None
+    if not isinstance(age, int | float) or isinstance(age, bool) or not 0.0 <= age <= MAX_AGE:
+        return 0.0
+    return float(age)
+
+
 # ---- broker → client: dispatch replies, refusals, lost workers -------------------------------
 
 

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from ..core import protocol as nfp
-from ..core.payloads import Outcome, Word
+from ..core.payloads import Outcome, Word, iso
 from ..transport.base import Transport
 from .job import Job, JobState
 from .jobstore import JobStore, StoredJob
@@ -123,6 +123,7 @@ class JobRequests:
             "status": "running",
             "task": job.task if job else "",
             "juuid": uuid,
+            "timestamp": iso(time.time()),  # as every event has: when the answer came (the worker's clock)
             "extras": {"input_response": response},
         }
         if job is not None:

@@ -23,6 +23,7 @@ from .. import tracing
 from ..core import hoptrace, payloads, sizes
 from ..core import protocol as nfp
 from ..core.histogram import Histogram
+from ..core.logbudget import LogBudget, clip
 from ..core.payloads import Outcome, Word
 from ..errors import BackpressureError, ClosedError, JobCancelledError, JobTimeoutError
 from ..transport.base import Frames, Transport
@@ -42,6 +43,12 @@ OUTCOMES = ("completed", "failed", "cancelled", "expired", "rejected")
 # to broker, broker to client) for news the 200 brings anyway. A longer job's client learns it
 # started this much later.
 STARTED_NOTICE_DELAY = 0.01
+# A task's traceback in the worker's log: at most this many characters (its middle left out), and at
+# most FAILURE_LOG_BURST of them at once, then one every 1 / FAILURE_LOG_RATE s per worker, so a task
+# raising on every job neither floods the log nor costs the pool its time (the result carries each one).
+MAX_LOGGED_TRACEBACK = 8192
+FAILURE_LOG_BURST = 10
+FAILURE_LOG_RATE = 0.2
 
 
 class TaskStats:
@@ -92,6 +99,7 @@ class JobRunner:
         self._notices: deque[tuple[float, Job]] = deque()
         self._notice_lock = threading.Lock()
         self._notice_armed = False  # the owner knows of the first one (its timer is set for it)
+        self.failure_log = LogBudget(burst=FAILURE_LOG_BURST, per_second=FAILURE_LOG_RATE, clock=clock)
 
     # ---- shapes (core/payloads.py holds the rules) ---------------------------------------------
 
@@ -144,7 +152,10 @@ class JobRunner:
             self._notice_armed = nxt is not None
         for job in due:
             if not job.state.final:
-                payload = nfp.dumps(self.status(job.uuid, Word.ACCEPTED))
+                # `age`: how long ago it started, on this process's clock: the client places the start on
+                # its own clock as its receipt less this (docs/protocol.md, "Times across processes").
+                age = max(0.0, time.monotonic() - job.started_mono) if job.started_mono else 0.0
+                payload = nfp.dumps(self.status(job.uuid, Word.ACCEPTED, age=round(age, 6)))
                 frames = nfp.worker_reply(nfp.RESPONSE, job.client, job.uuid.encode(), nfp.ST_WORKER_ACCEPTED, payload)
                 self.send(frames)
         return nxt
@@ -320,9 +331,27 @@ class JobRunner:
             return Outcome.CANCELLED, ["cancelled while running"], []
         if isinstance(exc, JobTimeoutError):
             return Outcome.TIMEOUT, [str(exc)], []
-        log.debug("worker %s: task %s raised %r", self.name, job.task, exc)
         tb = "".join(traceback.format_exception(exc))
+        self._log_failure(job, tb)
         return Outcome.ERROR, [tb], [f"{type(exc).__name__}: {exc}"]
+
+    def _log_failure(self, job: Job, tb: str) -> None:
+        """The traceback where operators look, at WARNING (the default level shows it): bounded in
+        size and, under a storm of failures, in rate (the lines held back are counted in the next)."""
+        held = self.failure_log.take()
+        if held is None:
+            return
+        more = f" ({held} more failures not logged: too many at once)" if held else ""
+        log.warning(
+            "worker %s: task %s of job %s raised (attempt %d of %d)%s\n%s",
+            self.name,
+            job.task,
+            job.uuid,
+            job.attempt,
+            job.attempts,
+            more,
+            clip(tb.rstrip(), MAX_LOGGED_TRACEBACK),
+        )
 
     @staticmethod
     def _retry(job: Job, exc: Exception) -> dict[str, Any] | None:

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -248,6 +249,131 @@ def test_bad_requests_are_problems_that_say_what_is_wrong(tmp_path: Path) -> Non
             assert r.status_code == 200 and {"service": "demo"}.items() <= r.json()[0].items()
             r = await c.get("/mmi/broker")
             assert r.status_code == 200 and r.json()["endpoint"] == f.endpoint
+
+    with fabric(tmp_path) as f:
+        f.broker()
+        f.worker("w1")
+        run(scenario(f))
+
+
+def test_a_post_refused_at_once_leaves_no_job_behind(tmp_path: Path) -> None:
+    async def scenario(f: Fabric) -> None:
+        s = settings_for(f, api_db=str(tmp_path / "api.sqlite"))
+        async with api(s) as c:
+            await workers_ready(c, {"w1"})
+            # When the broker refuses POSTs at once: no such service, no such worker, no such task
+            refused = [
+                assert_problem(await c.post("/jobs", json={"service": "nope", "task": "echo"}), 404),
+                assert_problem(await c.post("/jobs", json={"service": "demo", "task": "echo", "workers": ["w9"]}), 404),
+                assert_problem(await c.post("/jobs?wait=5", json={"service": "demo", "task": "nosuch"}), 400),
+            ]
+            # Then none of them is a row of the job table, nor a `failed` job to list
+            page = (await c.get("/jobs", params={"state": "failed"})).json()
+            assert page["total"] == 0 and page["items"] == [], page
+            ok = (await c.post("/jobs?wait=5", json={"service": "demo", "task": "echo", "kwargs": {"data": 1}})).json()
+            assert ok["state"] == "completed"
+            assert [j["uuid"] for j in (await c.get("/jobs")).json()["items"]] == [ok["uuid"]]
+            for p in refused:
+                if p.get("job"):
+                    assert_problem(await c.get(f"/jobs/{p['job']}"), 404)
+        # And the API's database holds only the job that ran
+        async with api(s) as c:
+            assert [j["uuid"] for j in (await c.get("/jobs")).json()["items"]] == [ok["uuid"]]
+
+    with fabric(tmp_path) as f:
+        f.broker()
+        f.worker("w1")
+        run(scenario(f))
+
+
+def test_a_waited_post_answers_the_jobs_arguments_as_get_does(tmp_path: Path) -> None:
+    async def scenario(f: Fabric) -> None:
+        async with api(settings_for(f)) as c:
+            await workers_ready(c, {"w1"})
+            body = {"service": "demo", "task": "add", "args": [2, 3]}
+            done = await c.post("/jobs?wait=5", json=body)
+            assert done.status_code == 200 and done.json()["state"] == "completed", done.text
+            got = (await c.get(f"/jobs/{done.json()['uuid']}")).json()
+            assert done.json()["arguments"] == got["arguments"] and got["arguments"]["args"] == [2, 3]
+            queued = await c.post("/jobs", json={"service": "demo", "task": "echo", "kwargs": {"data": "x"}})
+            assert queued.status_code == 202 and queued.json()["arguments"]["kwargs"] == {"data": "x"}
+
+    with fabric(tmp_path) as f:
+        f.broker()
+        f.worker("w1")
+        run(scenario(f))
+
+
+def test_a_jobs_history_has_each_state_when_its_process_says_in_order(tmp_path: Path) -> None:
+    async def scenario(f: Fabric) -> None:
+        async with api(settings_for(f)) as c:
+            await workers_ready(c, {"w1"})
+            # Given a job that sleeps 1.5 s, and a quick one whose 201 never comes (it ends first)
+            slow = (
+                await c.post("/jobs?wait=10", json={"service": "demo", "task": "sleep", "kwargs": {"seconds": 1.5}})
+            ).json()
+            quick = (
+                await c.post("/jobs?wait=10", json={"service": "demo", "task": "echo", "kwargs": {"data": 1}})
+            ).json()
+            for job in (slow, quick):
+                steps = job["history"]
+                # Then each state is there once, in the order it happened, by the process that saw it
+                assert [(s["state"], s["by"]) for s in steps] == [
+                    ("submitted", "api"),
+                    ("queued", "broker"),
+                    ("running", "worker"),
+                    ("completed", "worker"),
+                ], steps
+                at = [datetime.fromisoformat(s["at"]) for s in steps]
+                assert at == sorted(at)
+                assert job["queued_at"] == steps[1]["at"] and job["started_at"] == steps[2]["at"]
+                # And the task's run is the worker's own measure of it (its hop trace), not message receipts
+                ran = (at[3] - at[2]).total_seconds()
+                assert ran == pytest.approx(job["trace"]["hops"]["run"], abs=1e-5), (ran, job["trace"])
+            assert (
+                datetime.fromisoformat(slow["history"][3]["at"]) - datetime.fromisoformat(slow["history"][2]["at"])
+            ).total_seconds() >= 1.5
+            # And GET says the same as the POST that waited for it
+            assert (await c.get(f"/jobs/{slow['uuid']}")).json()["history"] == slow["history"]
+
+    with fabric(tmp_path) as f:
+        f.broker()
+        f.worker("w1")
+        run(scenario(f))
+
+
+def test_a_tasks_traceback_is_shown_only_to_a_caller_allowed_to_see_it(tmp_path: Path) -> None:
+    fail = {"service": "demo", "task": "fail", "kwargs": {"message": "tb-secret-path"}}
+
+    async def errors(c: httpx.AsyncClient) -> list[str]:
+        job = (await c.post("/jobs?wait=5", json=fail)).json()
+        assert job.get("state") == "failed", job
+        shown: list[str] = job["results"]["w1"]["errors"]
+        again = (await c.get(f"/jobs/{job['uuid']}")).json()["results"]["w1"]["errors"]
+        assert again == shown  # POST and GET say the same to the same caller
+        return shown
+
+    async def scenario(f: Fabric) -> None:
+        # A caller of an API without tokens (loopback), and one with a token: the error's type and message
+        async with api(settings_for(f)) as c:
+            await workers_ready(c, {"w1"})
+            assert await errors(c) == ["RuntimeError: tb-secret-path"]
+        s = settings_for(f, api_tokens="t0k, ops-t0k", api_traceback_tokens="ops-t0k")
+        async with api(s, headers={"Authorization": "Bearer t0k"}) as c:
+            await workers_ready(c, {"w1"})
+            assert await errors(c) == ["RuntimeError: tb-secret-path"]
+        # A caller whose token may see tracebacks (ZFAB_API_TRACEBACK_TOKENS): the whole traceback
+        async with api(s, headers={"Authorization": "Bearer ops-t0k"}) as c:
+            await workers_ready(c, {"w1"})
+            [tb] = await errors(c)
+            assert tb.startswith("Traceback (most recent call last)") and "tb-secret-path" in tb
+        # And everyone, when the API is told to show them (ZFAB_API_EXPOSE_TRACEBACKS)
+        async with api(settings_for(f, api_expose_tracebacks=True)) as c:
+            await workers_ready(c, {"w1"})
+            assert (await errors(c))[0].startswith("Traceback")
+        # And the worker logged each one, traceback and message, at its default level
+        log = f.log("w1")
+        assert "Traceback (most recent call last)" in log and log.count("RuntimeError: tb-secret-path") >= 4
 
     with fabric(tmp_path) as f:
         f.broker()

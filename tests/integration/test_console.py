@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import signal
 import struct
 import zlib
 from collections.abc import Callable, Iterator
@@ -58,6 +59,7 @@ class Stack:
     base: str
     http: httpx.Client
     driver: Any
+    fabric: Fabric
     jobs: dict[str, str] = field(default_factory=dict)  # what earlier tests made, for the screenshots
 
     def open(self, path: str) -> None:
@@ -153,7 +155,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "Emulation.setDeviceMetricsOverride",
             {"width": 1280, "height": 900, "deviceScaleFactor": 1, "mobile": False},
         )
-        yield Stack(base, http, driver)
+        yield Stack(base, http, driver, f)
     finally:
         if driver is not None:
             driver.quit()
@@ -270,6 +272,57 @@ def test_the_job_view_streams_events_answers_input_and_submits_again(console: St
     assert '"answer": "Ada"' in c.text("#results")
 
 
+def test_the_input_panel_counts_down_and_the_history_has_each_state_in_order(console: Stack) -> None:
+    c = console
+    job = c.post_job({"service": "demo", "task": "ask", "kwargs": {"question": "Ready?", "timeout": 40}})
+    c.open(f"/ui/jobs/{job['uuid']}")
+    c.until(lambda: c.js("return !document.querySelector('#input').hidden"), "the input request")
+    first = c.text("#countdown")
+    assert first.endswith(" left") and 30 <= int(first.split()[0]) <= 40, first
+    c.until(lambda: c.text("#countdown") != first, "the countdown moving on", timeout=5)
+    assert int(c.text("#countdown").split()[0]) < int(first.split()[0])
+    c.find("#input-form [data-field=value]").send_keys("yes")
+    c.find("#input-form button").click()
+    c.until(lambda: c.text("#state") == "completed", "the answered job completed")
+    rows = "return [...document.querySelectorAll('#history tbody tr')].map((r) => r.cells[0].textContent)"
+    c.until(lambda: c.js(rows)[-1:] == ["completed"], "the history's end")
+    assert c.js(rows) == ["submitted", "queued", "running", "waiting", "running", "completed"]
+    assert "took the answer" in c.text("#history")
+    steps = c.http.get(f"/jobs/{job['uuid']}").json()["history"]
+    assert [s["at"] for s in steps] == sorted(s["at"] for s in steps)
+
+
+def test_a_failed_jobs_page_shows_its_error_and_its_traceback_to_whom_the_api_shows_it(console: Stack) -> None:
+    c = console
+    boom = {"service": "demo", "task": "fail", "kwargs": {"message": "console-boom"}}
+    job = c.post_job(boom, wait=10)
+    c.open(f"/ui/jobs/{job['uuid']}")
+    c.until(lambda: c.text("#state") == "failed", "the job failed")
+    c.until(lambda: "RuntimeError: console-boom" in c.text("#results .task-error"), "the error in one line")
+    assert not c.js("return !!document.querySelector('#results details.traceback')")  # a token holder: no traceback
+    # An API that shows this token's callers tracebacks (ZFAB_API_TRACEBACK_TOKENS) shows it on the same page
+    port = free_port()
+    env = {
+        "ZFAB_API_TOKENS": TOKEN,
+        "ZFAB_API_TRACEBACK_TOKENS": TOKEN,
+        "ZFAB_API_DB": str(c.fabric.tmp / "tracebacks.sqlite"),
+    }
+    c.fabric.start("api-tracebacks", "api", "--port", str(port), env=env)
+    base = f"http://127.0.0.1:{port}"
+    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10) as http:
+        wait_for(lambda: http.get("/readyz").status_code == 200, 30, what="the second API ready")
+        r = http.post("/jobs?wait=10", json=boom)
+        assert r.status_code == 200, r.text
+        c.driver.get(base + "/ui")
+        c.js("sessionStorage.setItem('zfab.token', arguments[0])", TOKEN)
+        c.driver.get(f"{base}/ui/jobs/{r.json()['uuid']}")
+        c.until(
+            lambda: "Traceback (most recent call last)" in c.text("#results details.traceback pre"), "the traceback"
+        )
+        assert "console-boom" in c.text("#results .task-error")
+    c.fabric.signal("api-tracebacks", signal.SIGTERM)
+
+
 def test_a_secret_argument_is_never_in_the_page_nor_sent_again(console: Stack) -> None:
     c = console
     body = {"service": "secrets", "task": "login", "kwargs": {"user": "ada", "password": "hunter2"}}
@@ -330,6 +383,10 @@ def test_a_schedule_is_paused_and_deleted_from_its_page(console: Stack) -> None:
         return str(r.json()["id"])
 
     keep, gone = schedule("nightly-report"), schedule("to-delete")
+    failing = c.http.post(
+        "/schedules",
+        json={"job": {"service": "demo", "task": "fail", "kwargs": {"message": "sched-boom"}}, "every": 1, "name": "f"},
+    ).json()["id"]
     c.open("/ui/schedules")
     c.ready()
     row = f"#s-{keep}"
@@ -342,6 +399,11 @@ def test_a_schedule_is_paused_and_deleted_from_its_page(console: Stack) -> None:
     c.find(f"#s-{gone} button[data-action=delete]").click()
     c.until(lambda: not c.js(f"return !!document.querySelector('#s-{gone}')"), "the deleted schedule gone")
     assert c.http.get(f"/schedules/{gone}").status_code == 404
+    # A schedule whose jobs fail shows how many did, and the last error
+    c.until(lambda: "sched-boom" in c.text(f"#s-{failing} .last-error"), "the failing schedule's last error")
+    count = f"return document.querySelector('#s-{failing} td.failures').firstChild.textContent"
+    assert int(c.js(count).replace(",", "")) >= 1
+    c.http.delete(f"/schedules/{failing}")
 
 
 def test_every_view_loads_in_under_a_second_and_renders_a_real_picture(console: Stack) -> None:

@@ -165,6 +165,7 @@ def test_schedules_are_bounded_and_need_the_bearer_token(tmp_path: Path) -> None
     f = Fabric(tmp_path)
     try:
         f.broker()
+        f.worker("w1")  # a schedule's job is checked against the services the broker knows
         a = Api(f, ZFAB_MAX_SCHEDULES="2", ZFAB_API_TOKENS="sched-token")
         a.start()
         assert a.http.get("/schedules").status_code == 401
@@ -176,6 +177,68 @@ def test_schedules_are_bounded_and_need_the_bearer_token(tmp_path: Path) -> None
         assert a.http.get("/schedules", headers=auth).json()["total"] == 2
     finally:
         f.stop()
+
+
+def test_a_schedule_is_checked_like_a_job_when_it_is_made_or_changed(api: Api) -> None:
+    # Given a fabric whose demo workers declare their tasks, past the broker's startup grace (until then
+    # it cannot tell a typo from a service whose workers are on their way)
+    wait_for(lambda: api.http.get("/mmi/broker").json()["starting"] is False, 10, what="the broker's grace to end")
+    # Then what POST /jobs would refuse is refused now
+    for job, status, says in (
+        ({"service": "demo", "task": "no_such_task"}, 400, "no task 'no_such_task'"),
+        ({"service": "no-such-service", "task": "echo"}, 404, "no-such-service"),
+        ({"service": "demo", "task": "add", "args": ["one", 2]}, 422, "bad arguments for task 'add'"),
+    ):
+        r = api.http.post("/schedules", json={"job": job, "every": 60, "name": "refused"})
+        assert r.status_code == status and r.headers["content-type"].startswith("application/problem+json"), r.text
+        assert says in r.json()["detail"], r.json()
+    assert api.http.get("/schedules").json()["total"] == 0  # nothing was made
+    # And a good one made, then changed to a job its task refuses, is refused and unchanged
+    sid = api.http.post("/schedules", json={"job": ECHO, "every": 60}).json()["id"]
+    r = api.http.patch(f"/schedules/{sid}", json={"job": {"service": "demo", "task": "nope"}})
+    assert r.status_code == 400 and "nope" in r.json()["detail"], r.text
+    assert schedule(api, sid)["job"]["task"] == "echo"
+
+
+def test_a_schedule_is_addressed_by_its_unique_name(api: Api) -> None:
+    r = api.http.post("/schedules", json={"job": ECHO, "every": 60, "name": "nightly-report"})
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    # GET, PATCH, DELETE take the name in place of the id
+    assert schedule(api, "nightly-report")["id"] == sid
+    r = api.http.patch("/schedules/nightly-report", json={"paused": True})
+    assert r.status_code == 200 and r.json()["id"] == sid and r.json()["state"] == "paused"
+    # A second schedule of that name, made or renamed, is a clear 409
+    r = api.http.post("/schedules", json={"job": ECHO, "every": 60, "name": "nightly-report"})
+    assert r.status_code == 409 and "nightly-report" in r.json()["detail"] and "exists" in r.json()["detail"], r.text
+    other = api.http.post("/schedules", json={"job": ECHO, "every": 60, "name": "other"}).json()["id"]
+    r = api.http.patch(f"/schedules/{other}", json={"name": "nightly-report"})
+    assert r.status_code == 409, r.text
+    assert api.http.patch(f"/schedules/{sid}", json={"name": "nightly-report"}).status_code == 200  # its own
+    # A name that is not one path segment is refused
+    for bad in ("with/slash", "tab\there"):
+        r = api.http.post("/schedules", json={"job": ECHO, "every": 60, "name": bad})
+        assert r.status_code == 422, r.text
+    assert api.http.delete("/schedules/nightly-report").status_code == 204
+    assert api.http.get(f"/schedules/{sid}").status_code == 404
+    assert api.http.get("/schedules/nightly-report").status_code == 404
+
+
+def test_a_schedules_failing_jobs_are_counted_and_shown(api: Api) -> None:
+    # Given a schedule whose job raises
+    job = {"service": "demo", "task": "fail", "kwargs": {"message": "scheduled-boom"}}
+    sid = api.http.post("/schedules", json={"job": job, "every": 1, "name": "failing"}).json()["id"]
+    # Then each firing's failure is counted on it, with the last error
+    wait_for(lambda: schedule(api, sid)["failures"] >= 2, 15, what="two failed firings")
+    s = schedule(api, sid)
+    assert s["runs"] >= 2 and "failed" in s["last_error"] and "scheduled-boom" in s["last_error"], s
+    assert 'zfab_schedule_failures_total{reason="failed"}' in api.http.get("/metrics").text
+    metric = [
+        line for line in api.http.get("/metrics").text.splitlines() if line.startswith("zfab_schedule_failures_total")
+    ]
+    assert any('reason="failed"' in line and float(line.split()[-1]) >= 2 for line in metric), metric
+    # And the console's schedules page shows them (its script reads the same fields)
+    api.http.delete(f"/schedules/{sid}")
 
 
 def zfab(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -195,6 +258,8 @@ def test_the_schedules_command_mirrors_the_routes(api: Api) -> None:
     assert any(line.startswith(sid) and "every 1s" in line and "active" in line for line in r.stdout.splitlines())
     r = zfab(["schedules", "show", sid], env)
     assert r.returncode == 0 and "last jobs:" in r.stdout and "demo/echo" in r.stdout, r.stdout
+    r = zfab(["schedules", "show", "c"], env)  # by its name
+    assert r.returncode == 0 and sid in r.stdout, r.stdout
     r = zfab(["schedules", "pause", sid], env)
     assert r.returncode == 0 and "paused" in r.stdout and schedule(api, sid)["paused"] is True
     r = zfab(["schedules", "resume", sid], env)

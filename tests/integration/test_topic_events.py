@@ -93,6 +93,30 @@ def test_a_demo_subscriber_sees_every_demo_job_in_order_and_nothing_else(tmp_pat
         assert m["zfab_broker_events_published_total"] >= len(got) and m["zfab_broker_events_dropped_total"] == 0
 
 
+def test_a_retried_attempts_failure_reads_retrying_and_only_the_jobs_end_is_final(tmp_path: Path) -> None:
+    with fabric(tmp_path) as f:
+        events, _ = _start(f)
+        with f.client() as c:
+            wait_workers(c, {"w1", "o1"})
+            with c.subscribe("job.demo.", endpoint=events) as sub:
+                # Given a task that fails its first attempt and is retried (0.1 s later), and one that always fails
+                ok = c.submit("demo", "flaky", kwargs={"failures": 1}, retries=1, backoff=0.1, timeout=30)
+                bad = c.submit("demo", "fail", retries=1, backoff=0.1, timeout=30)
+                assert ok.result(30)["w1"]["result"] == {"attempt": 2}
+                last = bad.result(30)["w1"]
+                assert last["failed"] and last["attempt"] == 2 and "retry" not in last
+                got = _drain(sub, 2, 20)
+        by_attempt = {(str(e["uuid"]), str(e["state"])) for e in got}
+        # Then each first attempt's failure is `retrying`, and each job has one final event: its last attempt's
+        for job, end in ((ok.uuid, "completed"), (bad.uuid, "failed")):
+            assert (job, "retrying") in by_attempt and (f"{job}~2", end) in by_attempt, sorted(by_attempt)
+            assert not {s for u, s in by_attempt if u == job} & FINAL, sorted(by_attempt)
+        assert {str(e["topic"]) for e in got if e["state"] == "retrying"} == {
+            "job.demo.flaky.retrying",
+            "job.demo.fail.retrying",
+        }
+
+
 def test_a_subscriber_that_reads_nothing_stalls_no_job_and_its_losses_are_counted(tmp_path: Path) -> None:
     with fabric(tmp_path) as f:
         f.env["ZFAB_BROKER_EVENTS_HWM"] = "100"

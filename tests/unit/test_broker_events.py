@@ -75,6 +75,34 @@ def test_a_failed_task_expiry_and_cancel_are_states_too(clock: FakeClock) -> Non
     assert [s for s, u in states if u == b"late"] == ["queued", "expired"]
 
 
+def test_an_attempt_that_runs_again_publishes_retrying_not_the_jobs_final_failed(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    b, p = with_events(clock)
+    ready(b, b"w1", credits=10)
+    retry = {"after": 1.0, "attempt": 2, "attempts": 3}
+    again = nfp.dumps({"w1": {"result": None, "failed": True, "status": "error", "retry": retry}})
+    last = nfp.dumps({"w1": {"result": None, "failed": True, "status": "error"}})
+    # Given attempt 1 fails and its worker says it runs again, then attempt 2 fails for good
+    post(b, b"j1")
+    stub(b).feed([b"w1", b"", nfp.WORKER, nfp.RESPONSE, b"c1", b"", b"j1", nfp.ST_OK, again])
+    post(b, b"j1~2")
+    stub(b).feed([b"w1", b"", nfp.WORKER, nfp.RESPONSE, b"c1", b"", b"j1~2", nfp.ST_OK, last])
+    # Then the first attempt's end reads `retrying`, and only the last one's `failed`
+    assert [(s, u) for _, s, u, _ in published(p)] == [
+        ("queued", b"j1"),
+        ("retrying", b"j1"),
+        ("queued", b"j1~2"),
+        ("failed", b"j1~2"),
+    ]
+    assert b"j1" not in p._names  # the attempt's route ended
+    # And so it reads when the hand-off is full and the loop looks at the bytes instead of parsing
+    monkeypatch.setattr(ev, "QUEUE_BYTES", 0)
+    post(b, b"j2")
+    stub(b).feed([b"w1", b"", nfp.WORKER, nfp.RESPONSE, b"c1", b"", b"j2", nfp.ST_OK, again])
+    assert [s for _, s, u, _ in published(p) if u == b"j2"] == ["queued", "retrying"]
+
+
 def test_refusals_publish_nothing_and_nobody_subscribed_costs_no_hand_off(clock: FakeClock) -> None:
     b, p = with_events(clock)
     ready(b, b"w1")
@@ -101,6 +129,8 @@ def test_topic_parts_are_safe_and_bounded() -> None:
     assert topic_part("é\n*>") == "____"
     assert result_state(None) == "completed" and result_state(b"not json") == "completed"
     assert result_state(b'{"w": {"failed": true}}') == "failed"
+    assert result_state(b'{"w": {"failed": true, "retry": {"after": 1}}}') == "retrying"
+    assert result_state(b'{"a": {"failed": true, "retry": {"after": 1}}, "b": {"failed": true}}') == "failed"
     # told from the bytes when every entry says false; parsed otherwise (any spelling, any truthy value)
     assert result_state(b'{"a": {"failed": false}, "b": {"failed":false}}') == "completed"
     assert result_state(b'{"a": {"failed": false}, "b": {"failed" : 1}}') == "failed"

@@ -4,10 +4,15 @@ resume, re-time and delete do, and what a restart brings back (an in-memory or t
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
+from zfab import JobFuture
+from zfab.api.jobs.table import JobRecord
 from zfab.api.schedules.scheduler import Scheduler, next_wake, plan
 from zfab.api.store.schedules import ScheduleRecord, ScheduleStore
 
@@ -116,3 +121,49 @@ def test_a_restart_brings_back_schedules_runs_and_the_job_mapping(tmp_path: Path
         await s.stop()
 
     asyncio.run(second_life())
+
+
+def test_a_schedule_is_found_by_its_name_and_a_name_has_one_owner() -> None:
+    async def scenario() -> None:
+        s = Scheduler(lambda: None, ScheduleStore(None, 100), capacity=10, clock=Clock())
+        r = await s.add(JOB, 10.0, None, "nightly", False)
+        assert await s.fetch("nightly") is r and await s.fetch(r.id) is r
+        assert await s.fetch("daily") is None
+        assert s.name_taken("nightly") and not s.name_taken("nightly", by=r.id) and not s.name_taken(None)
+        other = await s.add(JOB, 10.0, None, None, False)
+        assert s.name_taken("nightly", by=other.id)
+        await s.update(r, {"name": "weekly"})
+        assert await s.fetch("weekly") is r and not s.name_taken("nightly")
+        s.store.close()
+
+    run(scenario)
+
+
+def test_a_fired_jobs_failure_is_counted_on_its_schedule_and_a_completed_one_clears_the_error() -> None:
+    async def scenario() -> None:
+        registry = CollectorRegistry()
+        s = Scheduler(lambda: None, ScheduleStore(None, 100), capacity=10, clock=Clock(), registry=registry)
+        r = await s.add(JOB, 10.0, None, None, False)
+
+        def fired(uuid: str, entry: dict[str, Any]) -> None:
+            fut = JobFuture(uuid, 0, 100)
+            s._follow(r.id, JobRecord(uuid, "demo", "echo", "any", fut, ""))
+            fut.set_result({"w1": entry})
+
+        fired("j1", {"failed": True, "status": "error", "messages": ["RuntimeError: boom"], "errors": []})
+        await wait_until(lambda: r.failures == 1)
+        assert r.last_error is not None and r.last_error.startswith("job j1 failed")
+        assert registry.get_sample_value("zfab_schedule_failures_total", {"reason": "failed"}) == 1
+        fired("j2", {"failed": False, "status": "completed", "result": 1})
+        await wait_until(lambda: r.last_error is None)
+        assert r.failures == 1
+        await s.stop()
+
+    run(scenario)
+
+
+async def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)

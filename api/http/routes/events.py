@@ -153,7 +153,7 @@ def from_database(st: ApiState, rec: JobRecord) -> bool:
     return st.cluster is not None and (rec.remote or (rec.live is None and rec.stored is not None and rec.done))
 
 
-async def event_stream(st: ApiState, rec: JobRecord, after: int) -> AsyncIterator[bytes]:
+async def event_stream(st: ApiState, rec: JobRecord, after: int, tracebacks: bool) -> AsyncIterator[bytes]:
     if from_database(st, rec):
         async for chunk in _from_database(st, rec, after):
             yield chunk
@@ -166,7 +166,7 @@ async def event_stream(st: ApiState, rec: JobRecord, after: int) -> AsyncIterato
             yield chunk
     # Without `end`, the server is stopping: the caller reconnects (to the restarted API) with Last-Event-ID.
     if rec.done:
-        yield end_frame(rec.view(tracebacks=st.settings.api_expose_tracebacks))
+        yield end_frame(rec.view(tracebacks=tracebacks))
 
 
 @router.get(
@@ -185,7 +185,9 @@ async def event_stream(st: ApiState, rec: JobRecord, after: int) -> AsyncIterato
         **responses(401, 403, 404, 422),
     },
 )
-async def job_events(uuid: JobUuid, request: Request, _: Principal, last_event_id: LastEventId = "0") -> Response:
+async def job_events(
+    uuid: JobUuid, request: Request, principal: Principal, last_event_id: LastEventId = "0"
+) -> Response:
     """The job's events as server-sent events, from the start or after `Last-Event-ID`.
 
     A finished job streams its events and the terminal event at once. After an API restart
@@ -200,7 +202,8 @@ async def job_events(uuid: JobUuid, request: Request, _: Principal, last_event_i
         return Response(status_code=204)
     after = int(last_event_id) if last_event_id != "end" else 0
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return EventStreamResponse(event_stream(st, rec, after), headers=headers)
+    tracebacks = st.settings.tracebacks_for(principal)
+    return EventStreamResponse(event_stream(st, rec, after, tracebacks), headers=headers)
 
 
 @router.post(
@@ -211,7 +214,7 @@ async def job_events(uuid: JobUuid, request: Request, _: Principal, last_event_i
     response_model=Job,
     responses=responses(400, 401, 403, 404, 409, 413, 422, 503, 504),
 )
-async def send_input(uuid: JobUuid, answer: InputAnswer, request: Request, _: Principal) -> Job:
+async def send_input(uuid: JobUuid, answer: InputAnswer, request: Request, principal: Principal) -> Job:
     """Give a job waiting for input (`state: waiting`) its answer. 202 once the worker took it;
     400 with the worker's reason when the value does not match the request's schema; 409 when
     the job is not waiting for input."""
@@ -222,4 +225,4 @@ async def send_input(uuid: JobUuid, answer: InputAnswer, request: Request, _: Pr
             raise ProblemError(409, "job-finished", "Job already finished", f"job {uuid} already finished", job=uuid)
         assert st.cluster is not None  # only a replica's jobs are remote
         return await st.cluster.forward(rec, "input", answer.model_dump(mode="json"))
-    return await input_local(st, rec, answer)
+    return await input_local(st, rec, answer, tracebacks=st.settings.tracebacks_for(principal))

@@ -112,14 +112,18 @@ async def submit_job(
     uuid, fp = (job_uuid_for_key(idempotency_key, principal), fingerprint(req)) if idempotency_key else (None, "")
     bound = wait_bound(wait, prefer, st.settings.default_wait_max)
     rec, fresh = await submit(st, req, uuid, fp, bound, began=began, caller=principal)
-    return submitted(st, rec, fresh, bound, request.scope.get("root_path", ""), wait is None)
+    return await submitted(st, rec, fresh, bound, request.scope.get("root_path", ""), wait is None, principal)
 
 
-def submitted(st: ApiState, rec: JobRecord, fresh: bool, bound: float | None, root: str, preferred: bool) -> Response:
+async def submitted(
+    st: ApiState, rec: JobRecord, fresh: bool, bound: float | None, root: str, preferred: bool, principal: str
+) -> Response:
     """POST /jobs' answer. 200 with a finished job: one that ended within the wait bound, or a retried
     POST of one that had ended. A job this request submitted without waiting is always 202, even when
-    it was quick enough to finish before the answer went out: the status must not depend on a race."""
-    view = rec.view(tracebacks=st.settings.api_expose_tracebacks)
+    it was quick enough to finish before the answer went out: the status must not depend on a race.
+    The job as GET /jobs/{uuid} shows it, `arguments` included."""
+    view = rec.view(tracebacks=st.settings.tracebacks_for(principal))
+    view.arguments = await arguments_of(st, rec)
     status = 200 if view.state.finished and (bound is not None or not fresh) else 202
     headers = {"Location": f"{root}/jobs/{rec.uuid}"}
     if bound is not None and preferred:  # the wait came from `Prefer: wait=N`, not ?wait=
@@ -139,7 +143,7 @@ async def get_job(
     uuid: JobUuid,
     request: Request,
     response: Response,
-    _: Principal,
+    principal: Principal,
     wait: WaitQuery = None,
     prefer: PreferHeader = None,
 ) -> Job:
@@ -156,7 +160,7 @@ async def get_job(
     if st.cluster is not None:
         await st.cluster.settled(rec)
     _applied(request, response, bound)
-    view = rec.view(tracebacks=st.settings.api_expose_tracebacks)
+    view = rec.view(tracebacks=st.settings.tracebacks_for(principal))
     scheduler = getattr(request.app.state, "schedules", None)
     if scheduler is not None:
         view.schedule = scheduler.schedule_of(uuid)
@@ -172,7 +176,7 @@ async def get_job(
     response_model=Job,
     responses=responses(401, 403, 404, 409, 422, 503),
 )
-async def cancel_job(uuid: JobUuid, request: Request, _: Principal) -> Job:
+async def cancel_job(uuid: JobUuid, request: Request, principal: Principal) -> Job:
     """Cancel the job (202): a queued one leaves the broker's queue at once and never runs; a
     running one is asked to stop, and ends as its workers report (`cancelled`, or its result)."""
     st = api_state(request)
@@ -184,7 +188,7 @@ async def cancel_job(uuid: JobUuid, request: Request, _: Principal) -> Job:
             )
         assert st.cluster is not None  # only a replica's jobs are remote
         return await st.cluster.forward(rec, "cancel", {})
-    return await cancel_local(st, rec)
+    return await cancel_local(st, rec, tracebacks=st.settings.tracebacks_for(principal))
 
 
 @router.post(
@@ -212,7 +216,7 @@ async def retry_dead_job(
     rec = await known_job(st, uuid)
     bound = wait_bound(wait, prefer, st.settings.default_wait_max)
     new = await retry_job(st, rec, bound, caller=principal)
-    return submitted(st, new, True, bound, request.scope.get("root_path", ""), wait is None)
+    return await submitted(st, new, True, bound, request.scope.get("root_path", ""), wait is None, principal)
 
 
 StateFilter = Annotated[list[JobState] | None, Query(description="Only jobs in these states (repeat the parameter)")]
@@ -228,7 +232,7 @@ StateFilter = Annotated[list[JobState] | None, Query(description="Only jobs in t
 )
 async def list_jobs(
     request: Request,
-    _: Principal,
+    principal: Principal,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description=f"Page size, at most {MAX_PAGE}")] = 50,
     cursor: Annotated[
         str | None,
@@ -262,11 +266,12 @@ async def list_jobs(
         rows = ((rec.seq, rec, None) for rec in st.jobs.newest(before) if made is None or rec.uuid in made)
         total = len(st.jobs)
     items: list[Job | JobSummary] = []
+    tracebacks = st.settings.tracebacks_for(principal)
     last: int | None = None
     more = False
     for seq, found, sid in rows:
         rec = st.jobs.get(found.uuid) or found  # this replica's own jobs from memory, where they are fresher
-        view = rec.view(tracebacks=st.settings.api_expose_tracebacks)
+        view = rec.view(tracebacks=tracebacks)
         view.schedule = sid or (scheduler.schedule_of(rec.uuid) if scheduler is not None else None)
         if not flt.matches(view, rec):
             continue

@@ -9,6 +9,7 @@ the fabric client and stops before it closes.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -20,6 +21,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from pydantic.json_schema import SkipJsonSchema
 
 from ...errors import ProblemError, database_unavailable, unavailable
+from ...jobs.admission import check_template
 from ...models import JobRequest
 from ...schedules.scheduler import Scheduler
 from ...schedules.timing import CRON_PATTERN, cron_problem
@@ -74,8 +76,31 @@ def _valid_cron(expr: str) -> str:
     return expr
 
 
-ScheduleId = Annotated[str, Path(description="The schedule's id", min_length=1, max_length=64)]
-Name = Annotated[str, Field(min_length=1, max_length=200)]
+# A name is one segment of a URL (GET /schedules/{name}): no '/', no control characters. (One that equals
+# another schedule's id addresses that one: ids are looked up first.)
+NAME_PATTERN = r"^[^/\x00-\x1f\x7f-\x9f]+$"
+_NAME = re.compile(NAME_PATTERN)
+
+
+def _valid_name(name: str) -> str:
+    if not _NAME.fullmatch(name):
+        raise ValueError("a schedule's name has no '/' or control characters (it is part of its URL)")
+    return name
+
+
+ScheduleId = Annotated[
+    str, Path(description="The schedule's id, or its name (names are unique)", min_length=1, max_length=200)
+]
+Name = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=200,
+        json_schema_extra={"pattern": NAME_PATTERN},  # checked by _valid_name, with a readable message
+        description="Its name: unique, and usable in place of its id in URLs",
+    ),
+    AfterValidator(_valid_name),
+]
 Every = Annotated[
     float,
     Field(
@@ -116,7 +141,9 @@ class ScheduleRequest(BaseModel):
     job: JobRequest = Field(description="What each firing submits: the body of POST /jobs")
     every: Every | SkipJsonSchema[None] = None
     cron: Cron | SkipJsonSchema[None] = None
-    name: Name | SkipJsonSchema[None] = Field(None, description="A label for people")
+    name: Name | SkipJsonSchema[None] = Field(
+        None, description="A unique name, usable in place of its id (GET/PATCH/DELETE /schedules/{name})"
+    )
     paused: bool = Field(False, description="Create it paused (resume with PATCH)")
 
     @model_validator(mode="after")
@@ -168,8 +195,12 @@ class Schedule(BaseModel):
     )
     last_run_at: datetime | None = Field(description="When it last fired")
     runs: int = Field(description="Firings whose job was submitted")
-    failures: int = Field(description="Firings the fabric refused at submission (see `last_error`)")
-    last_error: str | None = Field(description="Why the last firing was refused, if it was")
+    failures: int = Field(
+        description="Firings that failed: refused by the fabric, or whose job ended failed, expired or lost"
+    )
+    last_error: str | None = Field(
+        description="Why the last failure happened (cleared when a later firing's job completes)"
+    )
     last_jobs: list[str] = Field(description=f"Uuids of the jobs its last {LAST_JOBS} firings submitted, newest first")
 
 
@@ -211,13 +242,36 @@ def scheduler_of(request: Request) -> Scheduler:
 
 
 async def known(sched: Scheduler, sid: str) -> ScheduleRecord:
+    """The schedule by id, or by its name."""
     try:
         rec = await sched.fetch(sid)  # PostgreSQL: one made on another replica a moment ago is read
     except Exception as exc:
         raise database_unavailable(str(exc)) from None
+    if rec is None and len(same := sched.named(sid)) > 1:  # from before names were unique
+        ids = ", ".join(r.id for r in same)
+        raise ProblemError(
+            409, "schedule-name-ambiguous", "Schedule name not unique", f"schedules {ids} are named {sid!r}: use an id"
+        )
     if rec is None:
-        raise ProblemError(404, "schedule-not-found", "Schedule not found", f"no schedule {sid}")
+        raise ProblemError(404, "schedule-not-found", "Schedule not found", f"no schedule with id or name {sid!r}")
     return rec
+
+
+def name_free(sched: Scheduler, name: str | None, by: str | None = None) -> None:
+    if sched.name_taken(name, by):
+        raise ProblemError(
+            409,
+            "schedule-name-taken",
+            "Schedule name taken",
+            f"a schedule named {name!r} exists already: choose another name, or change that one (PATCH)",
+        )
+
+
+async def checked(request: Request, job: JobRequest) -> None:
+    """The job a schedule will submit, checked now as POST /jobs would be (api/jobs/admission.py)."""
+    st: ApiState | None = getattr(request.app.state, "zfab", None)
+    if st is not None:
+        await check_template(st.schemas, st.client, job)
 
 
 @router.post(
@@ -226,12 +280,17 @@ async def known(sched: Scheduler, sid: str) -> ScheduleRecord:
     summary="Create a periodic schedule",
     status_code=201,
     response_model=Schedule,
-    responses=responses(401, 403, 409, 413, 422, 503),
+    responses=responses(400, 401, 403, 404, 409, 413, 422, 503),
 )
 async def create_schedule(body: ScheduleRequest, request: Request, response: Response, _: Principal) -> Schedule:
     """Submit `job` every `every` seconds or on `cron` (UTC). The first firing is one period from now
-    (or cron's next match). 409 when ZFAB_MAX_SCHEDULES schedules exist."""
+    (or cron's next match). The job is checked as POST /jobs checks one, when the fabric knows its
+    service: 404 for a service no worker registered, 400 for a task its workers do not declare, 422
+    for arguments its schema refuses. 409 for a name another schedule has, or when ZFAB_MAX_SCHEDULES
+    schedules exist."""
     sched = scheduler_of(request)
+    name_free(sched, body.name)
+    await checked(request, body.job)
     if sched.full():
         raise ProblemError(
             409,
@@ -271,9 +330,9 @@ async def list_schedules(
 @router.get(
     "/{sid}",
     operation_id="get_schedule",
-    summary="A schedule: its next and last runs and its last jobs",
+    summary="A schedule (by id or name): its next and last runs, its failures and its last jobs",
     response_model=Schedule,
-    responses=responses(401, 403, 404, 422),
+    responses=responses(401, 403, 404, 409, 422),
 )
 async def get_schedule(sid: ScheduleId, request: Request, _: Principal) -> Schedule:
     return view(await known(scheduler_of(request), sid))
@@ -282,13 +341,14 @@ async def get_schedule(sid: ScheduleId, request: Request, _: Principal) -> Sched
 @router.patch(
     "/{sid}",
     operation_id="update_schedule",
-    summary="Pause, resume or re-time a schedule",
+    summary="Pause, resume, re-time, rename or change a schedule (by id or name)",
     response_model=Schedule,
-    responses=responses(401, 403, 404, 413, 422, 503),
+    responses=responses(400, 401, 403, 404, 409, 413, 422, 503),
 )
 async def update_schedule(sid: ScheduleId, patch: SchedulePatch, request: Request, _: Principal) -> Schedule:
     """`{"paused": true}` pauses it; `{"paused": false}` resumes it from now (missed slots are not caught up);
-    `every` or `cron` re-times it from now; `name` and `job` replace those."""
+    `every` or `cron` re-times it from now; `name` and `job` replace those (a new `job` is checked as
+    POST /schedules checks one; a name another schedule has is 409)."""
     sched = scheduler_of(request)
     rec = await known(sched, sid)
     changes = patch.model_dump(exclude_unset=True)
@@ -297,6 +357,9 @@ async def update_schedule(sid: ScheduleId, patch: SchedulePatch, request: Reques
     for key in ("paused", "job"):
         if key in changes and changes[key] is None:
             raise ProblemError(422, "validation", "Invalid request", f"body.{key}: may not be null")
+    name_free(sched, changes.get("name"), by=rec.id)
+    if patch.job is not None:
+        await checked(request, patch.job)
     if ("every" in changes or "cron" in changes) and changes.get("every") is None and changes.get("cron") is None:
         raise ProblemError(422, "validation", "Invalid request", "body: give `every` or `cron` to re-time it")
     try:
@@ -308,10 +371,10 @@ async def update_schedule(sid: ScheduleId, patch: SchedulePatch, request: Reques
 @router.delete(
     "/{sid}",
     operation_id="delete_schedule",
-    summary="Delete a schedule (the jobs it submitted stay)",
+    summary="Delete a schedule, by id or name (the jobs it submitted stay)",
     status_code=204,
     response_class=Response,
-    responses=responses(401, 403, 404, 422),
+    responses=responses(401, 403, 404, 409, 422),
 )
 async def delete_schedule(sid: ScheduleId, request: Request, _: Principal) -> Response:
     sched = scheduler_of(request)

@@ -71,6 +71,12 @@
     return `${Math.floor(s / 86400)} d ${Math.floor((s % 86400) / 3600)} h`;
   }
 
+  /** Time left, in whole seconds (a countdown ticks once a second). */
+  function fmtLeft(s) {
+    const n = Math.max(0, Math.ceil(s));
+    return n < 60 ? `${n} s` : n < 3600 ? `${Math.floor(n / 60)} m ${pad(n % 60)} s` : fmtDur(n);
+  }
+
   function fmtBytes(n) {
     if (typeof n !== 'number') return '–';
     const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
@@ -97,6 +103,13 @@
   const ticking = (since) => h('td', { class: 'num', dataset: { since: String(since) } }, fmtDur(now() - since));
   function tick() {
     for (const el of $$('[data-since]')) el.textContent = fmtDur(now() - Number(el.dataset.since));
+    // An input's deadline: the API says how many seconds were left when it answered (its own clock), and
+    // the page counts down on the browser's clock from its receipt of that answer (data-deadline).
+    for (const el of $$('[data-deadline]')) {
+      const left = Number(el.dataset.deadline) - now();
+      el.textContent = left > 0 ? `${fmtLeft(left)} left` : 'time is up';
+      el.classList.toggle('late', left <= 0);
+    }
     for (const el of $$('[data-until]')) {
       const left = Number(el.dataset.until) - now();
       el.textContent = left > 0 ? `in ${fmtDur(left)}` : 'due';
@@ -317,7 +330,7 @@
 
   window.zfab = {
     ROOT, PAGE_SIZE, STATES, FINAL, $, $$, enc, sleep, now, h, pad, epochOf,
-    fmtTime, fmtDur, fmtBytes, fmtEvery, fmtNum, badge, pretty, target, jobLink, ticking,
+    fmtTime, fmtDur, fmtLeft, fmtBytes, fmtEvery, fmtNum, badge, pretty, target, jobLink, ticking,
     tick, flash, report, ApiError, api, every, readStream, follow, ready,
     views: {},
   };

@@ -4,7 +4,7 @@
 
   const {
     ROOT, FINAL, $, $$, enc, h, epochOf, fmtTime, fmtDur, badge, pretty, target, tick, flash, report, api,
-    every, follow, ready, inputFor, clearErrors, fieldError,
+    every, follow, ready, inputFor, clearErrors, fieldError, now, fmtLeft,
   } = window.zfab;
 
   // ---- the job view -------------------------------------------------------------------------------
@@ -44,6 +44,21 @@
       tick();
     }
 
+    /** A failed entry: its error in one line, then the traceback when the API shows it to this caller
+     *  (ZFAB_API_EXPOSE_TRACEBACKS, or a token of ZFAB_API_TRACEBACK_TOKENS); others see type and message. */
+    function failure(e) {
+      const errors = (e.errors || []).map(String);
+      const tbs = errors.filter((x) => x.startsWith('Traceback'));
+      const rest = errors.filter((x) => !x.startsWith('Traceback'));
+      const said = (e.messages || []).join(' · ') || rest[0] || (tbs.length ? tbs[0].trim().split('\n').pop() : '') || 'the task failed';
+      return [
+        h('p', { class: 'error task-error' }, said),
+        rest.length && rest.join('\n') !== said ? h('pre', { class: 'json errors' }, rest.join('\n')) : null,
+        tbs.length ? h('details', { class: 'traceback', open: true }, h('summary', {}, 'Traceback'),
+          h('pre', { class: 'json errors' }, tbs.join('\n'))) : null,
+      ];
+    }
+
     function renderResults() {
       const out = [];
       if (job.error) out.push(h('p', { class: 'error' }, `${job.error.type}: ${job.error.message}`));
@@ -53,7 +68,7 @@
         out.push(h('div', { class: `result${failed ? ' failed' : ''}` },
           h('h3', {}, worker, badge(failed ? 'failed' : 'completed'),
             e.status && e.status !== (failed ? 'failed' : 'completed') ? h('span', { class: 'muted' }, e.status) : null),
-          failed && (e.errors || []).length ? h('pre', { class: 'json errors' }, (e.errors || []).join('\n')) : null,
+          ...(failed ? failure(e) : []),
           (e.messages || []).length && !failed ? h('p', { class: 'muted' }, (e.messages || []).join(' · ')) : null,
           h('pre', { class: 'json' }, pretty(e.result === undefined ? null : e.result))));
       }
@@ -61,7 +76,18 @@
       $('#results').replaceChildren(...out);
     }
 
+    /** The job's history as the API places it: each state at the time the broker or worker that saw it
+     *  says (docs/protocol.md, "Times across processes"), in order. */
     function renderHistory() {
+      if (Array.isArray(job.history) && job.history.length) {
+        const rows = job.history.map((s) => h('tr', {},
+          h('td', {}, s.state === 'submitted' ? h('span', { class: 'badge' }, 'submitted') : badge(s.state)),
+          h('td', { class: 'nowrap', title: s.at }, fmtTime(epochOf(s.at), true)),
+          h('td', {}, [s.by === 'worker' && s.worker ? `${s.worker}: ` : `${s.by}: `, s.note || ''])));
+        if (job.cancel_requested && !FINAL.has(job.state)) rows.push(h('tr', {}, h('td', {}, badge('cancelled')), h('td', {}, '–'), h('td', {}, 'cancel requested (DELETE)')));
+        $('#history tbody').replaceChildren(...rows);
+        return;
+      }
       const items = [];
       const add = (state, iso, what) => items.push({ state, t: epochOf(iso), what });
       add('submitted', job.submitted_at, 'the API took the job');
@@ -157,8 +183,10 @@
       if (!req) { box.hidden = true; asked = null; return; }
       if (asked && asked.id === req.id) return;
       box.hidden = false;
+      const left = typeof req.expires_in === 'number' ? req.expires_in : null;
       $('#question').replaceChildren(h('b', {}, req.question || 'The worker asks for input'),
-        h('span', { class: 'muted' }, ` · from ${req.worker || 'a worker'}${req.timeout ? `, answer within ${fmtDur(req.timeout)}` : ''}`));
+        h('span', { class: 'muted' }, ` · from ${req.worker || 'a worker'}${req.timeout ? `, answer within ${fmtDur(req.timeout)}` : ''}`),
+        ...(left !== null ? [' · ', h('span', { id: 'countdown', class: 'countdown', dataset: { deadline: String(now() + left) } }, `${fmtLeft(left)} left`)] : []));
       const f = inputFor('answer', req.schema || {}, (req.schema || {}).$defs, true);
       f.input.dataset.field = 'value';
       asked = { id: req.id, field: f };

@@ -85,7 +85,9 @@ async def submit(
             t0 = time.monotonic()
             await wait_done(rec.live, min(bound, ADMISSION_TIMEOUT))
             waited = time.monotonic() - t0
-        await admitted(rec, max(0.0, ADMISSION_TIMEOUT - waited))
+        if not await admitted(rec, max(0.0, ADMISSION_TIMEOUT - waited)):
+            rec.unconfirmed = True
+            st.jobs.touch(rec.uuid)  # recorded as such: a restarted API still knows nobody confirmed it
     if bound is not None:
         rec = await await_job(st, rec, max(0.0, bound - waited))
     if cluster is not None:
@@ -93,21 +95,26 @@ async def submit(
     return rec, fresh
 
 
-async def admitted(rec: JobRecord, timeout: float = ADMISSION_TIMEOUT) -> None:
-    """Wait until the broker took the job (queued or dispatched); a refusal becomes its 4xx/503."""
+async def admitted(rec: JobRecord, timeout: float = ADMISSION_TIMEOUT) -> bool:
+    """Wait until the broker took the job (queued or dispatched); a refusal becomes its 4xx/503.
+
+    A broker that says nothing in time (it died after the job was sent, or a partition) gets no
+    503: the job may already be on its way to a worker, and a caller told to retry would run it
+    twice. The job is marked unconfirmed instead, and POST answers 202 with its uuid and
+    `outcome_unknown`; the API's client keeps following it (it POSTs it again, same uuid, when a
+    broker answers: brokers and workers dedupe by uuid), so GET /jobs/{uuid} ends in the truth."""
     fut = rec.live
     if fut is None:
-        return
+        return True
     admission = fut.admission
     if not await wait_done(admission, timeout):
-        raise unavailable(
-            f"the broker did not say within {ADMISSION_TIMEOUT:g} s whether it took job {rec.uuid}"
-        ) from None
+        return False
     exc = admission.exception()
     if isinstance(exc, ZfabError):
         raise admission_problem(exc, rec.uuid) from None
     if exc is not None:
         raise exc
+    return True
 
 
 async def wait_for_job(rec: JobRecord, bound: float) -> None:

@@ -99,6 +99,7 @@ class JobRecord:
     retry_of: str | None = None  # the dead job this one submitted again
     retried_as: str | None = None  # the job that submitted this one again
     retrying: bool = False  # POST /jobs/{uuid}/retry is submitting it again right now
+    unconfirmed: bool = False  # its POST found the broker silent: sent (or queued to be), never confirmed
     _input: tuple[int, dict[str, Any] | None] = (0, None)  # (events scanned, pending request)
 
     @property
@@ -220,6 +221,7 @@ class JobRecord:
             dead=state in DEAD_STATES and self.retried_as is None and not refused_at_admission(fut),
             retry_of=self.retry_of,
             retried_as=self.retried_as,
+            outcome_unknown=self.unconfirmed and not state.finished and not fut.admission.done(),
         )
 
 

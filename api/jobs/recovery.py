@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from zfab import JobFuture, State
-from zfab.errors import JobNotFoundError, WorkerLostError, ZfabError
+from zfab.errors import JobNotFoundError, JobTimeoutError, OutcomeUnknownError, WorkerLostError, ZfabError
 
 from ..fabric import mmi, wait_done
 from ..models import Attempt, JobRequest, JobState
@@ -63,7 +63,17 @@ async def ensure_live(st: ApiState, rec: JobRecord) -> None:
     if rec.request is not None and not known and rec.stored.state is JobState.queued:
         await _recover_queued(st, rec, rec.request)
         return
-    workers = known or await _service_workers(st, rec.service)
+    live = await _service_workers(st, rec.service)
+    workers = known or live
+    if known and not set(known) & set(live):
+        # The workers it ran on are gone. One that restarted says "interrupted" once it is back; an
+        # `any` job is asked of the live ones meanwhile (none knows it: lost, and retried if asked);
+        # past its deadline nobody is waited for any longer: it ends lost, saying why.
+        past = rec.stored.submitted_at.timestamp() + rec.timeout + RECOVER_GRACE < time.time()
+        if past and rec.live is None:
+            _give_up(st, rec, known)
+            return
+        workers = live if rec.workers == "any" else known
     if not workers or rec.live is not None:  # nobody to ask, or a concurrent read started it
         return
     fut = _ask(st, rec, workers)
@@ -104,6 +114,27 @@ def _ask(st: ApiState, rec: JobRecord, workers: list[str]) -> JobFuture | None:
     return fut
 
 
+def _give_up(st: ApiState, rec: JobRecord, workers: list[str]) -> None:
+    """The job's workers are gone and its deadline passed: it ends lost, with what is known."""
+    assert rec.stored is not None
+    fut = JobFuture(rec.uuid)
+    fut.attempt = rec.stored.attempt
+    fut.attempts.extend(_earlier(rec))
+    fut.timings["submitted"] = rec.stored.submitted_at.timestamp()
+    fut.timings["completed"] = time.time()
+    names = ", ".join(workers)
+    fut.set_exception(
+        OutcomeUnknownError(
+            f"job {rec.uuid} (attempt {fut.attempt}) was running on {names} when the API restarted; "
+            f"{names} did not come back before its deadline and no live worker knows it: its outcome is unknown",
+            uuid=rec.uuid,
+        )
+    )
+    rec.future = fut
+    st.jobs.watch(fut)
+    log.warning("api: job %s: its workers %s are gone; it ends lost", rec.uuid, names)
+
+
 def _running_loop() -> asyncio.AbstractEventLoop | None:
     try:
         return asyncio.get_running_loop()
@@ -136,6 +167,8 @@ def cut_short(fut: JobFuture) -> str | None:
     exc = fut.exception()
     if isinstance(exc, JobNotFoundError | WorkerLostError):
         return str(exc)
+    if fut.state is State.LOST:
+        return fut.reason
     if exc is not None:
         return None
     results: dict[str, Any] = fut.result()
@@ -150,7 +183,18 @@ def cut_short(fut: JobFuture) -> str | None:
 def _after_recovery(st: ApiState, rec: JobRecord, fut: JobFuture) -> None:
     """A recovered attempt ended (event loop). One cut short by a restart runs again when its request
     asked for retries and some are left: a new attempt, its earlier one kept with why it ended."""
-    if rec.future is not fut or (req := rec.request) is None or rec.stored is None:
+    if rec.future is not fut or rec.stored is None:
+        return
+    if not fut.cancelled() and isinstance(fut.exception(), JobTimeoutError):
+        # Its workers never answered the GET, up to its deadline and a grace: not `expired` (nobody
+        # saw it run out of time), but unknown.
+        names = ", ".join(rec.dispatched()) or "its workers"
+        fut.state = State.LOST
+        fut.reason = (
+            f"the API restarted while job {rec.uuid} ran; {names} did not answer for it by its deadline: "
+            "its outcome is unknown"
+        )
+    if (req := rec.request) is None:
         return
     why = cut_short(fut)
     if why is None or req.retries is None or fut.attempt > req.retries or rec.workers != "any":

@@ -78,6 +78,9 @@ def test_an_api_restart_after_a_broker_restart_does_not_run_again_a_job_that_lef
         assert got["state"] == "completed" and got["attempt"] == 1 and got["attempts"] == [], got
         time.sleep(2 * f.hold_time)
         assert marks(marks_file, "x") == 1
+        # (the new broker was never sent the job again: a worker other than the one running it would
+        # have run it twice, and which one gets it is the new broker's choice)
+        assert c.get("/mmi/broker").json()["counts"].get("post", 0) == 0
         c.close()
 
 

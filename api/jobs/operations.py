@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import suppress
 
 from zfab.errors import BadRequestError, JobNotFoundError, JobTimeoutError, ZfabError
 
@@ -25,6 +26,7 @@ from .table import JobRecord
 # How long POST /jobs waits for the broker to admit a job. A broker that just started holds a POST
 # for a service none of its workers confirmed yet for its startup grace (a few seconds).
 ADMISSION_TIMEOUT = 10.0
+RECORD_TIMEOUT = 2.0  # POST waits this long at most for its job's row (SQLite)
 INPUT_TIMEOUT = 10.0
 
 
@@ -92,7 +94,22 @@ async def submit(
         rec = await await_job(st, rec, max(0.0, bound - waited))
     if cluster is not None:
         await cluster.settled(rec, started=fresh)
+    elif fresh and st.persister is not None:
+        await recorded(st, rec)
     return rec, fresh
+
+
+async def recorded(st: ApiState, rec: JobRecord) -> None:
+    """One store (SQLite): POST answers once its job's row is written, so an API killed after the answer
+    still knows the job it acknowledged (the crash window is closed; the wait is the persister's next
+    batch, a few milliseconds). A store that does not answer in time is not waited for longer: the
+    job is answered, and its row follows when the store does."""
+    assert st.persister is not None
+    if rec.written:
+        return
+    with suppress(TimeoutError):
+        async with asyncio.timeout(RECORD_TIMEOUT):  # (not wait_for: no task per request)
+            await st.persister.durable(rec.uuid)
 
 
 async def admitted(rec: JobRecord, timeout: float = ADMISSION_TIMEOUT) -> bool:

@@ -96,6 +96,7 @@ class JobRecord:
     events_written: int = 0  # events written so far (the seq of the last one)
     event_bytes: int = 0
     final_written: bool = False  # its finished state is committed to the shared store
+    written: bool = False  # a row of it is committed (POST waits for it: api/jobs/operations.py recorded())
     retry_of: str | None = None  # the dead job this one submitted again
     retried_as: str | None = None  # the job that submitted this one again
     retrying: bool = False  # POST /jobs/{uuid}/retry is submitting it again right now

@@ -6,10 +6,11 @@ seconds. On every store, a job's row follows what the API knows of it: admitted 
 dispatched (its workers), running, and its attempt; the sweep finds such changes, which come as
 replies rather than events, within STATE_SWEEP. Recovery after a restart reads them: a job last
 known dispatched or running is never submitted again, only asked of the fabric
-(api/jobs/recovery.py). SQLite (one replica) batches for 0.1 s: a job submitted less than
-that before the API is killed may be missing after the restart; a clean stop writes everything
-first. PostgreSQL (replicas) batches for a few milliseconds only, since other replicas wait on
-these writes: POST /jobs answers once its job's row is committed, so any replica finds it next.
+(api/jobs/recovery.py). Both stores batch for a few milliseconds only, since POST /jobs answers
+once its job's row is committed (on PostgreSQL so that any replica finds it next; on SQLite so that
+a job the API acknowledged is found after a crash); jobs that change while a write is in flight
+gather for the next one. A store silent past RECORD_TIMEOUT (SQLite) is not waited for longer: the
+job is answered, and its row follows.
 
 A write that fails (the database is away) is retried with a growing pause: with a shared store the
 jobs stay dirty until it is back; with SQLite they are dropped as before (a full disk is logged).
@@ -29,7 +30,9 @@ from .base import JobStore, StoreError
 
 log = logging.getLogger(__name__)
 
-FLUSH_DELAY = 0.1  # SQLite: what a batch gathers
+# SQLite: what a batch gathers. POST /jobs answers once its job's row is written (api/jobs/operations.py
+# recorded()), so the pause is short; jobs that change while a write is in flight gather for the next.
+FLUSH_DELAY = 0.002
 # PostgreSQL: no gathering pause, since a POST waits for its row; jobs that change while a write is in
 # flight (most of them, under load) gather for the next one anyway.
 SHARED_FLUSH_DELAY = 0.002
@@ -107,6 +110,7 @@ class Persister:
                 self._open.pop(rec.uuid, None)
         if ok:
             for rec in records:
+                rec.written = True
                 final = rec.uuid in finished
                 if final:
                     rec.final_written = True

@@ -12,7 +12,7 @@ from .client.clientjob import JobFuture
 from .client.filestream import FileStream
 from .client.subscriber import Subscriber, SubscriptionError
 from .core.ids import new_uuid as new_job_uuid
-from .core.payloads import MAX_JOB_UUID
+from .core.payloads import MAX_JOB_UUID, interrupted
 from .core.protocol import MAX_NAME_BYTES
 from .core.retries import Backoff
 from .core.schemacheck import check_arguments
@@ -42,6 +42,7 @@ __all__ = [
     "Worker",
     "check_arguments",
     "final_state",
+    "interrupted",
     "new_job_uuid",
     "task",
     "tune_process",

@@ -20,7 +20,7 @@ import logging
 import time
 from typing import Any
 
-from zfab import JobFuture, State
+from zfab import JobFuture, State, interrupted
 from zfab.errors import JobNotFoundError, JobTimeoutError, OutcomeUnknownError, WorkerLostError, ZfabError
 
 from ..fabric import mmi, wait_done
@@ -38,7 +38,6 @@ RECOVER_GRACE = 5.0
 # A job last known queued: how long its service's workers have to say whether one of them holds it
 # (they answer from memory or their store, in milliseconds) before it is followed as they say.
 ASK_QUEUED = 2.0
-INTERRUPTED = "interrupted"  # how a worker's store reads a job its restart cut short (worker/jobstore.py)
 
 
 async def _service_workers(st: ApiState, service: str) -> list[str]:
@@ -173,9 +172,7 @@ def cut_short(fut: JobFuture) -> str | None:
         return None
     results: dict[str, Any] = fut.result()
     entries = [e for e in results.values() if isinstance(e, dict)]
-    if entries and all(
-        e.get("failed") and any(str(x).startswith(INTERRUPTED) for x in e.get("errors") or []) for e in entries
-    ):
+    if entries and all(interrupted(e) for e in entries):
         return "; ".join(f"{w}: {(e.get('errors') or [''])[0]}" for w, e in results.items() if isinstance(e, dict))
     return None
 

@@ -384,6 +384,11 @@ class ClientJob:
                 self.expected = {worker}
             return self._done()
         if status == nfp.ST_NOT_FOUND and "worker" in payload:
+            if self.fields is not None and self.expected is not None and worker in self.expected:
+                # A worker this client's job was dispatched to does not know it: it restarted before
+                # it stored the job. Lost there (retried where asked), not "not found".
+                self.lost.add(worker)
+                return self._done()
             self.statuses[worker] = status
             if self.expected is None:
                 self.expected = {worker}
@@ -398,6 +403,13 @@ class ClientJob:
         if reply.trace is not None and len(payload) == 1:
             self._traced(str(next(iter(payload))), reply.trace, now)
         for worker, entry in payload.items():
+            if self.fields is not None and payloads.interrupted(entry):
+                # Its worker restarted while it held the job (a GET after a broker restart or a quiet
+                # spell finds it so): the worker was lost, as a 410 would have said; retried where asked.
+                self.lost.add(str(worker))
+                if self.expected is None:
+                    self.expected = {str(worker)}
+                continue
             if self.attempt > 1 and isinstance(entry, dict):
                 entry["juuid"], entry["attempt"] = self.uuid, self.attempt  # the job's own uuid, not the wire's
             self.results[str(worker)] = entry

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..core import payloads
 from ..core.protocol import Frame
 from ..storage import open_sqlite
 
@@ -269,7 +270,7 @@ class JobStore:
         """Jobs left unfinished by a previous run end as failed: interrupted."""
         rows = conn.execute("SELECT uuid, task FROM jobs WHERE state IN ('received', 'running')").fetchall()
         now = time.time()
-        why = "interrupted: the worker stopped while the job was queued or running"
+        why = payloads.INTERRUPTED
         for uuid, task_name in rows:
             if self.failure_payload is not None:
                 result = self.failure_payload(uuid, task_name, why)

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from zfab import Client, Settings
+from zfab.core import payloads
 from zfab.core import protocol as nfp
 from zfab.errors import (
     BusyError,
@@ -235,6 +236,28 @@ def test_a_lost_worker_fails_the_job_or_retries_it_under_a_new_wire_uuid(client:
     from_broker(client, f"{again.uuid}~2", nfp.ST_OK, {"w2": {"result": "fresh", "juuid": f"{again.uuid}~2"}})
     entry = again.result(0)["w2"]
     assert entry["result"] == "fresh" and entry["juuid"] == again.uuid and entry["attempt"] == 2
+
+
+@pytest.mark.parametrize("answer", ["interrupted", "not found"])
+def test_a_worker_that_restarted_under_a_job_counts_as_lost_and_the_job_is_retried(client: Client, answer: str) -> None:
+    """A GET (after a broker restart, or a quiet spell) finds the job's worker restarted: its store says
+    the job was interrupted, or it never stored it. The worker was lost; `retries` are honoured (issue 39)."""
+    once = client.submit("demo", "sleep", timeout=5)
+    again = client.submit("demo", "sleep", timeout=5, retries=1)
+    sent_posts(client)
+    for fut in (once, again):
+        from_broker(client, fut.uuid, nfp.ST_DISPATCHED, {"workers": ["w1"]})
+        if answer == "interrupted":
+            entry = {"result": None, "failed": True, "errors": [payloads.INTERRUPTED], "status": "error"}
+            from_broker(client, fut.uuid, nfp.ST_OK, {"w1": entry})
+        else:
+            from_broker(client, fut.uuid, nfp.ST_NOT_FOUND, {"worker": "w1", "status": "NOT_FOUND"})
+    with pytest.raises(WorkerLostError, match="w1"):
+        once.result(0)
+    assert once.state == "lost"
+    ((_, _, cmd, _, _, wire, body, _),) = sent_posts(client)
+    assert cmd == nfp.POST and wire.decode() == f"{again.uuid}~2" and b'"attempt":2' in body
+    assert again.attempts[0]["status"] == "lost" and not again.done()
 
 
 def test_a_job_past_its_deadline_ends_with_a_timeout(client: Client, clock: FakeClock) -> None:

@@ -14,10 +14,12 @@ job is read until final and checked:
 - executed (lines in the marks file) no more often than its reported `attempt`, and completed only if
   it ran;
 - asked to retry and cut short (`lost`, or failed `interrupted`) only with its retry spent;
-- a refused POST (4xx/503) never ran.
+- a refused POST (4xx, or 503 still after 60 s of sending it again) never ran.
 
-Also measured: POSTs left unanswered by the API kill (and whether they ran), jobs answered 202 that the
-restarted API does not know (its crash window), and the executions per state. Exit 1 on a violation.
+POSTs go out with an Idempotency-Key (the job's token) and are sent again under it when unanswered
+(the API killed under them) or refused with 503, as a careful client does. Also measured: POSTs never
+answered, jobs answered 202 that the restarted API does not know (its crash window), and the
+executions per state. Exit 1 on a violation.
 """
 
 from __future__ import annotations
@@ -167,18 +169,26 @@ def soak(
             if c is None:
                 c = local.c = httpx.Client(timeout=30)
             body = {"service": "count", "task": "mark", "kwargs": {"token": s.token, "seconds": 0.02}, "retries": 1}
-            try:
-                r = c.post(f"{st.api}/jobs", json=body)
-            except httpx.HTTPError:
-                progress[0] += 1
-                return
+            # As a careful client does: a POST without an answer (the API died under it) or refused with
+            # 503 is sent again under the same Idempotency-Key, so it names one job whatever happened.
+            key = {"Idempotency-Key": s.token}
+            give_up = time.monotonic() + 60
+            while time.monotonic() < give_up:
+                try:
+                    r = c.post(f"{st.api}/jobs", json=body, headers=key)
+                except httpx.HTTPError:
+                    s.status = None
+                    time.sleep(0.2)
+                    continue
+                s.status = r.status_code
+                if r.status_code in (200, 202):
+                    b = r.json()
+                    s.uuid, s.unknown = b["uuid"], bool(b.get("outcome_unknown"))
+                    break
+                if r.status_code != 503:
+                    break
+                time.sleep(0.2)  # Retry-After says 1 s; the soak keeps its pace
             progress[0] += 1
-            s.status = r.status_code
-            if r.status_code in (200, 202):
-                b = r.json()
-                s.uuid, s.unknown = b["uuid"], bool(b.get("outcome_unknown"))
-            elif r.status_code == 503:
-                time.sleep(0.2)  # as Retry-After says, roughly: the next job, not this one again
 
         with ThreadPoolExecutor(threads) as pool:
             list(pool.map(post, sent))

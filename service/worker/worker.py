@@ -170,7 +170,7 @@ class Worker:
             log.debug("worker %s: could not announce draining", self.name)
         deadline = time.monotonic() + (self.settings.drain_timeout if drain is None else drain)
         pause = threading.Event()
-        while self.busy() and time.monotonic() < deadline:
+        while (self.busy() or self.runner.unreported) and time.monotonic() < deadline:
             pause.wait(0.05)
         self.loop.stop()  # flushes the results still queued, within the linger bound
         self.pool.stop()

@@ -496,3 +496,22 @@ def test_a_worker_with_async_tasks_announces_its_event_loop_in_its_credits(tmp_p
         assert json.loads(ready[4])["credits"] == 2 + 3 + 50
     finally:
         w.stop(drain=0)
+
+
+def test_a_result_is_reported_only_once_the_job_store_holds_it(worker: DemoWorker) -> None:
+    """Write before report (issue 39): a worker killed right after its task returned has either told
+    nobody, or stored what it told; a later GET never reads such a job as interrupted."""
+    import sqlite3
+
+    stub(worker).take()
+    for n in range(5):
+        uuid = f"wbr{n}".encode()
+        job(worker, nfp.POST, uuid, {"task": "echo", "kwargs": {"data": n}})
+        collect(worker, final(uuid))
+        # the moment the result is out, its row is committed (read on a connection of our own)
+        conn = sqlite3.connect(f"file:{worker.store.path}?mode=ro", uri=True, timeout=5)
+        try:
+            row = conn.execute("SELECT state, result FROM jobs WHERE uuid=?", (uuid.decode(),)).fetchone()
+        finally:
+            conn.close()
+        assert row is not None and row[0] == "completed" and json.loads(row[1])["w1"]["result"] == n

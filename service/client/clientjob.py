@@ -185,6 +185,7 @@ class ClientJob:
     size: int = 0  # bytes this client holds for it (body, results): the client's byte bound
     fields: dict[str, Any] | None = None  # what its flags frame says (rebuilt when it is POSTed again)
     recheck: bool = False  # the broker came back: re-establish it at the next check
+    grace: float | None = None  # monotonic: its deadline passed with the broker silent; its end awaited until then
     resubmitted: bool = False  # POSTed again after the broker came back: the job may have run before
     follow_task: bool = False  # no `retries` asked: a failed attempt runs again as its task declares
     results_size: int = 0  # bytes of this attempt's result payloads (let go of when it is retried)

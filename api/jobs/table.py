@@ -131,11 +131,18 @@ class JobRecord:
         return fut.done()
 
     def refused(self) -> bool:
-        """True when the fabric turned the job away before it ran."""
+        """True when the fabric turned the job away before it ran. Never for a later attempt: a refused
+        attempt 2 says nothing of attempt 1, which ran (an Idempotency-Key retry must not run it again)."""
         fut = self.live
         if fut is None:
-            return self.stored is not None and self.stored.error is not None and self.stored.error.type in REFUSAL_NAMES
-        return fut.done() and not fut.cancelled() and isinstance(fut.exception(), REFUSALS)
+            stored = self.stored
+            return (
+                stored is not None
+                and stored.attempt <= 1
+                and stored.error is not None
+                and stored.error.type in REFUSAL_NAMES
+            )
+        return fut.attempt <= 1 and fut.done() and not fut.cancelled() and isinstance(fut.exception(), REFUSALS)
 
     def dispatched(self) -> list[str]:
         """The workers that run (or ran) the job, as far as the API knows."""

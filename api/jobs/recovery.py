@@ -80,8 +80,10 @@ async def ensure_live(st: ApiState, rec: JobRecord) -> None:
         log.info("api: recovering job %s (attempt %d) from %s", rec.uuid, fut.attempt, ", ".join(workers))
 
 
-def _ask(st: ApiState, rec: JobRecord, workers: list[str]) -> JobFuture | None:
-    """GET the job's last known attempt from `workers`; the future answers the job from then on."""
+def _ask(st: ApiState, rec: JobRecord, workers: list[str], *, probe: bool = False) -> JobFuture | None:
+    """GET the job's last known attempt from `workers`; the future answers the job from then on.
+    `probe`: a job last known queued, whose "nobody knows it" the caller answers (it never left the
+    queue: submitted again as the same attempt), not _after_recovery."""
     assert rec.stored is not None
     left = rec.stored.submitted_at.timestamp() + rec.timeout - time.time()
     try:
@@ -103,6 +105,8 @@ def _ask(st: ApiState, rec: JobRecord, workers: list[str]) -> JobFuture | None:
     def ended(f: JobFuture) -> None:
         # Before the table's own callback, so an attempt that runs again is never written, or
         # answered to a waiter, as the job's end. The API's client settles futures on this loop.
+        if probe and not f.cancelled() and isinstance(f.exception(), JobNotFoundError):
+            return
         if _running_loop() is loop:
             _after_recovery(st, rec, f)
         else:
@@ -146,7 +150,7 @@ async def _recover_queued(st: ApiState, rec: JobRecord, req: JobRequest) -> None
     ask the service's workers, and submit it again only when none of them knows it."""
     workers = await _service_workers(st, rec.service)
     if workers and rec.live is None:
-        fut = _ask(st, rec, workers)
+        fut = _ask(st, rec, workers, probe=True)
         if fut is None:
             return
         await wait_done(fut, ASK_QUEUED)

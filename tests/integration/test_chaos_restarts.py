@@ -136,3 +136,31 @@ def test_a_job_nobody_knows_after_restarts_ends_lost_with_a_reason_and_never_run
         time.sleep(2 * f.hold_time)
         assert marks(marks_file, "gone") == 1
         c.close()
+
+
+def test_a_job_still_queued_at_the_broker_when_the_api_restarts_runs_once(tmp_path: Path) -> None:
+    marks_file = tmp_path / "marks"
+    env = {"ZFAB_TEST_MARKS": str(marks_file), "ZFAB_POOL_SIZE": "1", "ZFAB_WORKER_PREFETCH": "0"}
+    port = free_port()
+    with fabric(tmp_path) as f:
+        f.broker()
+        counter(f, "c1", env)
+        c = api(f, "api1", port, env)
+        wait_for(lambda: alive(c, {"c1"}), 30, what="the counter")
+        # Given a job waiting in the broker's queue behind a busy worker (it asked for a retry)
+        assert c.post("/jobs", json=mark("blocker", 8.0)).status_code == 202
+        wait_for(lambda: marks(marks_file, "blocker") == 1, 15, what="the blocker started")
+        job = c.post("/jobs", json=mark("q", 0.0, retries=1)).json()
+        assert job["state"] == "queued", job
+        time.sleep(0.6)
+        # When the API is killed and comes back while it still waits there
+        f.kill("api1")
+        c.close()
+        c = api(f, "api2", port, env)
+        # Then the workers are asked first (none has it), it is sent again under its uuid (the broker
+        # dedupes), and it runs once, as attempt 1
+        got = final(c, job["uuid"])
+        assert got["state"] == "completed" and got["attempt"] == 1, got
+        time.sleep(2 * f.hold_time)
+        assert marks(marks_file, "q") == 1
+        c.close()

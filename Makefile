@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PORT   ?= 8000
 WORKERS ?= 2
 
-.PHONY: run test lint bench bench-quick clean
+.PHONY: run test lint bench bench-quick chaos clean
 
 $(BIN)/.installed-run: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,12 @@ bench: $(BIN)/.installed-dev
 
 bench-quick: $(BIN)/.installed-dev
 	$(BIN)/python -m bench.run --quick
+
+# The soak of issue 39: jobs through the API with random worker kills and one broker and one API
+# kill, every job audited against the task's own count (bench/chaos.py; CHAOS_JOBS=2000 for a short one).
+CHAOS_JOBS ?= 20000
+chaos: $(BIN)/.installed-dev
+	$(BIN)/python -m bench.chaos --jobs $(CHAOS_JOBS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

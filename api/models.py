@@ -287,6 +287,12 @@ class Job(BaseModel):
         description="A dead letter: it ended failed, expired or lost after the fabric took it, and was not "
         "submitted again yet (POST /jobs/{uuid}/retry; GET /jobs?dead=true lists them)",
     )
+    outcome_unknown: bool = Field(
+        False,
+        description="The broker has not confirmed it took the job (it was silent when the job was sent): it "
+        "may run or may never have reached the broker. The API keeps following it and this job ends in what "
+        "happened (ran once, or `lost`: never confirmed); do not submit it again, GET /jobs/{uuid}?wait=N",
+    )
     retry_of: str | None = Field(None, description="The job this one submitted again (POST /jobs/{uuid}/retry)")
     retried_as: str | None = Field(None, description="The job that submitted this one again")
     schedule: str | None = Field(None, description="The schedule that fired it, if one did")

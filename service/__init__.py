@@ -12,7 +12,7 @@ from .client.clientjob import JobFuture, decoded_size
 from .client.filestream import FileStream
 from .client.subscriber import Subscriber, SubscriptionError
 from .core.ids import new_uuid as new_job_uuid
-from .core.payloads import MAX_JOB_UUID, job_deadline, timeout_left
+from .core.payloads import MAX_JOB_UUID, interrupted, job_deadline, timeout_left
 from .core.protocol import MAX_NAME_BYTES
 from .core.retries import Backoff
 from .core.schemacheck import check_arguments
@@ -43,6 +43,7 @@ __all__ = [
     "check_arguments",
     "decoded_size",
     "final_state",
+    "interrupted",
     "job_deadline",
     "new_job_uuid",
     "task",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import Future
+from contextlib import suppress
 from typing import Any
 
 from zfab import JobFuture
@@ -37,6 +38,7 @@ from .table import JobRecord, encode_request, refused_at_admission
 # How long POST /jobs waits for the broker to admit a job. A broker that just started holds a POST
 # for a service none of its workers confirmed yet for its startup grace (a few seconds).
 ADMISSION_TIMEOUT = 10.0
+RECORD_TIMEOUT = 2.0  # POST waits this long at most for its job's row (SQLite)
 INPUT_TIMEOUT = 10.0
 # The broker's refusals of a POST (admission_problem: 404 no such service or worker, 400 no such task,
 # 503 a full queue), as the API's client raises them.
@@ -118,7 +120,7 @@ async def submit(
             await wait_done(rec.live, min(bound, ADMISSION_TIMEOUT))
             waited = time.monotonic() - t0
         try:
-            await admitted(rec, max(0.0, ADMISSION_TIMEOUT - waited))
+            confirmed = await admitted(rec, max(0.0, ADMISSION_TIMEOUT - waited))
         except Exception:
             if started and (fut := rec.live) is not None and refused_at_once(fut):
                 # The caller has the refusal and nothing ran: the job leaves no `failed` row behind
@@ -127,12 +129,17 @@ async def submit(
                 if claimed and uuid is not None and cluster is not None:
                     await cluster.release(uuid)
             elif started and not deferred:
-                st.jobs.touch(rec.uuid)  # no answer in time: written, and followed (api/jobs/recovery.py)
+                st.jobs.touch(rec.uuid)  # written, and followed (api/jobs/recovery.py)
             raise
+        if not confirmed:
+            rec.unconfirmed = True
+            st.jobs.touch(rec.uuid)  # recorded as such: a restarted API still knows nobody confirmed it
     if bound is not None:
         rec = await await_job(st, rec, max(0.0, bound - waited))
     if cluster is not None:
         await cluster.settled(rec, started=fresh)
+    elif fresh and st.persister is not None:
+        await recorded(st, rec)
     return rec, fresh
 
 
@@ -161,21 +168,39 @@ def _persist_once_taken(st: ApiState, rec: JobRecord) -> None:
     fut.admission.add_done_callback(taken)
 
 
-async def admitted(rec: JobRecord, timeout: float = ADMISSION_TIMEOUT) -> None:
-    """Wait until the broker took the job (queued or dispatched); a refusal becomes its 4xx/503."""
+async def recorded(st: ApiState, rec: JobRecord) -> None:
+    """One store (SQLite): POST answers once its job's row is written, so an API killed after the answer
+    still knows the job it acknowledged (the crash window is closed; the wait is the persister's next
+    batch, a few milliseconds). A store that does not answer in time is not waited for longer: the
+    job is answered, and its row follows when the store does."""
+    assert st.persister is not None
+    if rec.written:
+        return
+    with suppress(TimeoutError):
+        async with asyncio.timeout(RECORD_TIMEOUT):  # (not wait_for: no task per request)
+            await st.persister.durable(rec.uuid)
+
+
+async def admitted(rec: JobRecord, timeout: float = ADMISSION_TIMEOUT) -> bool:
+    """Wait until the broker took the job (queued or dispatched); a refusal becomes its 4xx/503.
+
+    A broker that says nothing in time (it died after the job was sent, or a partition) gets no
+    503: the job may already be on its way to a worker, and a caller told to retry would run it
+    twice. The job is marked unconfirmed instead, and POST answers 202 with its uuid and
+    `outcome_unknown`; the API's client keeps following it (it POSTs it again, same uuid, when a
+    broker answers: brokers and workers dedupe by uuid), so GET /jobs/{uuid} ends in the truth."""
     fut = rec.live
     if fut is None:
-        return
+        return True
     admission = fut.admission
     if not await wait_done(admission, timeout):
-        raise unavailable(
-            f"the broker did not say within {ADMISSION_TIMEOUT:g} s whether it took job {rec.uuid}"
-        ) from None
+        return False
     exc = admission.exception()
     if isinstance(exc, ZfabError):
         raise admission_problem(exc, rec.uuid) from None
     if exc is not None:
         raise exc
+    return True
 
 
 async def wait_for_job(rec: JobRecord, bound: float) -> None:

@@ -36,13 +36,15 @@ def submit_record(
     retry_of: str | None = None,
     began: float | None = None,
     raw: bytes | None = None,
+    attempt: int = 1,
 ) -> JobRecord:
     """Submit a job to the fabric and remember it in the table (POST /jobs, schedules, recovery).
 
     `persist=False`: not written until it changes (an event, its end) or the caller touches it.
     `retry_of`: the dead job this one submits again (POST /jobs/{uuid}/retry). `began`: the monotonic
     time its request was read, the start of its hop trace's `api` hop. `raw`: the request's JSON as it
-    came, when the caller has it (else it is encoded): the table holds that, not the decoded request."""
+    came, when the caller has it (else it is encoded): the table holds that, not the decoded request.
+    `attempt` > 1: the next attempt of a job a restart cut short (api/jobs/recovery.py)."""
     if not st.client.broker_alive:
         raise unavailable(f"the broker at {st.client.broker} is not answering; retry shortly")
     juuid = uuid or new_job_uuid()
@@ -63,6 +65,7 @@ def submit_record(
             priority=req.priority,
             delay=req.delay or None,
             resubmit=resubmit,
+            attempt=attempt,
         )
     except ZfabError as exc:
         raise from_fabric_error(exc) from None

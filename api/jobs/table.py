@@ -114,9 +114,11 @@ class JobRecord:
     events_written: int = 0  # events written so far (the seq of the last one)
     event_bytes: int = 0
     final_written: bool = False  # its finished state is committed to the shared store
+    written: bool = False  # a row of it is committed (POST waits for it: api/jobs/operations.py recorded())
     retry_of: str | None = None  # the dead job this one submitted again
     retried_as: str | None = None  # the job that submitted this one again
     retrying: bool = False  # POST /jobs/{uuid}/retry is submitting it again right now
+    unconfirmed: bool = False  # its POST found the broker silent: sent (or queued to be), never confirmed
     _input: tuple[int, dict[str, Any] | None] = (0, None)  # (events scanned, pending request)
     _inputs: tuple[int, list[Step]] = (0, [])  # (events scanned, their input steps: jobs/history.py)
 
@@ -162,11 +164,18 @@ class JobRecord:
         return fut.done()
 
     def refused(self) -> bool:
-        """True when the fabric turned the job away before it ran."""
+        """True when the fabric turned the job away before it ran. Never for a later attempt: a refused
+        attempt 2 says nothing of attempt 1, which ran (an Idempotency-Key retry must not run it again)."""
         fut = self.live
         if fut is None:
-            return self.stored is not None and self.stored.error is not None and self.stored.error.type in REFUSAL_NAMES
-        return fut.done() and not fut.cancelled() and isinstance(fut.exception(), REFUSALS)
+            stored = self.stored
+            return (
+                stored is not None
+                and stored.attempt <= 1
+                and stored.error is not None
+                and stored.error.type in REFUSAL_NAMES
+            )
+        return fut.attempt <= 1 and fut.done() and not fut.cancelled() and isinstance(fut.exception(), REFUSALS)
 
     def dispatched(self) -> list[str]:
         """The workers that run (or ran) the job, as far as the API knows."""
@@ -279,6 +288,7 @@ class JobRecord:
             dead=state in DEAD_STATES and self.retried_as is None and not refused_at_admission(fut),
             retry_of=self.retry_of,
             retried_as=self.retried_as,
+            outcome_unknown=self.unconfirmed and not state.finished and not fut.admission.done(),
         )
 
 

@@ -1,11 +1,10 @@
 """The API's job table on disk (SQLite, WAL), so GET /jobs/{uuid} still answers after a restart.
 
 Writes never happen on the event loop and never one per request: the table marks jobs dirty
-(on submit and when they finish), and the `Persister` (api/store/persister.py) writes whatever is dirty
-in one transaction at most every FLUSH_DELAY seconds, from a thread. `synchronous=NORMAL` in WAL mode
-makes a commit survive a crash of the API (not of the machine) without an fsync per commit.
-A job submitted less than FLUSH_DELAY before the API is killed may be missing after the
-restart; a clean stop (SIGTERM) writes everything first.
+(on submit, as what the API knows of them changes, and when they finish), and the `Persister`
+(api/store/persister.py) writes whatever is dirty in one transaction, from a thread; POST /jobs
+answers once its job's row is committed. `synchronous=NORMAL` in WAL mode makes a commit survive a
+crash of the API (not of the machine) without an fsync per commit.
 """
 
 from __future__ import annotations

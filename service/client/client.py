@@ -193,6 +193,7 @@ class Client(ClientSession):
         not_before: float | None = None,
         resubmit: bool = False,
         backoff: float | Backoff | None = None,
+        attempt: int = 1,
     ) -> JobFuture:
         """Queue a job; the returned future resolves to {worker name: result entry}.
 
@@ -207,6 +208,8 @@ class Client(ClientSession):
         task's own declaration (`@task(retries=...)`) says; `retries=0` asks for none.
         `resubmit` sends again a job (same uuid) a broker admitted before, e.g. after a restart
         of this process: its service counts as known, and a refusal means its outcome is unknown.
+        `attempt` > 1 starts it as that attempt (a new wire uuid, `uuid~N`): a job whose earlier attempt
+        a restart cut short runs again visibly, never under the uuid its earlier attempt had.
         """
         if timeout <= 0:
             raise ValueError("timeout must be positive")
@@ -256,6 +259,7 @@ class Client(ClientSession):
             follow_task=retries is None,
             began=began,
             delay=held,
+            attempt=attempt,
         )
         if resubmit and (job := self._jobs.get(fut.uuid)) is not None:
             job.resubmitted = True
@@ -275,17 +279,26 @@ class Client(ClientSession):
         result: dict[str, Any] = fut.result(timeout + 5.0)
         return result
 
-    def recover(self, service: str, uuid: str, workers: list[str], timeout: float = 30.0) -> JobFuture:
+    def recover(
+        self, service: str, uuid: str, workers: list[str], timeout: float = 30.0, *, attempt: int = 1
+    ) -> JobFuture:
         """Collect a job's result from its workers by GET (after a client or API restart).
 
         The future resolves like submit()'s: the result dictionary once every worker has a
         final answer (a job cut short by a worker restart reads as failed: interrupted), or
-        JobNotFoundError when no worker knows the job.
+        JobNotFoundError when no worker knows the job. `attempt`: the attempt to ask for (a retried
+        job's later attempts travel under their own wire uuid).
         """
         if not workers:
             raise ValueError("recover needs the names of the workers that ran the job")
         return self._submit(
-            service.encode(), nfp.dumps(sorted(workers)), payloads.EMPTY_BODY, timeout, uuid=uuid, expected=set(workers)
+            service.encode(),
+            nfp.dumps(sorted(workers)),
+            payloads.EMPTY_BODY,
+            timeout,
+            uuid=uuid,
+            expected=set(workers),
+            attempt=attempt,
         )
 
     def subscribe(self, prefix: str = "", *, endpoint: str | None = None, queue_size: int = 10_000) -> Subscriber:
@@ -400,6 +413,7 @@ class Client(ClientSession):
         follow_task: bool = False,
         began: float | None = None,
         delay: float = 0.0,
+        attempt: int = 1,
     ) -> JobFuture:
         if not self._started:
             self.start()
@@ -428,6 +442,10 @@ class Client(ClientSession):
         job = ClientJob(juuid, service, target, body, flags, fut, deadline, now, mmi=mmi, retries_left=retries)
         job.expected = expected  # known already when recovering a job by GET
         job.keep_raw = self.encoded_results
+        if attempt > 1:
+            job.attempt = fut.attempt = min(attempt, payloads.MAX_ATTEMPT)
+            if expected is None and not mmi:
+                job.body = body = payloads.with_attempt(body, job.attempt)
         job.fields = fields
         job.follow_task = follow_task
         job.sent = now if began is None else began
@@ -456,7 +474,7 @@ class Client(ClientSession):
         flags = payloads.NO_ACK if expected else job.flags
         try:
             # From the owner thread (an event callback submitting a follow-up) this sends at once.
-            self.loop.send(nfp.client_request(cmd, service, target, juuid.encode(), body, flags))
+            self.loop.send(nfp.client_request(cmd, service, target, job.wire_uuid.encode(), body, flags))
         except BaseException:
             self._forget(juuid)
             raise

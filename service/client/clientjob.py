@@ -235,6 +235,7 @@ class ClientJob:
     size: int = 0  # bytes this client holds for it (body, results): the client's byte bound
     fields: dict[str, Any] | None = None  # what its flags frame says (rebuilt when it is POSTed again)
     recheck: bool = False  # the broker came back: re-establish it at the next check
+    grace: float | None = None  # monotonic: its deadline passed with the broker silent; its end awaited until then
     resubmitted: bool = False  # POSTed again after the broker came back: the job may have run before
     follow_task: bool = False  # no `retries` asked: a failed attempt runs again as its task declares
     results_size: int = 0  # bytes of this attempt's result payloads (let go of when it is retried)
@@ -440,6 +441,11 @@ class ClientJob:
                 self.expected = {worker}
             return self._done()
         if status == nfp.ST_NOT_FOUND and "worker" in payload:
+            if self.fields is not None and self.expected is not None and worker in self.expected:
+                # A worker this client's job was dispatched to does not know it: it restarted before
+                # it stored the job. Lost there (retried where asked), not "not found".
+                self.lost.add(worker)
+                return self._done()
             self.statuses[worker] = status
             if self.expected is None:
                 self.expected = {worker}
@@ -458,6 +464,13 @@ class ClientJob:
         keep = self.keep_raw and not self.results and self.attempt == 1
         self.raw_result = bytes(reply.payload) if keep else None
         for worker, entry in payload.items():
+            if self.fields is not None and payloads.interrupted(entry):
+                # Its worker restarted while it held the job (a GET after a broker restart or a quiet
+                # spell finds it so): the worker was lost, as a 410 would have said; retried where asked.
+                self.lost.add(str(worker))
+                if self.expected is None:
+                    self.expected = {str(worker)}
+                continue
             if self.attempt > 1 and isinstance(entry, dict):
                 entry["juuid"], entry["attempt"] = self.uuid, self.attempt  # the job's own uuid, not the wire's
             self.results[str(worker)] = entry

@@ -130,7 +130,13 @@ class ClientSession:
         return nxt
 
     def _check(self, job: ClientJob, now: float) -> None:
-        if now >= job.deadline:
+        if now >= job.deadline and job.grace is None and not self.broker_alive and self._broker_seen and not job.mmi:
+            # Its deadline passed while the broker was silent (a partition, or down): how it ended is not
+            # known here, while the broker and its worker may know (expired, or done). Wait one hold time
+            # more for the broker, then ask (GET, or the POST again with nothing of its time left) and take
+            # their word, so that client, API and broker tell the same end; `lost` only if it stays silent.
+            job.grace = now + self.keepalive.hold_time
+        if now >= job.deadline and (job.grace is None or now >= job.grace):
             if job.expected and not job.mmi and self.broker_alive:
                 # Nobody waits for it any more: ask its workers to stop it.
                 target = nfp.dumps(sorted(job.pending or job.expected))
@@ -158,10 +164,13 @@ class ClientSession:
             if job.recheck:
                 job.recheck = False
                 self._reestablish(job)
+            elif job.grace is not None:
+                pass  # past its deadline: only the answer to its re-establishment is awaited
             elif now - job.last_heard >= self._quiet_after(job) and not (job.told_queued and job.expected is None):
                 self._poll(job)  # a job waiting in the broker's queue is quiet by design: not polled
+        end = job.deadline if job.grace is None else job.grace
         with self._lock:
-            heapq.heappush(self._timers, (min(job.deadline, now + self.poll_after), job.uuid))
+            heapq.heappush(self._timers, (min(end, now + self.poll_after), job.uuid))
 
     def _quiet_after(self, job: ClientJob) -> float:
         # A job the broker has said nothing of yet may be queued: it says so only after the notice.

@@ -289,6 +289,19 @@ def result_entry(
     }
 
 
+# How a worker's store answers for a job its previous run left unfinished (worker/jobstore.py): the
+# worker stopped (killed, crashed) with the job queued or running, so it did not run to an end there.
+INTERRUPTED = "interrupted: the worker stopped while the job was queued or running"
+
+
+def interrupted(entry: Any) -> bool:
+    """True for a result entry that says its worker's restart cut the job short (not the task's doing)."""
+    if not isinstance(entry, dict) or not entry.get("failed"):
+        return False
+    errors = entry.get("errors")
+    return isinstance(errors, list) and any(isinstance(e, str) and e.startswith(INTERRUPTED) for e in errors)
+
+
 def failure(worker: str, service: str, uuid: str, task: str, errors: list[str]) -> dict[str, Any]:
     """{worker: entry} for a job that failed before it ran (bad body, unknown task, interrupted)."""
     entry = result_entry(

@@ -34,6 +34,7 @@ class BrokerContact:
         self._touch = threading.Event()
         self._touch.set()
         self.given_up = False  # owner: the broker said it purged us; unstarted jobs are dropped
+        self.cut_off = False  # owner: the broker forgot us after a silence past its hold time; the same
         self._probe_until: float | None = None  # owner: the probe's answer awaited until then
 
     def connected(self) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..core import payloads
 from ..core.protocol import Frame
 from ..storage import open_sqlite
 
@@ -69,7 +70,9 @@ FINISHED = "state NOT IN ('received', 'running')"  # records retention may drop
 # of this thread (2.9-3.1 context switches and about 200 us of its CPU per job on a sequential
 # echo); waiting 2 ms merges them into one row and one commit (1.3-1.7 switches, 140-170 us).
 # Nothing waits on it that matters sooner: the 201 that follows a receive's commit is held 10 ms
-# anyway, and reads (GET of a stored job) and events do not linger.
+# anyway, and reads (GET of a stored job) and events do not linger. Nor do results: a job's result
+# is reported once its commit is done (runner.complete, write before report), so one that finds
+# the writer idle is committed at once, with whatever receive waits for it.
 LINGER = 0.002
 
 Op = Callable[[sqlite3.Connection], None]
@@ -196,7 +199,7 @@ class JobStore:
                 first = self._q.get()
                 if first is None:
                     return
-                if self.linger > 0 and isinstance(first[0], Rows) and self._q.empty():
+                if self.linger > 0 and isinstance(first[0], Rows) and first[0].sql is INSERT_SQL and self._q.empty():
                     time.sleep(self.linger)  # see LINGER
                 items = [first]
                 stop = False
@@ -269,7 +272,7 @@ class JobStore:
         """Jobs left unfinished by a previous run end as failed: interrupted."""
         rows = conn.execute("SELECT uuid, task FROM jobs WHERE state IN ('received', 'running')").fetchall()
         now = time.time()
-        why = "interrupted: the worker stopped while the job was queued or running"
+        why = payloads.INTERRUPTED
         for uuid, task_name in rows:
             if self.failure_payload is not None:
                 result = self.failure_payload(uuid, task_name, why)

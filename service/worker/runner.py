@@ -87,6 +87,7 @@ class JobRunner:
         self.in_contact_now = in_contact_now  # the same, without waiting (for the event loop)
         self.finished = 0
         self.store_dropped = 0  # results the job store could not take (full queue)
+        self.unreported = 0  # results written or being written to the store, not handed to the loop yet
         self.counts: dict[str, int] = {"completed": 0, "failed": 0, "oversize": 0, "dropped": 0}
         self.task_stats = {t: TaskStats() for t in tasks}
         self.shm: ShmArena | None = None  # the worker's shared-memory tier (set when it is on)
@@ -427,9 +428,11 @@ class JobRunner:
         # The completion always goes to the broker (it frees the job's credit there); the broker
         # forwards it to clients that asked for pushed results. NorFab clients learn from
         # result_ready and collect with GET.
-        # The result is stored once its frame has gone out (the owner runs `stored` after the
-        # send): a worker killed in between leaves no "completed" record whose result nobody got,
-        # so a retried attempt is not refused as done.
+        # Write before report: the result goes out once the store committed it (the writer's group
+        # commit, a few milliseconds), so a worker killed between a task's return and the write has
+        # reported nothing, and one killed after it answers a later GET with the result, never
+        # "interrupted" for a task that finished. (A retried attempt travels under its own wire uuid,
+        # so a stored earlier attempt never answers for it.)
         kept, kept_code = payload, code
         if not self.store.storable(payload):
             reason = (
@@ -439,14 +442,6 @@ class JobRunner:
             kept = nfp.dumps(self.status(job.uuid, Word.NOT_KEPT, bytes=len(payload), errors=[reason]))
             kept_code = nfp.ST_NOT_FOUND
         op = self.store.result_op(job, kept_code.decode(), kept)
-
-        def stored() -> None:
-            try:
-                self.store.submit(op, timeout=0)
-            except queue.Full:
-                self.store_dropped += 1
-                log.error("worker %s: job store full; result of %s kept in memory only", self.name, job.uuid)
-
         wire: bytes = payload
         if len(payload) >= self.shm_threshold and job.shm_reply and self.shm is not None and not entry["failed"]:
             # Same host as the client: a handle instead of the bytes (the bytes if the block fails).
@@ -456,7 +451,20 @@ class JobRunner:
         frames = nfp.worker_reply(nfp.RESPONSE, job.client, job.uuid.encode(), code, wire)
         if job.traced:
             frames.append(hoptrace.worker_frame(job.received_mono, job.started_mono, completed, time.monotonic()))
-        self.send((frames, stored))
+
+        def report() -> None:  # the writer thread, once the result is committed
+            self.send(frames)
+            with self._lock:
+                self.unreported -= 1
+
+        with self._lock:
+            self.unreported += 1
+        try:
+            self.store.submit(op, report, timeout=0)
+        except queue.Full:
+            self.store_dropped += 1
+            log.error("worker %s: job store full; result of %s kept in memory only", self.name, job.uuid)
+            report()
         if not job.push:
             job.event("completed", event_type="result_ready", status="completed")
 

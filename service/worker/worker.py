@@ -47,6 +47,13 @@ log = logging.getLogger(__name__)
 
 RECENT_JOBS = 10_000  # finished jobs kept in memory for fast GET; older ones are read from the store
 DROPPED = "not started: the broker gave this job up (it lost contact with this worker), so it did not run here"
+# The broker purges a worker it has not heard from for its hold time, and the worker cannot tell a
+# purge whose notice was lost in a partition from a broker that still counts on it: after a silence
+# that long it drops what it had not started, so nothing the broker gave up runs here later.
+CUT_OFF = (
+    "not started: this worker heard nothing from its broker for longer than the hold time, after which "
+    "the broker gives up a worker's jobs, so it did not run here"
+)
 
 
 class Worker:
@@ -169,7 +176,7 @@ class Worker:
             log.debug("worker %s: could not announce draining", self.name)
         deadline = time.monotonic() + (self.settings.drain_timeout if drain is None else drain)
         pause = threading.Event()
-        while self.busy() and time.monotonic() < deadline:
+        while (self.busy() or self.runner.unreported) and time.monotonic() < deadline:
             pause.wait(0.05)
         self.loop.stop()  # flushes the results still queued, within the linger bound
         self.pool.stop()
@@ -250,6 +257,7 @@ class Worker:
                 self._send_keepalive()
             elif step is Silence.RECONNECT:
                 log.warning("worker %s: broker silent for %.1f s; reconnecting", self.name, ka.hold_time)
+                self._drop_unstarted(CUT_OFF)
                 self.loop.request_reconnect()
             return until
         if ka.due():
@@ -325,7 +333,12 @@ class Worker:
             elif self._retry_at is not None:
                 pass  # refused, and waiting to try again: a new READY goes then, not now
             else:  # DISCONNECT: the broker does not know us (restarted), or dropped us
-                if msg.reason in ("purged", "replaced"):
+                if self.keepalive.expired():
+                    # Heard only past the hold time: the broker may have purged us with the notice lost
+                    # (a partition), and now knows us no more; what we hold may run elsewhere already.
+                    log.warning("worker %s: the broker forgot us after a silence past its hold time", self.name)
+                    self.contact.cut_off = True
+                elif msg.reason in ("purged", "replaced"):
                     log.warning(
                         "worker %s: the broker gave us up (%s); jobs not started are dropped", self.name, msg.reason
                     )
@@ -539,7 +552,10 @@ class Worker:
         the broker gave up, and let pool threads start jobs again once in touch."""
         if self.contact.given_up:
             self.contact.given_up = False
-            self._drop_unstarted()
+            self._drop_unstarted(DROPPED)
+        if self.contact.cut_off:
+            self.contact.cut_off = False
+            self._drop_unstarted(CUT_OFF)
         self.contact.heard_again()
         if not self._unstored:
             return
@@ -555,13 +571,14 @@ class Worker:
         except queue.Full:
             log.error("worker %s: job store full; %d received jobs not recorded", self.name, len(rows))
 
-    def _drop_unstarted(self) -> None:
-        """The broker purged us: it told the jobs' clients they were lost (and retried them where
-        asked), so a job not started yet must not run here too. Each ends, stored, as dropped."""
+    def _drop_unstarted(self, why: str) -> None:
+        """The broker purged us (or may have: `why` says which): it told the jobs' clients they were
+        lost (and retried them where asked), so a job not started yet must not run here too. Each
+        ends, stored, as failed with `why`; the answer reaches a client whose broker still routes it."""
         n = 0
         for job in self.jobs.unstarted():
             if job.claim():
-                self.runner.drop(job, DROPPED)
+                self.runner.drop(job, why)
                 n += 1
         if n:
-            log.warning("worker %s: dropped %d jobs it had not started", self.name, n)
+            log.warning("worker %s: dropped %d jobs it had not started (%s)", self.name, n, why.split(":")[0])

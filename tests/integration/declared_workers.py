@@ -45,3 +45,30 @@ class Limited(Worker):
         """Wait `seconds` (cancellable); at most 2 run at once, fabric-wide."""
         job.cancel_event.wait(seconds)
         return seconds
+
+
+class Counter(Worker):
+    """Counts its runs from the task's own side: each run appends `token` to the file ZFAB_TEST_MARKS
+    names (one line per execution, flushed before the task returns), whatever zfab reports."""
+
+    service = "count"
+
+    @task
+    def mark(self, token: str, seconds: float = 0.0) -> str:
+        """Append `token` to the marks file, then wait `seconds`; return the worker's name."""
+        import os
+        import time
+
+        with open(os.environ["ZFAB_TEST_MARKS"], "a") as f:
+            f.write(token + "\n")
+            f.flush()
+        if seconds:
+            time.sleep(seconds)
+        return self.name
+
+
+def marks(path: Path, token: str) -> int:
+    """How many times the Counter ran `token`."""
+    if not path.exists():
+        return 0
+    return sum(1 for line in path.read_text().splitlines() if line == token)

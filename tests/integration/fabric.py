@@ -39,10 +39,10 @@ def wait_workers(c: Client, names: set[str], timeout: float = 20) -> None:
 class Fabric:
     """Starts broker/worker/api processes for one test and stops them all afterwards."""
 
-    def __init__(self, tmp: Path, *, interval: float = 0.3, multiplier: int = 3) -> None:
+    def __init__(self, tmp: Path, *, interval: float = 0.3, multiplier: int = 3, host: str = "127.0.0.1") -> None:
         self.tmp = tmp
         self.port = free_port()
-        self.endpoint = f"tcp://127.0.0.1:{self.port}"
+        self.endpoint = f"tcp://{host}:{self.port}"
         self.env = dict(os.environ)
         self.env.update(
             ZFAB_BROKER=self.endpoint,
@@ -65,12 +65,15 @@ class Fabric:
     def hold_time(self) -> float:
         return self.interval * self.multiplier
 
-    def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    def start(
+        self, name: str, *args: str, env: dict[str, str] | None = None, prefix: list[str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """`prefix`: what the command runs under (e.g. `ip netns exec NS`, tests/integration/netns.py)."""
         e = dict(self.env)
         e.update(env or {})
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
         p = subprocess.Popen(
-            [sys.executable, "-m", "zfab.cli", *args],
+            [*(prefix or []), sys.executable, "-m", "zfab.cli", *args],
             env=e,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -120,7 +123,7 @@ class Fabric:
 
 
 @contextmanager
-def fabric(tmp: Path, **kw: float) -> Iterator[Fabric]:
+def fabric(tmp: Path, **kw: float | str) -> Iterator[Fabric]:
     f = Fabric(tmp, **kw)  # type: ignore[arg-type]
     try:
         yield f

@@ -13,8 +13,10 @@ import pytest
 
 from zfab import Client, Settings
 from zfab.client.clientjob import decoded_size
+from zfab.core import payloads
 from zfab.core import protocol as nfp
 from zfab.errors import (
+    BrokerUnavailableError,
     BusyError,
     JobCancelledError,
     JobExpiredError,
@@ -236,6 +238,66 @@ def test_a_lost_worker_fails_the_job_or_retries_it_under_a_new_wire_uuid(client:
     from_broker(client, f"{again.uuid}~2", nfp.ST_OK, {"w2": {"result": "fresh", "juuid": f"{again.uuid}~2"}})
     entry = again.result(0)["w2"]
     assert entry["result"] == "fresh" and entry["juuid"] == again.uuid and entry["attempt"] == 2
+
+
+@pytest.mark.parametrize("answer", ["interrupted", "not found"])
+def test_a_worker_that_restarted_under_a_job_counts_as_lost_and_the_job_is_retried(client: Client, answer: str) -> None:
+    """A GET (after a broker restart, or a quiet spell) finds the job's worker restarted: its store says
+    the job was interrupted, or it never stored it. The worker was lost; `retries` are honoured (issue 39)."""
+    once = client.submit("demo", "sleep", timeout=5)
+    again = client.submit("demo", "sleep", timeout=5, retries=1)
+    sent_posts(client)
+    for fut in (once, again):
+        from_broker(client, fut.uuid, nfp.ST_DISPATCHED, {"workers": ["w1"]})
+        if answer == "interrupted":
+            entry = {"result": None, "failed": True, "errors": [payloads.INTERRUPTED], "status": "error"}
+            from_broker(client, fut.uuid, nfp.ST_OK, {"w1": entry})
+        else:
+            from_broker(client, fut.uuid, nfp.ST_NOT_FOUND, {"worker": "w1", "status": "NOT_FOUND"})
+    with pytest.raises(WorkerLostError, match="w1"):
+        once.result(0)
+    assert once.state == "lost"
+    ((_, _, cmd, _, _, wire, body, _),) = sent_posts(client)
+    assert cmd == nfp.POST and wire.decode() == f"{again.uuid}~2" and b'"attempt":2' in body
+    assert again.attempts[0]["status"] == "lost" and not again.done()
+
+
+def test_a_deadline_that_passes_in_a_partition_ends_as_the_fabric_says_once_the_broker_answers(
+    client: Client, clock: FakeClock
+) -> None:
+    """One truth (issue 39): the broker and the worker saw the job expire; the client, cut off from them
+    at its deadline, waits one hold time for the broker and takes their word instead of saying lost."""
+    alive(client, "b1")
+    fut = client.submit("demo", "sleep", timeout=2.0)
+    from_broker(client, fut.uuid, nfp.ST_DISPATCHED, {"workers": ["w1"]})
+    sent_posts(client)
+    clock.advance(2.1)  # the broker silent past its hold time (3 s) and the job's deadline (a partition)
+    clock.advance(1.0)
+    stub(client).tick()
+    assert not fut.done() and not client.broker_alive
+    alive(client, "b1")  # the partition heals: the job is asked of its worker
+    stub(client).tick()
+    assert [(f[2], f[4]) for f in sent_posts(client)] == [(nfp.GET, b"w1")]
+    entry = {"result": None, "failed": True, "status": "timeout", "errors": ["ran past its 2 s deadline"]}
+    from_broker(client, fut.uuid, nfp.ST_OK, {"w1": entry})
+    fut.exception(0)
+    assert fut.state == "expired", (fut.state, fut.reason)
+
+
+def test_a_broker_that_stays_silent_past_the_deadline_and_a_hold_time_leaves_the_outcome_unknown(
+    client: Client, clock: FakeClock
+) -> None:
+    alive(client, "b1")
+    fut = client.submit("demo", "sleep", timeout=2.0)
+    from_broker(client, fut.uuid, nfp.ST_DISPATCHED, {"workers": ["w1"]})
+    clock.advance(3.1)
+    stub(client).tick()
+    assert not fut.done()
+    clock.advance(INTERVAL * MULTIPLIER + 0.1)
+    stub(client).tick()
+    with pytest.raises(BrokerUnavailableError, match="unknown"):
+        fut.result(0)
+    assert fut.state == "lost"
 
 
 def test_a_job_past_its_deadline_ends_with_a_timeout(client: Client, clock: FakeClock) -> None:

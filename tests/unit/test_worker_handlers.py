@@ -315,6 +315,49 @@ def test_jobs_not_started_are_dropped_when_the_broker_says_it_purged_us(
     job(worker, nfp.DELETE, b"run")
 
 
+@pytest.mark.parametrize("how", ["no answer", "forgotten"])
+def test_jobs_not_started_are_dropped_after_a_silence_past_the_hold_time_even_without_the_purge_notice(
+    worker: DemoWorker, clock: FakeClock, how: str
+) -> None:
+    """A partition longer than the hold time: the broker purged us and told the clients, but its notice
+    was lost in the cut. The prefetched job must not start when the link heals (issue 39)."""
+    stub(worker).take()
+    job(worker, nfp.POST, b"run", {"task": "sleep", "kwargs": {"seconds": 5}})
+    job(worker, nfp.POST, b"held", {"task": "echo", "kwargs": {"data": 1}})
+    collect(worker, lambda g: worker.pool.running == 1)
+    tick_at(worker, clock, 3.5)  # silent past the hold time (3 s): one probe
+    assert worker.runner.counts["dropped"] == 0
+    if how == "no answer":
+        tick_at(worker, clock, 0.6)  # the probe unanswered: a reconnect, and what was not started goes
+        assert worker.loop.stats.reconnects == 1
+    else:
+        # The link heals; the broker purged us meanwhile and answers the probe as it answers a stranger
+        stub(worker).feed([b"", nfp.BROKER, nfp.DISCONNECT, b"demo"])
+    got = collect(worker, final(b"held"))
+    ((entry,),) = [list(p.values()) for c, u, st, p in got if c == nfp.RESPONSE and u == b"held" and st == nfp.ST_OK]
+    assert entry["failed"] is True and "hold time" in entry["errors"][0] and entry["result"] is None
+    assert worker.runner.counts["dropped"] == 1
+    # In touch again, the job still does not run here
+    stub(worker).feed([b"", nfp.BROKER, nfp.KEEPALIVE, b"demo"])
+    assert worker.contact.is_set()
+    assert worker.runner.task_stats["echo"].outcomes["completed"] == 0
+    job(worker, nfp.DELETE, b"run")
+
+
+def test_a_broker_restart_within_the_hold_time_drops_nothing(worker: DemoWorker, clock: FakeClock) -> None:
+    stub(worker).take()
+    job(worker, nfp.POST, b"run", {"task": "sleep", "kwargs": {"seconds": 5}})
+    job(worker, nfp.POST, b"held", {"task": "echo", "kwargs": {"data": 1}})
+    collect(worker, lambda g: worker.pool.running == 1)
+    tick_at(worker, clock, 1.0)
+    stub(worker).feed([b"", nfp.BROKER, nfp.DISCONNECT, b"demo"])  # a restarted broker: re-register
+    assert worker.runner.counts["dropped"] == 0 and worker.loop.stats.reconnects == 1
+    job(worker, nfp.DELETE, b"run")
+    got = collect(worker, final(b"held"))
+    ((entry,),) = [list(p.values()) for c, u, st, p in got if c == nfp.RESPONSE and u == b"held" and st == nfp.ST_OK]
+    assert entry["failed"] is False and entry["result"] == 1
+
+
 def test_a_worker_past_its_hold_time_asks_the_broker_before_it_reconnects(worker: DemoWorker, clock: FakeClock) -> None:
     stub(worker).take()
     # Stopped past the hold time (3 s): at once on resume it sends one keepalive, no reconnect yet
@@ -488,3 +531,22 @@ def test_a_worker_refused_its_name_waits_logs_once_then_tries_again_and_takes_it
         stub(worker).feed([b"", nfp.BROKER, nfp.KEEPALIVE, b"demo"])  # accepted: the broker keeps it alive
     assert worker.registered()
     assert any("registered with the broker (refused 3 times before)" in r.getMessage() for r in caplog.records)
+
+
+def test_a_result_is_reported_only_once_the_job_store_holds_it(worker: DemoWorker) -> None:
+    """Write before report (issue 39): a worker killed right after its task returned has either told
+    nobody, or stored what it told; a later GET never reads such a job as interrupted."""
+    import sqlite3
+
+    stub(worker).take()
+    for n in range(5):
+        uuid = f"wbr{n}".encode()
+        job(worker, nfp.POST, uuid, {"task": "echo", "kwargs": {"data": n}})
+        collect(worker, final(uuid))
+        # the moment the result is out, its row is committed (read on a connection of our own)
+        conn = sqlite3.connect(f"file:{worker.store.path}?mode=ro", uri=True, timeout=5)
+        try:
+            row = conn.execute("SELECT state, result FROM jobs WHERE uuid=?", (uuid.decode(),)).fetchone()
+        finally:
+            conn.close()
+        assert row is not None and row[0] == "completed" and json.loads(row[1])["w1"]["result"] == n

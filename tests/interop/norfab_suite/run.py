@@ -37,7 +37,11 @@ ZFAB_ROOT = HERE.parents[2]
 REVISION = "878ab9afd92f0dc78bb043d55559a2c6d8f6bf68"
 TREE = HERE / f"norfab-tests-{REVISION[:8]}.tar.gz"
 NORFAB = "0.25.0"
-REQUIREMENTS = (f"norfab[nfcli,nornirservice,fastapiservice,fastmcpservice]=={NORFAB}", "pytest>=8", "pytest-timeout>=2.3")
+REQUIREMENTS = (
+    f"norfab[nfcli,nornirservice,fastapiservice,fastmcpservice]=={NORFAB}",
+    "pytest>=8",
+    "pytest-timeout>=2.3",
+)
 # NorFab's device-free workers: nornir (no device is reached by these tests), dummy, workflow, fastapi;
 # NorFab adds its built-in filesharing-worker-1 itself.
 WORKERS = (

@@ -131,6 +131,10 @@ class Broker(WorkerSide):
                 f"refusing to bind {self.endpoint} without CURVE: anyone who reaches it could submit jobs. "
                 "Set ZFAB_CURVE_SECRET and ZFAB_CURVE_CLIENTS (see `zfab keys`), or pass --insecure."
             )
+        if curve and s.broker_handover:
+            raise SecurityError(
+                "ZFAB_BROKER_HANDOVER with CURVE would let any peer with a key take another's identity: unset one"
+            )
         if curve:
             assert s.curve_clients is not None
             self.zap = ZapHandler(self.loop.context, s.curve_clients)
@@ -169,14 +173,14 @@ class Broker(WorkerSide):
         s = self.settings
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
-        # Under CURVE, no handover: a second connection under an identity in use is ignored by
-        # libzmq, so no peer with a key of its own can take another's route (and its frames); zfab
-        # peers make a fresh identity per connection and never collide with a stale one of their
-        # own. Without CURVE nothing is authenticated (any peer may register as any worker), and a
-        # NorFab peer's identity is its name: a NorFab worker reconnecting after its hold time
-        # must take over its old connection's identity, or libzmq drops the new connection and
-        # its READY with it (NorFab's own broker sets ROUTER_HANDOVER too).
-        sock.setsockopt(zmq.ROUTER_HANDOVER, 0 if s.curve_secret else 1)
+        # No handover by default: a second connection under an identity in use is ignored by
+        # libzmq, so no peer can take another's route (and its frames). zfab peers make a fresh
+        # identity per connection, so they never collide with a stale one of their own. A NorFab
+        # peer's identity is its name: a NorFab worker that reconnects while its old connection
+        # is still open here loses its READY (libzmq drops the new connection's first frames)
+        # unless the new connection takes the route over, as NorFab's own broker lets it
+        # (ZFAB_BROKER_HANDOVER, refused with CURVE in start()).
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1 if s.broker_handover else 0)
         # Unroutable sends raise instead of vanishing silently, so they are counted.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.MAXMSGSIZE, s.max_message_bytes)

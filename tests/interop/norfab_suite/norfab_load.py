@@ -73,7 +73,12 @@ def main() -> int:
     (base / "inventory.yaml").write_text(json.dumps(inventory))  # JSON is YAML
     broker = None
     if opts.broker == "zfab":
-        env = dict(os.environ, ZFAB_BROKER_INVENTORY=str(base / "inventory.yaml"), ZFAB_DATA_DIR=str(base / "zfab"))
+        env = dict(
+            os.environ,
+            ZFAB_BROKER_INVENTORY=str(base / "inventory.yaml"),
+            ZFAB_BROKER_HANDOVER="true",
+            ZFAB_DATA_DIR=str(base / "zfab"),
+        )
         broker = subprocess.Popen(
             [opts.zfab, "broker", "--endpoint", endpoint, "--metrics-port", "0"],
             env=env,
@@ -121,7 +126,9 @@ def main() -> int:
                 lost += len(set(WORKERS) - set(res))
 
         for i in range(opts.jobs):
-            pending.append(client.submit_job("filesharing", "echo", kwargs={"i": i}, workers="all", timeout=opts.timeout))
+            pending.append(
+                client.submit_job("filesharing", "echo", kwargs={"i": i}, workers="all", timeout=opts.timeout)
+            )
             if len(pending) >= opts.window:
                 collect(pending.pop(0))
         for fut in pending:

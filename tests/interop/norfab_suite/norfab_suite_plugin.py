@@ -58,7 +58,12 @@ def _start_zfab(nf: Any) -> subprocess.Popen[bytes]:
     fd, path = tempfile.mkstemp(prefix=".zfab-inventory-", suffix=".yaml", dir=inv.base_dir)
     with os.fdopen(fd, "w") as f:
         json.dump(data, f, default=str)  # JSON is YAML
-    env = dict(os.environ, ZFAB_BROKER_INVENTORY=path, ZFAB_DATA_DIR=tempfile.mkdtemp(prefix="zfab-suite-"))
+    env = dict(
+        os.environ,
+        ZFAB_BROKER_INVENTORY=path,
+        ZFAB_BROKER_HANDOVER="true",  # NorFab workers reconnect under their names
+        ZFAB_DATA_DIR=tempfile.mkdtemp(prefix="zfab-suite-"),
+    )
     env.pop("PYTHONPATH", None)
     log = open(os.path.join(inv.base_dir, "__norfab__", "zfab-broker.log"), "ab")  # noqa: SIM115
     proc = subprocess.Popen(

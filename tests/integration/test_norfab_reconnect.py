@@ -58,7 +58,7 @@ def test_a_norfab_workers_reconnect_under_its_name_is_registered_at_once_with_ha
         f.broker()
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         try:
-            old = _norfab_worker(ctx, f.endpoint, b"nf-worker-1")
+            _norfab_worker(ctx, f.endpoint, b"nf-worker-1")  # the first connection, left open
             with f.client("probe") as c:
                 wait_for(
                     lambda: any(w["name"] == "nf-worker-1" for w in c.mmi("show_workers", timeout=2)),

@@ -117,3 +117,18 @@ def destroy(self: Any) -> None:
 nfapi.NorFab.__init__ = __init__  # type: ignore[method-assign]
 nfapi.NorFab.start = start  # type: ignore[method-assign]
 nfapi.NorFab.destroy = destroy  # type: ignore[method-assign]
+
+
+def pytest_unconfigure(config: Any) -> None:
+    """After the report is written: a NorFab instance a test left running (its worker processes are
+    not daemons) would keep pytest from exiting; end those, on either broker alike."""
+    import multiprocessing
+
+    children = multiprocessing.active_children()
+    for child in children:
+        child.terminate()
+    for child in children:
+        child.join(timeout=5)
+        if child.is_alive():
+            child.kill()
+            child.join(timeout=5)

@@ -64,7 +64,7 @@ TESTS = (
     "services/workflow",
 )
 SLOWER = 1.5  # zfab's run may take at most this times the baseline's
-TEST_TIMEOUT = 180  # seconds per test (pytest-timeout)
+TEST_TIMEOUT = 90  # seconds per test (pytest-timeout; a module fixture starting NorFab takes about 25)
 RUN_TIMEOUT = 1200  # seconds per run
 
 

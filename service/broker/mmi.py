@@ -35,9 +35,10 @@ from .registry import Registry
 log = logging.getLogger(__name__)
 
 SID_SERVICE = b"sid.service.broker"  # NorFab's inventory service, answered by the broker itself
-# The versions NorFab's broker reports; NorFab tools index "norfab" (empty where it is not installed,
-# as NorFab's own broker answers then).
+# The versions NorFab's broker reports. NorFab's tools and tests read "norfab" and expect a version:
+# the installed NorFab's, else the NorFab release whose NFP this broker speaks (docs/protocol.md).
 NORFAB_VERSION_KEYS = ("norfab", "pyyaml", "pyzmq", "psutil", "pydantic", "tornado", "jinja2")
+NFP_OF_NORFAB = "0.25.0"
 
 
 def _version(pkg: str) -> str:
@@ -202,12 +203,15 @@ class MmiService:
             alive = ka.is_alive()
             out.append(
                 {
-                    # The keys NorFab's tools read (nfcli, its fastapi and fastmcp workers: name,
-                    # service, status), then typed figures. NorFab's string copies of the figures
-                    # ("holdtime", "keepalives tx/rx", "alive (s)") are left out: no NorFab code reads them.
+                    # NorFab's row first, its figures as strings: NorFab's own tests read "holdtime"
+                    # (test_mmi_show_workers) and nfcli's `show workers` prints the row as it comes...
                     "name": w.label,
                     "service": w.service.decode(errors="replace"),
                     "status": "alive" if alive else "dead",
+                    "holdtime": str(round(ka.hold_time_left(), 1)),
+                    "keepalives tx/rx": f"{ka.sent} / {ka.received}",
+                    "alive (s)": str(round(ka.alive_for())),
+                    # ...then zfab's typed figures, which its metrics and the API read.
                     "alive": alive,
                     "holdtime_left_s": round(ka.hold_time_left(), 3),
                     "keepalives_sent": ka.sent,
@@ -476,6 +480,7 @@ class MmiService:
     def show_broker_version(self) -> dict[str, str]:
         names = ("zfab", *NORFAB_VERSION_KEYS, "fastapi", "prometheus-client")
         out = {pkg: _version(pkg) for pkg in dict.fromkeys(names)}
+        out["norfab"] = out["norfab"] or NFP_OF_NORFAB
         out["python"] = sys.version.split(" ")[0]
         out["platform"] = sys.platform
         return out

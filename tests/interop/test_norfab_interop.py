@@ -47,8 +47,7 @@ def test_norfab_client_runs_a_job_and_reads_show_workers(tmp_path: Path, norfab:
         assert out["elapsed"]["run_job"] < 5
         workers = out["show_workers"]["results"]
         assert {w["name"] for w in workers} == {"demo-1", "demo-2"}
-        # the keys NorFab's tools read (nfcli, its fastapi/fastmcp workers): name, service, status
-        assert all(w["status"] == "alive" and w["service"] == "demo" for w in workers)
+        assert all(w["status"] == "alive" and "keepalives tx/rx" in w for w in workers)
 
 
 def test_norfab_client_targets_all_workers(tmp_path: Path, norfab: Path) -> None:

@@ -74,8 +74,22 @@ def _start_zfab(nf: Any) -> subprocess.Popen[bytes]:
         stdin=subprocess.DEVNULL,
     )
     log.close()
+    _BROKERS.append(proc)
     _wait_port(nf.broker_endpoint, proc)
     return proc
+
+
+_BROKERS: list[subprocess.Popen[bytes]] = []  # every zfab broker started, for pytest_unconfigure
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 _init = nfapi.NorFab.__init__
@@ -105,12 +119,7 @@ def destroy(self: Any) -> None:
     finally:
         proc = getattr(self, "_zfab_broker", None)
         if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+            _stop(proc)
             self._zfab_broker = None
 
 
@@ -121,7 +130,8 @@ nfapi.NorFab.destroy = destroy  # type: ignore[method-assign]
 
 def pytest_unconfigure(config: Any) -> None:
     """After the report is written: a NorFab instance a test left running (its worker processes are
-    not daemons) would keep pytest from exiting; end those, on either broker alike."""
+    not daemons) would keep pytest from exiting; end those, on either broker alike, and any zfab
+    broker a fixture that failed in its setup left behind."""
     import multiprocessing
 
     children = multiprocessing.active_children()
@@ -132,3 +142,5 @@ def pytest_unconfigure(config: Any) -> None:
         if child.is_alive():
             child.kill()
             child.join(timeout=5)
+    for proc in _BROKERS:  # a fixture that failed in its setup never called destroy()
+        _stop(proc)

@@ -1,5 +1,8 @@
 """A NorFab fabric (NorFab's client, two NorFab filesharing workers) on a broker: latency and losses.
 
+With ``--zfab-workers`` the two workers are zfab demo workers instead (a NorFab client of zfab
+workers); the broker is then zfab's.
+
 Runs inside the NorFab suite virtualenv (run.py makes it). With ``--broker zfab`` it starts
 ``zfab broker`` (``--zfab``, the executable) serving the fabric's inventory; with ``--broker norfab``
 NorFab starts its own broker. It then measures:
@@ -56,6 +59,7 @@ def main() -> int:
     p.add_argument("--jobs", type=int, default=1000)
     p.add_argument("--window", type=int, default=20)
     p.add_argument("--timeout", type=int, default=60, help="per job, seconds")
+    p.add_argument("--zfab-workers", action="store_true", help="two zfab demo workers instead of NorFab's")
     opts = p.parse_args()
     logging.basicConfig(level=logging.CRITICAL)
 
@@ -86,8 +90,23 @@ def main() -> int:
             stderr=open(base / "zfab-broker.log", "wb"),  # noqa: SIM115
         )
         wait_port(port, time.monotonic() + 20)
+    workers, service, procs = WORKERS, "filesharing", []
+    if opts.zfab_workers:
+        workers, service = ["demo-1", "demo-2"], "demo"
+        inventory["topology"]["workers"] = []
+        (base / "inventory.yaml").write_text(json.dumps(inventory))
+        for name in workers:
+            env = dict(os.environ, ZFAB_BROKER=endpoint, ZFAB_DATA_DIR=str(base / name))
+            procs.append(
+                subprocess.Popen(
+                    [opts.zfab, "worker", "--service", "demo", "--name", name, "--metrics-port", "0"],
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
     nf = NorFab(inventory=str(base / "inventory.yaml"))
-    out: dict[str, Any] = {"broker": opts.broker}
+    out: dict[str, Any] = {"broker": opts.broker, "workers": "zfab" if opts.zfab_workers else "norfab"}
     try:
         t0 = time.monotonic()
         nf.start()
@@ -97,13 +116,13 @@ def main() -> int:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             names = {w.get("name") for w in client.mmi("mmi.service.broker", "show_workers")["results"] or []}
-            if set(WORKERS) <= names:
+            if set(workers) <= names:
                 break
             time.sleep(0.2)
         times = []
         for _ in range(opts.latency):
             t = time.monotonic()
-            res = client.run_job("filesharing", "echo", workers="any", timeout=opts.timeout)
+            res = client.run_job(service, "echo", workers="any", timeout=opts.timeout)
             times.append(time.monotonic() - t)
             if not res or len(res) != 1:
                 out.setdefault("latency_failures", 0)
@@ -123,12 +142,11 @@ def main() -> int:
             if res is None:
                 failed += 1
             else:
-                lost += len(set(WORKERS) - set(res))
+                lost += len(set(workers) - set(res))
 
         for i in range(opts.jobs):
-            pending.append(
-                client.submit_job("filesharing", "echo", kwargs={"i": i}, workers="all", timeout=opts.timeout)
-            )
+            kwargs = {"data": i} if opts.zfab_workers else {"i": i}
+            pending.append(client.submit_job(service, "echo", kwargs=kwargs, workers="all", timeout=opts.timeout))
             if len(pending) >= opts.window:
                 collect(pending.pop(0))
         for fut in pending:
@@ -138,6 +156,9 @@ def main() -> int:
         out["fanout"]["jobs_per_s"] = round(opts.jobs / wall, 1)
     finally:
         nf.destroy()
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=10)
         if broker is not None:
             broker.terminate()
             broker.wait(timeout=10)

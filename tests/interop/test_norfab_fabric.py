@@ -32,10 +32,13 @@ def norfab_python() -> Path:
         pytest.skip(reason)
 
 
-def test_a_norfab_fabric_on_a_zfab_broker_answers_fast_and_loses_nothing(norfab_python: Path) -> None:
+@pytest.mark.parametrize("workers", ["norfab", "zfab"])
+def test_a_norfab_client_on_a_zfab_broker_is_answered_fast_and_loses_nothing(norfab_python: Path, workers: str) -> None:
+    """NorFab's client with two NorFab workers (a NorFab fabric), or with two zfab workers."""
     zfab = Path(sys.executable).with_name("zfab")
     cmd = [str(norfab_python), str(HERE / "norfab_load.py"), "--broker", "zfab", "--zfab", str(zfab)]
     cmd += ["--latency", "20", "--jobs", "200", "--window", "20", "--timeout", "30"]
+    cmd += ["--zfab-workers"] if workers == "zfab" else []
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=500, env=env)

@@ -63,6 +63,12 @@ TESTS = (
     "services/filesharing",
     "services/workflow",
 )
+# Not run, with the reason: it fails on NorFab's broker too, and only by waiting out its timeout,
+# which costs each run 90 s of the CI budget (measured: tests/interop/norfab_suite, docs/benchmarks.md).
+NOT_RUN = {
+    "core/test_nfapi.py::TestNfApi::test_load_inventory_from_dictionary": "its fixture's fabric (fixed port "
+    "7777, workers from a dictionary inventory) never finishes starting on either broker: setup times out",
+}
 SLOWER = 1.5  # zfab's run may take at most this times the baseline's
 TEST_TIMEOUT = 90  # seconds per test (pytest-timeout; a module fixture starting NorFab takes about 25)
 RUN_TIMEOUT = 1200  # seconds per run
@@ -119,6 +125,7 @@ def run_suite(python: Path, broker: str, work: Path, select: str | None) -> dict
     env.pop("VIRTUAL_ENV", None)
     cmd = [str(python), "-m", "pytest", "-p", "norfab_suite_plugin", "-p", "no:cacheprovider", "-o", "addopts="]
     cmd += ["-q", "--timeout", str(TEST_TIMEOUT), f"--junitxml={junit}", *TESTS]
+    cmd += [arg for test in NOT_RUN for arg in ("--deselect", test)]
     if select:
         cmd += ["-k", select]
     print(f"norfab-suite: NorFab's tests on {broker}'s broker ...", flush=True)
@@ -167,6 +174,7 @@ def compare(base: dict[str, Any], zfab: dict[str, Any]) -> dict[str, Any]:
         "regressions": regressions,
         "fixed_on_zfab": sorted(passed_zfab - passed_base),
         "failing_on_norfab_too": {n: r["reason"] for n, r in sorted(bt.items()) if r["outcome"] == "failed"},
+        "not_run": NOT_RUN,
         "slower_tests": slow,
         "ok": not regressions and ratio <= SLOWER,
     }

@@ -6,6 +6,7 @@ figures for 1,000 jobs are `norfab_load.py`'s (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -15,8 +16,10 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent / "norfab_suite"
-sys.path.insert(0, str(HERE))
-import run as suite  # noqa: E402
+_spec = importlib.util.spec_from_file_location("norfab_suite_run", HERE / "run.py")
+assert _spec is not None and _spec.loader is not None
+suite = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(suite)
 
 pytestmark = [pytest.mark.integration, pytest.mark.interop, pytest.mark.timeout(600)]
 

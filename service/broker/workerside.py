@@ -195,7 +195,7 @@ class WorkerSide:
         if forward:
             self.counts["forwarded"] += 1
             frames = nfp.broker_reply(client, msg.command, worker.service, msg.uuid, status, payload)
-            if route is not None and route.job is not None and self.settings.hop_traces:
+            if route is not None and route.push and route.job is not None and self.settings.hop_traces:
                 trace = self._trace(route.job, worker, msg.trace)
                 frames.append(trace)
                 if self.events is not None:

@@ -222,8 +222,11 @@ def test_a_zfab_workers_result_reaches_a_norfab_client_without_a_get(broker: Bro
     norfab_request(broker, nfp.POST, b"demo", b"any", b"j1", {"task": "echo", "args": [], "kwargs": {}})
     stub(broker).take()
     answer(broker, b"d1~00", b"j1", b"200", {"demo-1": {"result": 1, "failed": False}})
-    ((_, _, status, _),) = to_client(stub(broker).take())
+    sent = stub(broker).take()
+    ((_, _, status, _),) = to_client(sent)
     assert status == b"200"
+    # NorFab's frames only: the hop trace goes with pushed answers, which only zfab clients ask for
+    assert [len(f) for f in sent if f[0] == b"nfc"] == [8]
 
 
 def test_a_zfab_client_collecting_by_get_is_not_sent_the_completion(broker: Broker) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from zfab import Broker, Settings
+from zfab import Broker, SecurityError, Settings
 from zfab.core import protocol as nfp
 from zfab.transport import FakeClock, StubLoop, StubTransport
 
@@ -255,3 +255,12 @@ def test_a_get_answer_of_a_finished_part_is_not_dropped_while_another_part_is_op
     zfab_worker(broker, b"d3~00", "demo-3")
     answer(broker, b"d3~00", b"j1", b"200", {"demo-3": {"result": 1, "failed": False}})
     assert to_client(stub(broker).take()) == [] and broker.counts["stale_results"] == 1
+
+
+def test_handover_with_curve_is_refused_at_start(clock: FakeClock, tmp_path: Path) -> None:
+    """ROUTER_HANDOVER lets a peer that knows an identity take its route: never under CURVE, where
+    identities are bound to keys."""
+    s = Settings(curve_secret=str(tmp_path / "k"), curve_clients=str(tmp_path), broker_handover=True)
+    b = Broker(s, endpoint="tcp://127.0.0.1:1", transport=StubTransport(clock), clock=clock)
+    with pytest.raises(SecurityError, match="ZFAB_BROKER_HANDOVER"):
+        b.start()

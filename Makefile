@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PORT   ?= 8000
 WORKERS ?= 2
 
-.PHONY: run test lint bench bench-quick chaos clean
+.PHONY: run test lint bench bench-quick chaos norfab-suite clean
 
 $(BIN)/.installed-run: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,12 @@ lint: $(BIN)/.installed-dev
 	$(BIN)/ruff format --check service api apiclient
 	bash tools/typecheck-tree.sh
 	$(BIN)/mypy
+
+# NorFab 0.25's own test suite on NorFab's broker, then on zfab's (tests/interop/norfab_suite/run.py):
+# fails when a test passing on NorFab's broker fails on zfab's, or zfab's run takes over 1.5x as long
+norfab-suite: $(BIN)/.installed-dev
+	mkdir -p build
+	$(BIN)/python tests/interop/norfab_suite/run.py --report build/norfab-suite.json
 
 bench: $(BIN)/.installed-dev
 	$(BIN)/python -m bench.run

@@ -115,6 +115,17 @@ class Settings(BaseSettings):
         "worker.<service>.<worker>.<state>, event.<service>.<worker>, queue.<service>, trace.<service>.<task>): the "
         "broker binds it, subscribers and the API connect to it; unset: no events are published",
     )
+    broker_handover: bool = Field(
+        False,
+        description="ROUTER_HANDOVER: a new connection under an identity in use takes its route (a NorFab worker "
+        "reconnecting under its name keeps its READY); lets any peer that knows an identity take its route, so "
+        "refused with CURVE",
+    )
+    broker_inventory: str | None = Field(
+        None,
+        description="A NorFab inventory (its inventory.yaml, or the directory holding it) the broker serves to NorFab "
+        "workers (sid.service.broker get_inventory) and shows (MMI show_broker_inventory); needs zfab[norfab]",
+    )
     broker_events_hwm: int = Field(10_000, ge=1, description="Events one subscriber's pipe holds before it drops")
     broker_events_queue: int = Field(
         10_000, ge=1, description="Events the broker's loop hands its publisher thread before it drops them"

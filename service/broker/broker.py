@@ -30,17 +30,19 @@ from ..transport.shm import ShmArena
 from .admission import Refusal, answer, bad, read_job, unknown_task
 from .dispatcher import Dispatcher
 from .events import EventPublisher
-from .jobqueue import ANY, NAMED, Spot
+from .inventory import Inventory
+from .jobqueue import ANY, NAMED, QueuedJob, Spot
 from .memory import MemoryKeeper, glibc_trim
-from .mmi import MmiService
+from .mmi import SID_SERVICE, MmiService
 from .paused import PausedServices
-from .registry import Registry, ServiceRecord, WorkerRecord
+from .registry import Registry, Route, ServiceRecord, WorkerRecord
 from .workerside import WorkerSide
 
 log = logging.getLogger(__name__)
 
 HOUSEKEEPING = 60.0  # seconds between sweeps of the tables keyed by what peers chose
 RCVHWM = 1000  # messages one peer may have waiting in the ROUTER's receive pipe
+ALL_SERVICE = b"all"  # NorFab's pseudo-service: workers of every service (Broker.across)
 
 
 class Broker(WorkerSide):
@@ -104,6 +106,8 @@ class Broker(WorkerSide):
         self.shm = ShmArena(s, clock=clock)
         self.dispatch.shm = self.shm
         self.mmi = MmiService(self)
+        # NorFab workers ask the broker for their inventory (sid.service.broker, inventory.py).
+        self.inventory: Inventory | None = Inventory(s.broker_inventory) if s.broker_inventory else None
         self.events: EventPublisher | None = None  # job state changes by topic (events.py); off unless set
         if s.broker_events:
             self.events = EventPublisher(
@@ -126,6 +130,10 @@ class Broker(WorkerSide):
             raise SecurityError(
                 f"refusing to bind {self.endpoint} without CURVE: anyone who reaches it could submit jobs. "
                 "Set ZFAB_CURVE_SECRET and ZFAB_CURVE_CLIENTS (see `zfab keys`), or pass --insecure."
+            )
+        if curve and s.broker_handover:
+            raise SecurityError(
+                "ZFAB_BROKER_HANDOVER with CURVE would let any peer with a key take another's identity: unset one"
             )
         if curve:
             assert s.curve_clients is not None
@@ -165,10 +173,14 @@ class Broker(WorkerSide):
         s = self.settings
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
-        # No handover: a second connection under an identity in use is ignored by libzmq, so no
-        # peer can take another's route (and its frames). zfab peers make a fresh identity per
-        # connection, so they never collide with a stale one of their own.
-        sock.setsockopt(zmq.ROUTER_HANDOVER, 0)
+        # No handover by default: a second connection under an identity in use is ignored by
+        # libzmq, so no peer can take another's route (and its frames). zfab peers make a fresh
+        # identity per connection, so they never collide with a stale one of their own. A NorFab
+        # peer's identity is its name: a NorFab worker that reconnects while its old connection
+        # is still open here loses its READY (libzmq drops the new connection's first frames)
+        # unless the new connection takes the route over, as NorFab's own broker lets it
+        # (ZFAB_BROKER_HANDOVER, refused with CURVE in start()).
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1 if s.broker_handover else 0)
         # Unroutable sends raise instead of vanishing silently, so they are counted.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         # Above the limit: a message a little over it is answered (TOO LARGE) and counted, not the
@@ -293,6 +305,10 @@ class Broker(WorkerSide):
             body["retry_after"] = r.retry_after
         self.counts[f"refused_{r.status.decode()}"] += 1
         self.reply(sender, req.service, req.uuid, r.status, body)
+        if req.command == nfp.MMI:
+            # NorFab's NFPClient.mmi() reads only MMI frames: a refused MMI request is answered in
+            # both, as every MMI answer is, or it waits out its whole timeout.
+            self.send(nfp.broker_reply(sender, nfp.MMI, req.service, req.uuid, r.status, nfp.dumps(body)))
 
     def _same_key(self, sender: bytes) -> bool:
         """CURVE: an identity belongs to the key that first used it (bounded, least recent forgotten)."""
@@ -329,7 +345,7 @@ class Broker(WorkerSide):
             if req.command == nfp.DISCONNECT:  # a zfab client closing: no more keepalive waves for it
                 self.registry.client_keepalives.pop(sender, None)
             return  # NorFab clients may announce themselves; nothing to route
-        if req.service == nfp.MMI_SERVICE:
+        if req.service == nfp.MMI_SERVICE or req.service == SID_SERVICE:
             self.process_mmi(sender, req)
             return
         try:
@@ -360,15 +376,15 @@ class Broker(WorkerSide):
 
     def process_mmi(self, sender: bytes, req: nfp.ClientRequest) -> None:
         try:
-            status, answer_ = self.mmi.answer(req.body)
+            status, answer_ = self.mmi.answer(req.body, req.service)
         except nfp.ProtocolError as exc:
             self.reject(exc.reason, exc.detail)
-            self.reply(sender, nfp.MMI_SERVICE, req.uuid, nfp.ST_BAD_REQUEST, {"errors": [exc.detail]})
-            return
+            status, answer_ = nfp.ST_BAD_REQUEST, nfp.dumps({"errors": [exc.detail]})
         self.counts["mmi"] += 1
-        # NorFab's broker answers MMI twice, as RESPONSE and as MMI; its clients read either.
+        # NorFab's broker answers MMI twice, as RESPONSE and as MMI; its clients read either
+        # (NFPClient.mmi() only the MMI copy), refusals included.
         for cmd in (nfp.RESPONSE, nfp.MMI):
-            self.send(nfp.broker_reply(sender, cmd, nfp.MMI_SERVICE, req.uuid, status, answer_))
+            self.send(nfp.broker_reply(sender, cmd, req.service, req.uuid, status, answer_))
 
     def post(self, sender: bytes, req: nfp.ClientRequest) -> None:
         """Admission: a POST is queued or sent at once (dispatcher.py), or refused with a reason."""
@@ -402,6 +418,9 @@ class Broker(WorkerSide):
         )
         if job.shm:
             d.check_handle(job)
+        if req.service == ALL_SERVICE:
+            self.post_across(job, req)
+            return
         svc = self._service_for(req)
         if job.task and svc.tasks is not None and job.task not in svc.tasks:
             raise unknown_task(svc.label, job.task, svc.tasks)
@@ -416,6 +435,35 @@ class Broker(WorkerSide):
         if self.events is not None:  # admitted (queued or sent): its worker's replies come on later frames
             task = job.task if svc.tasks and job.task in svc.tasks else None
             self.events.admitted(req.uuid, svc.name, task, single=job.kind == ANY)
+
+    def post_across(self, job: QueuedJob, req: nfp.ClientRequest) -> None:
+        """NorFab's `all` pseudo-service: a job for workers of every service, sent at once to the
+        live workers its target picks (`across`), as NorFab's broker does: past the queues and the
+        credits (it carries management tasks such as get_stats to every worker), one 202 naming
+        them all, each worker's answers under its own service."""
+        workers = self.across(nfp.parse_target(req.target))
+        if not workers:
+            self.counts["no_workers"] += 1
+            raise bad(f"no live worker of any service matches target {req.target.decode(errors='replace')!r}")
+        self.dispatch.send_across(job, workers)
+
+    def across(self, target: str | list[str], route: Route | None = None) -> list[WorkerRecord]:
+        """The workers NorFab's target rules pick across services: `all` every live worker, `any`
+        one per service (a job's GET: the workers it went to), a name or a list those workers."""
+        reg = self.registry
+        if target == "all":
+            return [w for svc in reg.services.values() for w in reg.live(svc)]
+        if target == "any":
+            if route is not None:
+                return [w for n in route.workers if (w := reg.by_name.get(n)) is not None]
+            picked = (reg.least_loaded(svc) or next(iter(reg.live(svc)), None) for svc in reg.services.values())
+            return [w for w in picked if w is not None]
+        named: dict[bytes, WorkerRecord] = {}
+        for n in [target] if isinstance(target, str) else target:
+            w = reg.by_name.get(n.encode())
+            if w is not None and w.keepalive.is_alive():
+                named[w.name] = w
+        return list(named.values())
 
     def _resend(self, sender: bytes, req: nfp.ClientRequest, workers: list[WorkerRecord]) -> None:
         self.reply(
@@ -482,13 +530,15 @@ class Broker(WorkerSide):
             target = nfp.parse_target(req.target)
         except nfp.ProtocolError as exc:
             raise bad(f"bad target: {exc.detail}", malformed=exc.reason) from None
-        svc = reg.service(req.service)
-        if svc is None:
-            raise Refusal(nfp.ST_NOT_FOUND, Word.FAILED, f"service '{req.service.decode(errors='replace')}' is unknown")
         route = reg.routes.get(req.uuid)
         if route is not None and (route.job is None or self._owner_of(route.job)):
             route.client = sender  # its client, reconnected: the job's answers go there now
-        if target == "any":
+        svc = reg.service(req.service)
+        if req.service == ALL_SERVICE:
+            workers = self.across(target, route)
+        elif svc is None:
+            raise Refusal(nfp.ST_NOT_FOUND, Word.FAILED, f"service '{req.service.decode(errors='replace')}' is unknown")
+        elif target == "any":
             workers = [w for n in route.workers if (w := reg.by_name.get(n))] if route else []
             if not workers and (w := reg.least_loaded(svc) or next(iter(reg.live(svc)), None)) is not None:
                 workers = [w]
@@ -497,7 +547,8 @@ class Broker(WorkerSide):
         if not workers:
             self.counts["no_workers"] += 1
             raise bad(
-                f"service '{svc.label}' has no live worker matching target {req.target.decode(errors='replace')!r}"
+                f"service '{req.service.decode(errors='replace')}' has no live worker matching target "
+                f"{req.target.decode(errors='replace')!r}"
             )
         self.counts[nfp.COMMAND_NAMES[req.command].lower()] += 1
         if req.command == nfp.GET and (req.flags.get("ack", True) or len(workers) > 1):

@@ -318,6 +318,20 @@ class Dispatcher:
         elif job.uuid in self.queued:
             self._leave(svc, job)
 
+    def send_across(self, job: QueuedJob, workers: list[WorkerRecord]) -> None:
+        """A job of NorFab's `all` pseudo-service: every worker picked gets it now, credits or not,
+        as NorFab's broker sends it (the 202 first, naming them all)."""
+        now = self.clock()
+        job.workers = [w.name for w in workers]
+        self._route(job, workers)
+        self._dispatched(job, workers)
+        for w in workers:
+            svc = self.reg.services.get(w.service)
+            if svc is not None:
+                self.reg.send_to(svc, w, job.uuid, job.client)
+            self._post(w, job, now)
+        self.counts["post_across"] += 1
+
     def _hold(self, svc: ServiceRecord, job: QueuedJob) -> None:
         """Keep a fanned-out job in the queue's count (and deadline) while parts of it wait for credits."""
         if job.uuid not in self.queued:

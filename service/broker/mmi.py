@@ -1,16 +1,21 @@
 """The broker's management interface, service `mmi.service.broker`.
 
-Task names and reply shapes follow NorFab 0.25 where NorFab has them (`show_workers`,
-`get_status`, `show_broker_version`); zfab adds `show_broker`, `show_services` and
-`show_clients`. Runs on the broker's owner thread.
+Task names and reply shapes follow NorFab 0.25 where NorFab has them (`show_workers`, `get_stats`,
+`get_status`, `show_broker_version`, `show_broker_inventory`); zfab adds `show_broker`,
+`show_services` and `show_clients`. `sid.service.broker` (NorFab's inventory service) answers
+`get_inventory` from the broker's inventory (inventory.py). Runs on the broker's owner thread.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import logging
+import os
 import sys
+import threading
 import time
 from collections import Counter, OrderedDict
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from ..core import protocol as nfp
@@ -22,9 +27,18 @@ from ..transport.base import Transport
 from ..transport.shm import ShmArena
 from .dispatcher import MAX_NOTICES, Dispatcher
 from .events import EventPublisher
+from .inventory import Inventory, InventoryError
 from .memory import MemoryKeeper
 from .paused import PausedServices
 from .registry import Registry
+
+log = logging.getLogger(__name__)
+
+SID_SERVICE = b"sid.service.broker"  # NorFab's inventory service, answered by the broker itself
+# The versions NorFab's broker reports. NorFab's tools and tests read "norfab" and expect a version:
+# the installed NorFab's, else the NorFab release whose NFP this broker speaks (docs/protocol.md).
+NORFAB_VERSION_KEYS = ("norfab", "pyyaml", "pyzmq", "psutil", "pydantic", "tornado", "jinja2")
+NFP_OF_NORFAB = "0.25.0"
 
 
 def _version(pkg: str) -> str:
@@ -55,6 +69,7 @@ class BrokerFacts(Protocol):
     paused: PausedServices
     events: EventPublisher | None
     shm: ShmArena
+    inventory: Inventory | None
     TOLD_TO_LEAVE_MAX: int
     GONE_MAX: int
     KEYS_MAX: int
@@ -66,8 +81,20 @@ class MmiService:
     def __init__(self, broker: BrokerFacts) -> None:
         self.broker = broker
 
-    def answer(self, body: nfp.Frame) -> tuple[bytes, bytes]:
-        """(status, JSON payload) for an MMI request body; ProtocolError("json", why) when it is malformed."""
+    def answer(self, body: nfp.Frame, service: bytes = nfp.MMI_SERVICE) -> tuple[bytes, bytes]:
+        """(status, JSON payload) for an MMI request body to `mmi.service.broker` or
+        `sid.service.broker`; ProtocolError("json", why) when it is malformed."""
+        task, kwargs = self._request(body)
+        if service == SID_SERVICE:
+            return self.inventory_answer(task, kwargs)
+        if task in self.CONTROLS:
+            return self.control(task, kwargs)
+        if task not in self.TASKS:
+            return nfp.ST_BAD_REQUEST, nfp.dumps(f"Unsupported task '{task}'")
+        return nfp.ST_OK, nfp.dumps(self.run(task, kwargs))
+
+    @staticmethod
+    def _request(body: nfp.Frame) -> tuple[str, dict[str, Any]]:
         try:
             req = nfp.loads(body) if body else {}
             if not isinstance(req, dict):
@@ -78,11 +105,25 @@ class MmiService:
                 raise ValueError("kwargs must be a JSON object")
         except (ValueError, RecursionError) as exc:
             raise ProtocolError("json", f"MMI request: {exc}") from None
-        if task in self.CONTROLS:
-            return self.control(task, kwargs)
-        if task not in self.TASKS:
+        return task, kwargs
+
+    def inventory_answer(self, task: str, kwargs: dict[str, Any]) -> tuple[bytes, bytes]:
+        """`sid.service.broker` `get_inventory` {"name"}: the worker's inventory, or null (200) when the
+        broker has none for it, as NorFab's broker answers (the worker then runs on an empty one)."""
+        if task != "get_inventory":
             return nfp.ST_BAD_REQUEST, nfp.dumps(f"Unsupported task '{task}'")
-        return nfp.ST_OK, nfp.dumps(self.run(task, kwargs))
+        name = kwargs.get("name")
+        inv = self.broker.inventory
+        if not isinstance(name, str) or inv is None:
+            return nfp.ST_OK, nfp.dumps(None)
+        try:
+            data = inv.worker(name)
+        except InventoryError as exc:
+            self.broker.counts["inventory_errors"] += 1
+            log.error("inventory of worker %r cannot be read: %s", name[:64], exc)
+            return nfp.ST_OK, nfp.dumps(None)
+        self.broker.counts["inventory_served"] += 1
+        return nfp.ST_OK, nfp.dumps(data)
 
     CONTROLS = ("pause_service", "resume_service", "set_limit", "clear_limit")
 
@@ -123,7 +164,9 @@ class MmiService:
         "show_limits",
         "show_clients",
         "get_status",
+        "get_stats",
         "show_broker_version",
+        "show_broker_inventory",
     )
 
     def run(self, task: str, kwargs: dict[str, Any]) -> Any:
@@ -143,6 +186,11 @@ class MmiService:
             return self.get_status()
         if task == "show_broker_version":
             return self.show_broker_version()
+        if task == "get_stats":
+            return self.get_stats()
+        if task == "show_broker_inventory":
+            inv = self.broker.inventory
+            return inv.as_dict() if inv is not None else {}
         raise ValueError(f"unsupported MMI task '{task}'")
 
     def show_workers(
@@ -155,14 +203,15 @@ class MmiService:
             alive = ka.is_alive()
             out.append(
                 {
-                    # NorFab's keys and string formats first...
+                    # NorFab's row first, its figures as strings: NorFab's own tests read "holdtime"
+                    # (test_mmi_show_workers) and nfcli's `show workers` prints the row as it comes...
                     "name": w.label,
                     "service": w.service.decode(errors="replace"),
                     "status": "alive" if alive else "dead",
                     "holdtime": str(round(ka.hold_time_left(), 1)),
                     "keepalives tx/rx": f"{ka.sent} / {ka.received}",
                     "alive (s)": str(round(ka.alive_for())),
-                    # ...then zfab's typed figures.
+                    # ...then zfab's typed figures, which its metrics and the API read.
                     "alive": alive,
                     "holdtime_left_s": round(ka.hold_time_left(), 3),
                     "keepalives_sent": ka.sent,
@@ -377,8 +426,63 @@ class MmiService:
         b = self.broker
         return {"name": "broker", "endpoint": b.bound_endpoint, "security": "NULL", "status": "running"}
 
+    def get_stats(self) -> dict[str, Any]:
+        """NorFab's `get_stats` (its BrokerMonitoringStats, schema 1.0): the process, its messages
+        and each worker's keepalives, which nfcli and NorFab's monitoring read."""
+        b = self.broker
+        st = b.loop.stats
+        uptime = max(1e-9, time.time() - b.started_at)
+        t = os.times()
+        try:
+            fds: int | None = len(os.listdir("/proc/self/fd"))
+        except OSError:
+            fds = None
+        rss = b.memory.facts(b.clock()).get("rss_bytes") or 0
+        workers = [
+            {
+                "name": w.label,
+                "service": w.service.decode(errors="replace"),
+                "status": "alive" if w.keepalive.is_alive() else "dead",
+                "holdtime_seconds": round(w.keepalive.hold_time_left(), 3),
+                "uptime_seconds": int(w.keepalive.alive_for()),
+                "keepalives_sent": w.keepalive.sent,
+                "keepalives_received": w.keepalive.received,
+            }
+            for w in b.registry.workers.values()
+        ]
+        return {
+            "schema_version": "1.0",
+            "collected_at": datetime.now(UTC).isoformat(),
+            "name": "zfab-broker",
+            "role": "broker",
+            "status": "active",
+            "process": {
+                "cpu_percent": round(100.0 * (t.user + t.system) / uptime, 2),  # the average since start
+                "memory_rss_mbyte": round(rss / 2**20, 3),
+                "uptime_seconds": int(uptime),
+                "open_file_descriptors": fds,
+                "tcp_sockets": None,
+                "threads": threading.active_count(),
+            },
+            "messaging": {
+                "sent": st.sent,
+                "received": st.received,
+                "events_received": 0,
+                "send_failures": st.send_dropped,
+                "receive_failures": sum(b.rejected.values()),
+            },
+            "endpoint": b.bound_endpoint,
+            "worker_count": len(b.registry.workers),
+            "service_count": len(b.registry.services),
+            "keepalive_interval_ms": int(b.settings.keepalive_interval * 1000),
+            "keepalive_multiplier": b.settings.keepalive_multiplier,
+            "workers": workers,
+        }
+
     def show_broker_version(self) -> dict[str, str]:
-        out = {pkg: _version(pkg) for pkg in ("zfab", "pyzmq", "pydantic", "fastapi", "prometheus-client")}
+        names = ("zfab", *NORFAB_VERSION_KEYS, "fastapi", "prometheus-client")
+        out = {pkg: _version(pkg) for pkg in dict.fromkeys(names)}
+        out["norfab"] = out["norfab"] or NFP_OF_NORFAB
         out["python"] = sys.version.split(" ")[0]
         out["platform"] = sys.platform
         return out

@@ -111,6 +111,7 @@ class Route:
     job: QueuedJob | None = None  # what was sent (kept to put it back in the queue if a worker says busy)
     held: int = 0  # bytes of the job's body counted in Registry.held_bytes (0 once let go)
     started: bool = False  # its one worker sent 201: the body is gone, a busy answer cannot requeue it
+    ended: set[bytes] = field(default_factory=set)  # names whose part ended (their later answers are GETs')
 
 
 class Registry:
@@ -382,6 +383,7 @@ class Registry:
         if route is None:
             return None
         route.workers.discard(worker.name)
+        route.ended.add(worker.name)
         if not route.workers:
             self.drop_route(uuid)
         self.finished[uuid] = worker.name

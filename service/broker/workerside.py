@@ -26,7 +26,23 @@ from .registry import PROTOCOL_V2, Registry, Route, WorkerRecord
 log = logging.getLogger(__name__)
 
 MAX_TASKS = 1000  # tasks a worker may announce
+MAX_ENTRY_SNIFF = 1 << 20  # a failed entry larger than this keeps its status (it is read on the broker's loop)
 MAX_NAMES_SEEN = 10_000  # worker names remembered per service (to tell a typo from a worker away)
+
+
+def norfab_status(worker: str, status: bytes, payload: nfp.Frame) -> bytes:
+    """The status a NorFab client is told a zfab worker's final answer with. A task that could not
+    run (unknown task, bad arguments: 400; a handler failure: 500) is a failed result entry, which
+    NorFab's workers answer with 200 and NorFab's client keeps as the job's result; under 4xx/5xx it
+    would fail the whole job with no entry (and, for a job on several workers, drop the others')."""
+    if status not in (nfp.ST_BAD_REQUEST, nfp.ST_ERROR) or len(payload) > MAX_ENTRY_SNIFF:
+        return status
+    try:
+        body = nfp.loads(payload)
+    except (ValueError, RecursionError):
+        return status
+    entry = body.get(worker) if isinstance(body, dict) and len(body) == 1 else None
+    return nfp.ST_OK if isinstance(entry, dict) and entry.get("failed") is True else status
 
 
 class WorkerSide:
@@ -219,14 +235,21 @@ class WorkerSide:
                 self.events.forwarded(msg.uuid, worker.service, msg.status, worker.name, msg.payload)
             elif msg.command == nfp.EVENT:
                 self.events.job_event(msg.uuid, worker.service, worker.name, msg.payload)
+        status, payload = msg.status, msg.payload
         if msg.command == nfp.RESPONSE:
             if msg.status in nfp.FINAL_STATUSES:
                 route = self.registry.complete(worker, msg.uuid)
                 self.dispatch.dirty.add(worker.service)
-                if route is not None and not route.push:
-                    # A NorFab client collects results with GET; the completion only frees the slot.
-                    forward = False
-                elif route is None and msg.uuid in self.registry.routes:
+                if route is not None and not route.push and worker.v2:
+                    if route.job is not None and not route.job.announce:
+                        # A NorFab client: told at once, a task's failure (400/500) as the failed
+                        # entry NorFab's workers answer with 200 (docs/protocol.md, NorFab peers).
+                        status = norfab_status(worker.label, msg.status, msg.payload)
+                    else:
+                        # A zfab client that collects by GET: the completion only frees the slot.
+                        forward = False
+                # A NorFab worker sends no completion of its own: its final answers are the GETs'.
+                elif route is None and self._stale(worker, msg.uuid):
                     # The job is in flight elsewhere now (this worker was purged and the job
                     # retried): a late result from the lost attempt is discarded.
                     self.counts["stale_results"] += 1
@@ -239,13 +262,20 @@ class WorkerSide:
                 self.dispatch.started(route_now, worker)
         if forward:
             self.counts["forwarded"] += 1
-            frames = nfp.broker_reply(client, msg.command, worker.service, msg.uuid, msg.status, msg.payload)
-            if route is not None and route.job is not None and self.settings.hop_traces:
+            frames = nfp.broker_reply(client, msg.command, worker.service, msg.uuid, status, payload)
+            if route is not None and route.push and route.job is not None and self.settings.hop_traces:
                 trace = self._trace(route.job, worker, msg.trace)
                 frames.append(trace)
                 if self.events is not None:
                     self.events.trace(msg.uuid, worker.service, worker.name, trace)
             self.send(frames)
+
+    def _stale(self, worker: WorkerRecord, uuid: bytes) -> bool:
+        """A final answer for a job this worker holds no part of, while the job is in flight: stale
+        unless this worker's own part of it ended here before (then it answers a GET for its result,
+        while other workers' parts are still open)."""
+        route = self.registry.routes.get(uuid)
+        return route is not None and worker.name not in route.ended
 
     def _trace(self, job: QueuedJob, worker: WorkerRecord, worker_trace: nfp.Frame | None) -> bytes:
         """The hop trace a pushed final answer carries to its client: the worker's and the broker's."""

@@ -780,10 +780,13 @@ def test_mmi_show_services_reports_the_queue(broker: Broker) -> None:
     assert broker.mmi.run("show_tasks", {"service": "demo"})["tasks"] == TASKS
 
 
-def test_a_bad_mmi_body_gets_a_400_and_is_counted(broker: Broker) -> None:
+def test_a_bad_mmi_body_gets_a_400_in_both_frames_and_is_counted(broker: Broker) -> None:
     stub(broker).feed([b"c1", b"", nfp.CLIENT, nfp.MMI, nfp.MMI_SERVICE, b"any", b"m1", b"[1"])
-    ((_, _, status, payload),) = replies(stub(broker).take())
-    assert status == nfp.ST_BAD_REQUEST and payload["errors"]
+    answers = replies(stub(broker).take())
+    # NorFab's NFPClient.mmi() reads only the MMI copy: a refusal comes in it too
+    assert [cmd for cmd, *_ in answers] == [nfp.RESPONSE, nfp.MMI]
+    for _, _, status, payload in answers:
+        assert status == nfp.ST_BAD_REQUEST and payload["errors"]
     assert broker.rejected["json"] == 1
 
 

@@ -3,15 +3,16 @@
 site-packages to shadow (or be shadowed by) a user's own modules. Everything else is in pyproject.toml.
 """
 
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, setup
 
+# Namespace packages too: the console's data folders (static/, templates/) install with it.
 FOLDERS = {"zfab": "service", "zfab.api": "api", "zfab.apiclient": "apiclient"}
 
 setup(
     packages=[
         name + sub[len(folder) :]
         for name, folder in FOLDERS.items()
-        for sub in find_packages(include=[folder, folder + ".*"])
+        for sub in find_namespace_packages(include=[folder, folder + ".*"], exclude=["*.__pycache__"])
     ],
     package_dir=FOLDERS,
 )

@@ -32,6 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--events-endpoint", dest="broker_events", help="bind an event publisher here (ZFAB_BROKER_EVENTS; off)"
     )
+    b.add_argument(
+        "--inventory",
+        dest="broker_inventory",
+        help="a NorFab inventory (file or directory) served to NorFab workers (ZFAB_BROKER_INVENTORY; off)",
+    )
     curve_flags(b, broker=True)
     b.set_defaults(fn=cmd_broker)
 

@@ -96,11 +96,15 @@ def bind_error(exc: Exception) -> bool:
 
 def cmd_broker(ns: argparse.Namespace) -> int:
     from ..broker.broker import Broker
+    from ..broker.inventory import InventoryError
 
     s = settings_of(ns)
     setup_logging(s.log_level)
     endpoint = ns.endpoint or s.bind_endpoint
-    broker = Broker(s, endpoint=ns.endpoint)
+    try:
+        broker = Broker(s, endpoint=ns.endpoint)
+    except InventoryError as exc:
+        raise UsageError(f"cannot load the NorFab inventory {exc} (--inventory, ZFAB_BROKER_INVENTORY)") from None
     server = metrics_server(s, broker=broker)  # bound first: a port in use fails before anything starts
     stop = catch_stop_signals()
     try:

@@ -276,6 +276,11 @@ def test_run_reports_a_silent_broker_within_its_hold_time(stack: Stack) -> None:
         (["api", "--port", "70000"], {}, r"^zfab api: bad setting --port=70000: Input should be less than"),
         (["up", "--workers", "-1"], {}, r"^zfab up: --workers must be 0 or more, got -1$"),
         (["up", "--grace", "-1"], {}, r"^zfab up: --grace must be 0 or more seconds, got -1$"),
+        (
+            ["broker", "--endpoint", "tcp://127.0.0.1:0", "--inventory", "/nonexistent/inventory.yaml"],
+            {},
+            r"^zfab broker: cannot load the NorFab inventory /nonexistent/inventory.yaml: .*ZFAB_BROKER_INVENTORY",
+        ),
     ],
 )
 def test_bad_settings_and_arguments_are_one_line_and_exit_2(

@@ -190,3 +190,10 @@ def test_one_import_name_nothing_named_service_or_api_is_installed(tmp_path: Pat
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["zfab.api", "zfab"]
+
+
+def test_no_two_test_files_share_a_name() -> None:
+    """pytest imports test files by their base name (no __init__.py here): a second file of the same
+    name in another folder stops the whole collection with "import file mismatch"."""
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py") if "norfab_suite" not in p.parts]
+    assert sorted({n for n in names if names.count(n) > 1}) == []

@@ -4,6 +4,7 @@ in a file), independently of what zfab reports."""
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,24 @@ def api(f: Fabric, name: str, port: int, env: dict[str, str]) -> httpx.Client:
     c = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
     wait_for(lambda: c.get("/readyz").status_code == 200, 30, what=f"{name} ready")
     return c
+
+
+def stored_state(f: Fabric, uuid: str) -> str | None:
+    """The job's state in the API's SQLite file, read on a connection of our own (None: no row yet)."""
+    db = Path(f.env["ZFAB_DATA_DIR"]) / "api" / "jobs.sqlite"
+    if not db.exists():
+        return None
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    try:
+        row = conn.execute("SELECT state FROM jobs WHERE uuid=?", (uuid,)).fetchone()
+    finally:
+        conn.close()
+    return str(row[0]) if row else None
+
+
+def recorded_as_started(f: Fabric, uuid: str) -> None:
+    """Wait until the API's database knows the job left the queue (its sweep writes what it knows)."""
+    wait_for(lambda: stored_state(f, uuid) in ("dispatched", "running"), 15, what=f"job {uuid} recorded as started")
 
 
 def alive(c: httpx.Client, names: set[str]) -> bool:
@@ -66,7 +85,7 @@ def test_an_api_restart_after_a_broker_restart_does_not_run_again_a_job_that_lef
         assert job["state"] == "queued", job
         # and then dispatched and running when the broker and then the API are killed and restarted
         wait_for(lambda: marks(marks_file, "x") == 1, 15, what="the job started")
-        time.sleep(0.6)  # the API's sweep (0.25 s) and write (0.1 s) had their chance: what it knows is on disk
+        recorded_as_started(f, job["uuid"])  # what the API knows is on disk
         f.kill("broker")
         f.broker("broker2")
         wait_for(lambda: c.get("/readyz").status_code == 200, 20, what="the broker back")
@@ -96,7 +115,7 @@ def test_retries_survive_a_worker_restart_followed_by_an_api_restart(tmp_path: P
         # Given a job that asked for one retry, running
         job = c.post("/jobs", json=mark("r", 3.0, retries=1, timeout=30)).json()
         wait_for(lambda: marks(marks_file, "r") == 1, 15, what="the job started")
-        time.sleep(0.6)  # recorded as running on c1
+        recorded_as_started(f, job["uuid"])  # recorded as running on c1
         # When its worker and the API die together, and the worker comes back before the API does
         f.kill("api1")
         f.kill("c1")
@@ -124,7 +143,7 @@ def test_a_job_nobody_knows_after_restarts_ends_lost_with_a_reason_and_never_run
         wait_for(lambda: alive(c, {"c1", "c2"}), 30, what="both counters")
         job = c.post("/jobs", json=mark("gone", 5.0, workers="c1", retries=0, timeout=4)).json()
         wait_for(lambda: marks(marks_file, "gone") == 1, 15, what="the job started")
-        time.sleep(0.6)
+        recorded_as_started(f, job["uuid"])
         # c1 dies for good with the API; the API comes back and finds nobody who knows the job
         f.kill("api1")
         f.kill("c1")
@@ -152,7 +171,7 @@ def test_a_job_still_queued_at_the_broker_when_the_api_restarts_runs_once(tmp_pa
         wait_for(lambda: marks(marks_file, "blocker") == 1, 15, what="the blocker started")
         job = c.post("/jobs", json=mark("q", 0.0, retries=1)).json()
         assert job["state"] == "queued", job
-        time.sleep(0.6)
+        wait_for(lambda: stored_state(f, job["uuid"]) == "queued", 15, what="the job recorded as queued")
         # When the API is killed and comes back while it still waits there
         f.kill("api1")
         c.close()

@@ -11,6 +11,7 @@ when it fires, is checked here for all three (`check_template`), from the same a
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
 from typing import Any
@@ -30,17 +31,35 @@ class TaskSchemas:
 
     def __init__(self) -> None:
         self._cache: OrderedDict[str, tuple[float, dict[str, Any] | None]] = OrderedDict()
+        self._fetching: dict[str, asyncio.Future[tuple[bool, dict[str, Any] | None]]] = {}
 
     async def get(self, client: Any, service: str) -> dict[str, Any] | None:
         return (await self.lookup(client, service))[1]
 
     async def lookup(self, client: Any, service: str) -> tuple[bool, dict[str, Any] | None]:
         """(known, {task: schema} or None). `known` is False when the broker could not be asked
-        and nothing is cached: whoever must not guess (which arguments are secret) can tell."""
+        and nothing is cached: whoever must not guess (which arguments are secret) can tell.
+
+        One fetch per service at a time: callers that miss while it is under way wait for it, and a
+        caller with an expired entry gets that entry at once while the fetch refreshes it (every job's
+        admission and answer reads this; none should wait out an MMI round trip the TTL made due)."""
         hit = self._cache.get(service)
         if hit is not None and time.monotonic() - hit[0] < TTL:
             self._cache.move_to_end(service)
             return True, hit[1]
+        pending = self._fetching.get(service)
+        if pending is None:
+            if len(self._fetching) >= MAX_SERVICES:  # as many fetches under way as services kept
+                return (True, hit[1]) if hit is not None else await self._fetch(client, service, None)
+            pending = self._fetching[service] = asyncio.ensure_future(self._fetch(client, service, hit))
+            pending.add_done_callback(lambda _: self._fetching.pop(service, None))
+        if hit is not None:
+            return True, hit[1]
+        return await asyncio.shield(pending)
+
+    async def _fetch(
+        self, client: Any, service: str, hit: tuple[float, dict[str, Any] | None] | None
+    ) -> tuple[bool, dict[str, Any] | None]:
         try:
             answer = await mmi(client, "show_tasks", service=service)
         except Exception:

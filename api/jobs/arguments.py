@@ -10,8 +10,9 @@ guessed.
 
 from __future__ import annotations
 
-import json
-from typing import Any
+from typing import Any, Protocol
+
+import msgspec
 
 from ..models import JobArguments, JobRequest
 from ..state import ApiState
@@ -22,22 +23,54 @@ REDACTED = "***"
 DECLARATION_KEY = "x-zfab"
 
 
+class Asked(Protocol):
+    """What shown() reads of a request: a JobRequest, or the fields _asked() decodes."""
+
+    @property
+    def service(self) -> str: ...
+    @property
+    def task(self) -> str: ...
+    @property
+    def args(self) -> list[Any]: ...
+    @property
+    def kwargs(self) -> dict[str, Any]: ...
+
+
+class _Asked(msgspec.Struct):
+    """The four fields of a stored request (a JobRequest's JSON) that showing its arguments needs: decoded
+    by msgspec, not validated again by pydantic (it was when it came), on every POST answer and GET."""
+
+    service: str
+    task: str
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+
+
+_asked = msgspec.json.Decoder(_Asked).decode
+_encode = msgspec.json.Encoder(enc_hook=str).encode
+
+
 async def arguments_of(st: ApiState, rec: JobRecord) -> JobArguments | None:
     """The job's arguments as GET shows them; None when the API does not hold its request."""
-    req = rec.request
-    if req is None:
+    raw = rec.request_json
+    if raw is None:
         return None
+    req: Asked
+    try:
+        req = _asked(raw)
+    except msgspec.MsgspecError:  # a number past 64 bits, which pydantic took: read as pydantic did
+        req = JobRequest.model_validate_json(raw)
     known, tasks = await st.schemas.lookup(st.client, req.service)
     schema = (tasks or {}).get(req.task)
     return shown(req, schema if isinstance(schema, dict) else None, known=known)
 
 
-def shown(req: JobRequest, schema: dict[str, Any] | None, *, known: bool = True) -> JobArguments:
+def shown(req: Asked, schema: dict[str, Any] | None, *, known: bool = True) -> JobArguments:
     """`req`'s arguments redacted by `schema`'s declaration and bounded in bytes (pure)."""
-    size = len(json.dumps([req.args, req.kwargs], separators=(",", ":"), default=str))
+    size = len(_encode([req.args, req.kwargs]))
     if not known:
         why = "the task's declaration of secret arguments could not be read from the broker; try again shortly"
-        return JobArguments(args=None, kwargs=None, bytes=size, omitted=why)
+        return JobArguments.model_construct(args=None, kwargs=None, bytes=size, omitted=why)
     secret = redacted_names(schema)
     names = list((schema or {}).get("properties") or {})
     args = [REDACTED if i < len(names) and names[i] in secret else v for i, v in enumerate(req.args)]
@@ -47,8 +80,8 @@ def shown(req: JobRequest, schema: dict[str, Any] | None, *, known: bool = True)
     )
     if size > SHOWN_BYTES:
         why = f"{size} bytes of arguments, over the {SHOWN_BYTES} bytes GET shows"
-        return JobArguments(args=None, kwargs=None, redacted=hidden, bytes=size, omitted=why)
-    return JobArguments(args=args, kwargs=kwargs, redacted=hidden, bytes=size)
+        return JobArguments.model_construct(args=None, kwargs=None, redacted=hidden, bytes=size, omitted=why)
+    return JobArguments.model_construct(args=args, kwargs=kwargs, redacted=hidden, bytes=size)
 
 
 def redacted_names(schema: dict[str, Any] | None) -> set[str]:

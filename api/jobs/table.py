@@ -278,7 +278,7 @@ class JobRecord:
             completed_at=finished,
             timings=timings,
             trace=fut.trace if fut.trace is not None else (self.stored.trace if self.stored else None),
-            history=[HistoryStep(**s.as_dict()) for s in steps],
+            history=[HistoryStep.model_construct(**s.as_dict()) for s in steps],  # built here, typed: not checked again
             cancel_requested=self.cancel_requested,
             input_request=shown(request) if request is not None else None,
             priority=self.priority,

@@ -3,7 +3,12 @@
 It runs inside the NorFab virtualenv and never edits NorFab's tests. It adapts two things only:
 
 - **the worker selection**: every NorFab instance a test starts runs only the device-free workers
-  (``ZFAB_SUITE_WORKERS``, a comma-separated list; the built-in filesharing worker always runs);
+  (``ZFAB_SUITE_WORKERS``, a comma-separated list; the built-in filesharing worker always runs), and
+  those of ``ZFAB_SUITE_START_LAST`` start once the others have initialised (NorFab's own topology
+  ``depends_on``). NorFab's FastAPI worker discovers the services' tasks once as it starts and again
+  10 s later, and its tests read the discovery within that window: started alongside the nornir
+  workers, whether nornir's endpoints exist is a race between processes, on either broker (seen in
+  both runs' logs: its first discovery missed nornir in about half of the fabric starts);
 - **the broker**, with ``ZFAB_SUITE_BROKER=zfab``: where NorFab would start its own broker process,
   a ``zfab broker`` (``ZFAB_SUITE_ZFAB``, the zfab executable) is started on the same endpoint and
   given the same inventory (``ZFAB_BROKER_INVENTORY``), and stopped when NorFab is destroyed.
@@ -26,6 +31,7 @@ from norfab.core import nfapi
 BROKER = os.environ.get("ZFAB_SUITE_BROKER", "norfab")
 ZFAB = os.environ.get("ZFAB_SUITE_ZFAB", "zfab")
 WORKERS = {w.strip() for w in os.environ.get("ZFAB_SUITE_WORKERS", "").split(",") if w.strip()}
+LAST = {w.strip() for w in os.environ.get("ZFAB_SUITE_START_LAST", "").split(",") if w.strip()}
 BUILT_IN = "filesharing-worker-1"  # NorFab adds it to every fabric that runs its own broker
 START_TIMEOUT = 20.0
 
@@ -102,6 +108,20 @@ def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
     topo = self.inventory.topology
     if WORKERS and isinstance(topo.get("workers"), list):
         topo["workers"] = [w for w in topo["workers"] if _name(w) in WORKERS]
+    if LAST and isinstance(topo.get("workers"), list):
+        topo["workers"] = [_after_others(w, topo["workers"]) for w in topo["workers"]]
+
+
+def _after_others(entry: Any, entries: list[Any]) -> Any:
+    """A topology entry of ZFAB_SUITE_START_LAST as one that depends on every other entry (NorFab starts
+    it once they have initialised); any other entry as it is."""
+    name = _name(entry)
+    if name not in LAST:
+        return entry
+    data = dict(entry[name] or {}) if isinstance(entry, dict) else {}
+    others = [_name(e) for e in entries if _name(e) not in LAST]
+    data["depends_on"] = [*data.get("depends_on", []), *(o for o in others if o not in data.get("depends_on", []))]
+    return {name: data}
 
 
 def start(self: Any, run_broker: bool | None = None, run_workers: Any = None) -> None:

@@ -52,6 +52,8 @@ WORKERS = (
     "workflow-worker-1",
     "fastapi-worker-1",
 )
+# Started once the others have initialised, on either broker (norfab_suite_plugin: its discovery races them)
+START_LAST = ("fastapi-worker-1",)
 TESTS = (
     "core/test_broker.py",
     "core/test_client.py",
@@ -119,6 +121,7 @@ def run_suite(python: Path, broker: str, work: Path, select: str | None) -> dict
         ZFAB_SUITE_BROKER=broker,
         ZFAB_SUITE_ZFAB=str(zfab),
         ZFAB_SUITE_WORKERS=",".join(WORKERS),
+        ZFAB_SUITE_START_LAST=",".join(START_LAST),
         BROKER_ENDPOINT=f"tcp://127.0.0.1:{free_port()}",
         TERMINAL_LOGGING_LEVEL="CRITICAL",
     )

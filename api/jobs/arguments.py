@@ -70,7 +70,7 @@ def shown(req: Asked, schema: dict[str, Any] | None, *, known: bool = True) -> J
     size = len(_encode([req.args, req.kwargs]))
     if not known:
         why = "the task's declaration of secret arguments could not be read from the broker; try again shortly"
-        return JobArguments.model_construct(args=None, kwargs=None, bytes=size, omitted=why)
+        return JobArguments(args=None, kwargs=None, bytes=size, omitted=why)
     secret = redacted_names(schema)
     names = list((schema or {}).get("properties") or {})
     args = [REDACTED if i < len(names) and names[i] in secret else v for i, v in enumerate(req.args)]
@@ -80,8 +80,8 @@ def shown(req: Asked, schema: dict[str, Any] | None, *, known: bool = True) -> J
     )
     if size > SHOWN_BYTES:
         why = f"{size} bytes of arguments, over the {SHOWN_BYTES} bytes GET shows"
-        return JobArguments.model_construct(args=None, kwargs=None, redacted=hidden, bytes=size, omitted=why)
-    return JobArguments.model_construct(args=args, kwargs=kwargs, redacted=hidden, bytes=size)
+        return JobArguments(args=None, kwargs=None, redacted=hidden, bytes=size, omitted=why)
+    return JobArguments(args=args, kwargs=kwargs, redacted=hidden, bytes=size)
 
 
 def redacted_names(schema: dict[str, Any] | None) -> set[str]:

@@ -12,6 +12,7 @@ from .client.clientjob import JobFuture, decoded_size
 from .client.filestream import FileStream
 from .client.subscriber import Subscriber, SubscriptionError
 from .core.ids import new_uuid as new_job_uuid
+from .core.lru import BoundedLRU
 from .core.payloads import MAX_JOB_UUID, interrupted, job_deadline, timeout_left
 from .core.protocol import MAX_NAME_BYTES
 from .core.retries import Backoff
@@ -30,6 +31,7 @@ __all__ = [
     "MAX_NAME_BYTES",
     "AioTransport",
     "Backoff",
+    "BoundedLRU",
     "Broker",
     "Client",
     "FileStream",

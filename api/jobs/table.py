@@ -14,13 +14,13 @@ import hashlib
 import json
 import threading
 import uuid as uuidlib
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from zfab import JobFuture, decoded_size, final_state
+from zfab import BoundedLRU, JobFuture, decoded_size, final_state
 from zfab.errors import BackpressureError, BrokerUnavailableError, BusyError, ClosedError, JobError, NoWorkersError
 
 from ..models import Attempt, HistoryStep, Job, JobErrorInfo, JobRequest, JobState
@@ -338,6 +338,15 @@ def _last_line(text: str) -> str:
     return lines[-1].strip() if lines else text
 
 
+def _counted(rec: JobRecord) -> int:
+    return rec.counted
+
+
+def _released(rec: JobRecord) -> bool:
+    """A job the byte bound may let go of: finished (its row is in the database) and holding something."""
+    return rec.done and bool(rec.counted)
+
+
 class JobTable:
     """The last `capacity` jobs, oldest evicted first (finished or not: the table must stay bounded).
 
@@ -352,12 +361,13 @@ class JobTable:
             raise ValueError("capacity must be at least 1")
         self.capacity = capacity
         self.max_bytes = max_bytes
-        self.bytes = 0  # requests (as JSON) of its jobs, and results and events of finished ones
         self.loop = loop
         # The loop's thread (the table is made on it), where the API's client finishes its jobs: a wake-up
         # from there is a call_soon, not a call_soon_threadsafe and its self-pipe write.
         self._loop_thread = threading.get_ident()
-        self._jobs: OrderedDict[str, JobRecord] = OrderedDict()
+        # What each job holds is its `counted` bytes: its request (as JSON), and once it finished its
+        # results and events (settle).
+        self._jobs: BoundedLRU[str, JobRecord] = BoundedLRU(max_count=capacity, max_bytes=max_bytes, size=_counted)
         self._seq = 0
         # Reads a job the table let go of from the API's database (set by the persister); None: memory only.
         self.loader: Callable[[str], Awaitable[JobRecord | None]] | None = None
@@ -374,6 +384,11 @@ class JobTable:
     def __len__(self) -> int:
         return len(self._jobs)
 
+    @property
+    def bytes(self) -> int:
+        """Requests (as JSON) of its jobs, and results and events of finished ones."""
+        return self._jobs.bytes
+
     def get(self, uuid: str) -> JobRecord | None:
         return self._jobs.get(uuid)
 
@@ -383,17 +398,12 @@ class JobTable:
         return rec if rec is not None else self.lingering.get(uuid)  # the persister drops it once written done
 
     def add(self, record: JobRecord, *, persist: bool = True) -> None:
-        old = self._jobs.pop(record.uuid, None)
-        if old is not None:
-            self.bytes -= old.counted
+        self._jobs.pop(record.uuid)
         self._seq += 1
         record.seq = self._seq
         record.counted = record.size  # its request now; its results and events when it ends (settle)
-        self.bytes += record.counted
-        self._jobs[record.uuid] = record
-        while len(self._jobs) > self.capacity:
-            _, gone = self._jobs.popitem(last=False)
-            self.bytes -= gone.counted
+        self._jobs.put(record.uuid, record)
+        for gone in self._jobs.shed(by_bytes=False):  # finished or not: the table must stay bounded
             if self.persist_events and gone.live is not None and not gone.done:
                 # A shared store: other replicas wait on this job's row, so its end is still written
                 # (bounded by the jobs the client holds in flight); see record().
@@ -407,9 +417,7 @@ class JobTable:
     def discard(self, uuid: str) -> None:
         """Forget a job the fabric refused at once (POST /jobs answered the refusal): it never ran, so it
         is no row of the table or the database (a write already queued for it finds nothing)."""
-        rec = self._jobs.pop(uuid, None)
-        if rec is not None:
-            self.bytes -= rec.counted
+        self._jobs.pop(uuid)
 
     def watch(self, future: JobFuture) -> None:
         """Persist and wake listeners when `future` (a job's, or its recovery's) finishes."""
@@ -418,7 +426,7 @@ class JobTable:
 
     def newest(self, before: int | None = None) -> Iterator[JobRecord]:
         """Newest first; with `before`, only those that arrived before that sequence number."""
-        for rec in reversed(self._jobs.values()):
+        for rec in self._jobs.newest():
             if before is None or rec.seq < before:
                 yield rec
 
@@ -428,27 +436,19 @@ class JobTable:
         rec = self._jobs.get(uuid)
         if rec is not None and rec.done:
             size = rec.size
-            self.bytes += size - rec.counted
+            self._jobs.grew(size - rec.counted)
             rec.counted = size
         self.trim()
 
     def trim(self) -> None:
         """Let the oldest finished jobs go while the table holds more than its byte bound (a job not
         finished yet stays: what it holds is bounded by the jobs in flight, see api/jobs/shares.py)."""
-        if self.bytes <= self.max_bytes:
-            return
-        for old in list(self._jobs.values()):
-            if self.bytes <= self.max_bytes:
-                break
-            if old.done and old.counted:
-                del self._jobs[old.uuid]
-                self.bytes -= old.counted
-                self.released += 1
+        self.released += len(self._jobs.shed(_released))
 
     def page(self, limit: int, offset: int) -> list[JobRecord]:
         """Newest first."""
         out: list[JobRecord] = []
-        for i, rec in enumerate(reversed(self._jobs.values())):
+        for i, rec in enumerate(self._jobs.newest()):
             if i >= offset + limit:
                 break
             if i >= offset:

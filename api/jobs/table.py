@@ -67,17 +67,17 @@ def _when(epoch: float | None) -> datetime | None:
 def state_of(future: JobFuture) -> tuple[JobState, dict[str, Any] | None, BaseException | None]:
     """(state, results, error) of a job right now: the client's state machine, read as it stands."""
     if not future.done():
-        return JobState(future.state.value), None, None
+        return future.state, None, None
     if future.cancelled():
-        return JobState.lost, None, ClosedError("the job's future was cancelled")
+        return JobState.LOST, None, ClosedError("the job's future was cancelled")
     exc = future.exception()
     if not future.state.final:  # resolved by someone other than the client (it sets the state first)
         future.state, future.reason = final_state(None if exc else future.result(), exc)
     if exc is not None:
         partial = exc.results if isinstance(exc, JobError) and exc.results else None
-        return JobState(future.state.value), partial, exc
+        return future.state, partial, exc
     results: dict[str, Any] = future.result()
-    return JobState(future.state.value), results, None
+    return future.state, results, None
 
 
 @dataclass(slots=True, eq=False)
@@ -160,7 +160,7 @@ class JobRecord:
     def done(self) -> bool:
         fut = self.live
         if fut is None:
-            return self.stored is not None and self.stored.state.finished
+            return self.stored is not None and self.stored.state.final
         return fut.done()
 
     def refused(self) -> bool:
@@ -243,13 +243,13 @@ class JobRecord:
             timings.update(t)
         elif "completed" in t:  # a recovered job: when the API learnt the outcome
             timings.update(recovered=t.get("submitted", 0.0), completed=t["completed"])
-        request = self.input_request() if not state.finished else None
+        request = self.input_request() if not state.final else None
         if request is not None:
-            state = JobState.waiting
+            state = JobState.WAITING
         steps = history(
             state=state.value,
-            finished=state.finished,
-            reason=fut.reason if state.finished else None,
+            finished=state.final,
+            reason=fut.reason if state.final else None,
             timings=timings,
             trace=fut.trace,
             results=results,
@@ -259,7 +259,7 @@ class JobRecord:
         )
         queued = next((s.at for s in steps if s.state == "queued"), None)
         started = next((_when(s.at) for s in steps if s.state == "running"), None)
-        finished = _when(timings.get("completed")) if state.finished else None
+        finished = _when(timings.get("completed")) if state.final else None
         if not tracebacks and results:
             results = without_tracebacks(results)
         return Job(
@@ -268,7 +268,7 @@ class JobRecord:
             task=self.task,
             workers=self.workers,
             state=state,
-            reason=fut.reason if state.finished else None,
+            reason=fut.reason if state.final else None,
             results=results,
             error=JobErrorInfo(type=type(exc).__name__, message=str(exc)) if exc is not None else None,
             submitted_at=_when(timings.get("submitted")) or datetime.now(UTC),
@@ -288,11 +288,11 @@ class JobRecord:
             dead=state in DEAD_STATES and self.retried_as is None and not refused_at_admission(fut),
             retry_of=self.retry_of,
             retried_as=self.retried_as,
-            outcome_unknown=self.unconfirmed and not state.finished and not fut.admission.done(),
+            outcome_unknown=self.unconfirmed and not state.final and not fut.admission.done(),
         )
 
 
-DEAD_STATES = frozenset((JobState.failed, JobState.expired, JobState.lost))
+DEAD_STATES = frozenset((JobState.FAILED, JobState.EXPIRED, JobState.LOST))
 
 
 def refused_at_admission(fut: JobFuture) -> bool:

@@ -43,7 +43,7 @@ from zfab import BoundedLRU
 from ..errors import ProblemError
 from ..jobs.submit import submit_record
 from ..jobs.table import JobRecord
-from ..models import JobRequest
+from ..models import JobRequest, JobState
 from ..state import ApiState
 from ..store.base import ScheduleBackend, SharedScheduleBackend, SqliteSchedules
 from ..store.schedules import ScheduleRecord, ScheduleStore
@@ -61,7 +61,7 @@ CLAIM_BACKOFF = 0.5
 CLAIM_RETRY = 2.0  # the database did not answer the claim: try again this much later
 RESYNC = 60.0
 # How a fired job's end counts against its schedule (zfab_schedule_failures_total{reason}: a closed set).
-FAILED_ENDS = ("failed", "expired", "lost")
+FAILED_ENDS = (JobState.FAILED.value, JobState.EXPIRED.value, JobState.LOST.value)
 FAILURE_REASONS = ("refused", *FAILED_ENDS)
 
 
@@ -456,7 +456,7 @@ class Scheduler:
         state, rec = view.state.value, self.schedules.get(sid)
         if rec is None:  # deleted meanwhile
             return
-        if state == "completed":
+        if state == JobState.COMPLETED:
             if rec.last_error is None:
                 return
             rec.last_error = None

@@ -40,7 +40,7 @@ def test_the_job_table_on_disk_is_bounded_and_scoped_to_its_broker(tmp_path: Pat
     assert [r.uuid for r in loaded] == ["j3", "j4"]  # three rows kept in all: j3, j4 and other
     assert [r.uuid for r in db.load("tcp://b")] == ["other"]
     (j3, _) = loaded
-    assert j3.future is None and j3.done and j3.view().state is JobState.completed
+    assert j3.future is None and j3.done and j3.view().state is JobState.COMPLETED
     assert j3.view().results == {"w1": {"result": 3, "failed": False, "errors": []}}
     assert j3.dispatched() == ["w1"]
     # a job cut off by the API's own shutdown is stored as unfinished, to be recovered later
@@ -50,7 +50,7 @@ def test_the_job_table_on_disk_is_bounded_and_scoped_to_its_broker(tmp_path: Pat
     closing.set_exception(ClosedError("client closed before job c1 finished"))
     db.write([row_of(JobRecord("c1", "demo", "sleep", "any", closing, "", 30.0), "tcp://a")])
     (c1,) = [r for r in db.load("tcp://a") if r.uuid == "c1"]
-    assert c1.view().state is JobState.running and not c1.done and c1.ran_on == ["w2"] and c1.timeout == 30.0
+    assert c1.view().state is JobState.RUNNING and not c1.done and c1.ran_on == ["w2"] and c1.timeout == 30.0
     db.close()
 
 

@@ -107,7 +107,7 @@ def fill(app: Any, n: int) -> None:
     for i in range(n):
         at = datetime.fromtimestamp(t0 + i * 0.01, UTC)
         stored = Job.model_construct(
-            uuid=f"{i:032x}", service="demo", task="echo", workers="any", state=JobState.completed, reason=None,
+            uuid=f"{i:032x}", service="demo", task="echo", workers="any", state=JobState.COMPLETED, reason=None,
             results={"demo-1": {"result": i, "failed": False}}, error=None, priority=5, retries=0, schedule=None,
             submitted_at=at, queued_at=at, started_at=at, finished_at=at, completed_at=at,
             timings={"submitted": at.timestamp()}, cancel_requested=False, input_request=None,

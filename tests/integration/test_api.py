@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import require_binary
+from conftest import require_binary, until
 from fabric import ROOT, Fabric, fabric, free_port, wait_for
 
 from zfab.api.http.app import create_app
@@ -38,20 +38,6 @@ PROBLEM = "application/problem+json"
 
 def run(coro: Coroutine[Any, Any, None]) -> None:
     asyncio.run(coro)
-
-
-async def until(cond: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
-    """Poll an async condition until it holds; fail with `what` after the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if await cond():
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def settings_for(f: Fabric, **kw: Any) -> ApiSettings:

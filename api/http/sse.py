@@ -9,9 +9,11 @@ one line each. The response is never cached, nor buffered by a proxy (nginx read
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 
 MEDIA_TYPE = "text/event-stream"
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -41,5 +43,13 @@ class EventStreamResponse(StreamingResponse):
 
     media_type = MEDIA_TYPE
 
-    def __init__(self, content: Any, headers: dict[str, str] | None = None) -> None:
-        super().__init__(content, headers={**HEADERS, **(headers or {})})
+    # StreamingResponse's signature: FastAPI reads the default status_code from it for the OpenAPI document.
+    def __init__(
+        self,
+        content: Any,
+        status_code: int = 200,
+        headers: Mapping[str, str] | None = None,
+        media_type: str | None = None,
+        background: BackgroundTask | None = None,
+    ) -> None:
+        super().__init__(content, status_code, {**HEADERS, **(headers or {})}, media_type, background)

@@ -12,7 +12,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -169,11 +168,10 @@ def test_a_pending_job_is_cancelled_and_a_finished_one_cannot_be(tmp_path: Path)
             loc = r.headers["location"]
             r = await c.delete(loc)
             assert r.status_code == 202 and r.json()["cancel_requested"] is True
-            t0 = time.monotonic()
             r = await c.get(loc, params={"wait": 10})
             job = r.json()
-            # the worker stops the task and reports it: a finished job whose result says cancelled
-            assert job["state"] == "cancelled" and time.monotonic() - t0 < 10, job
+            # the worker stops the 30 s task and reports it: a finished job whose result says cancelled
+            assert job["state"] == "cancelled", job
             assert job["results"]["w1"]["status"] == "cancelled"
             assert_problem(await c.delete(loc), 409)
             assert_problem(await c.delete("/jobs/not-a-job"), 404)

@@ -15,6 +15,7 @@ from fabric import Fabric, fabric, free_port, wait_for
 
 from zfab.api.jobs.table import JobRecord
 from zfab.api.models import JobState
+from zfab.api.server import GRACEFUL_SHUTDOWN_SECONDS
 from zfab.api.store.sqlite import JobDB, row_of
 from zfab.client.clientjob import JobFuture
 from zfab.errors import ClosedError
@@ -134,9 +135,9 @@ def test_jobs_survive_an_api_restart_and_running_ones_are_recovered(tmp_path: Pa
                 t0 = time.monotonic()
                 f.signal("api2", signal.SIGTERM)
                 rest = list(lines)
-            assert time.monotonic() - t0 < 5 and "event: end" not in rest
+            assert "event: end" not in rest  # ended before the 60 s job did
         assert f.procs["api2"].wait(15) == 0, f.log("api2")
-        assert time.monotonic() - t0 < 6, "the API took its whole graceful-shutdown bound"
+        assert time.monotonic() - t0 < GRACEFUL_SHUTDOWN_SECONDS, "the API took its whole graceful-shutdown bound"
         with start_api(f, "api3", port) as c:
             r = c.get(f"/jobs/{both['uuid']}")
             assert r.json()["state"] == "completed" and r.json()["results"].keys() == {"w1", "w2"}

@@ -257,8 +257,8 @@ class JobRecord:
             attempts=fut.attempts,
             inputs=self.input_steps(),
         )
-        queued = next((s.at for s in steps if s.state == "queued"), None)
-        started = next((_when(s.at) for s in steps if s.state == "running"), None)
+        queued = next((s.at for s in steps if s.state == JobState.QUEUED), None)
+        started = next((_when(s.at) for s in steps if s.state == JobState.RUNNING), None)
         finished = _when(timings.get("completed")) if state.final else None
         if not tracebacks and results:
             results = without_tracebacks(results)

@@ -59,12 +59,16 @@ class BoundedLRU(Generic[K, V]):
         """Add or replace an entry, as the most recently used; the entry it replaced, if any. Nothing
         goes here: `shed` says what does, by the owner's rule."""
         entries = self._entries
-        old = entries.pop(key, None)
+        old = entries.get(key)
+        if old is not None:
+            entries.move_to_end(key)
         entries[key] = value
-        if self.size is not None:
-            delta = self.size(value) - (self.size(old) if old is not None else 0)
+        size = self.size
+        if size is not None:
+            delta = size(value) - (size(old) if old is not None else 0)
             if delta:
-                self.grew(delta)
+                with self._lock:
+                    self.bytes += delta
         return old
 
     def pop(self, key: K) -> V | None:
@@ -89,35 +93,29 @@ class BoundedLRU(Generic[K, V]):
         """Take out the least recently used entries `evictable` lets go (all, without it) while over the
         bounds (only the count bound unless by_bytes), and return them. An entry that may not go keeps
         its place; what it holds is bounded elsewhere (the jobs in flight)."""
-        if not self.over(by_bytes=by_bytes):
-            return _NOTHING
         entries = self._entries
-        if evictable is None:
-            gone: list[V] = []
-            while self.over(by_bytes=by_bytes) and entries:
-                gone.append(self._drop(next(iter(entries))))
-            return gone
-        # Pick first, then take out: the table is not changed while it is walked, and the walk stops
-        # at the last entry it needs (the oldest usually is one that may go).
-        extra = len(entries) - self.max_count
-        extra_bytes = self.bytes - self.max_bytes if by_bytes and self.max_bytes is not None else 0
+        max_count = self.max_count
+        max_bytes = self.max_bytes if by_bytes else None
+        if len(entries) <= max_count and (max_bytes is None or self.bytes <= max_bytes):
+            return _NOTHING  # the common case: one length and one comparison, nothing made
         size = self.size
-        picked: list[K] = []
-        for key, value in entries.items():
-            if extra <= 0 and extra_bytes <= 0:
-                break
-            if evictable(value):
-                picked.append(key)
-                extra -= 1
-                if size is not None:
-                    extra_bytes -= size(value)
-        return [self._drop(key) for key in picked]
-
-    def _drop(self, key: K) -> V:
-        value = self._entries.pop(key)
-        if self.size is not None:
-            self.grew(-self.size(value))
-        return value
+        gone: list[V] = []
+        freed = 0
+        while len(entries) > max_count or (max_bytes is not None and self.bytes - freed > max_bytes):
+            # The oldest that may go (usually the oldest itself); the walk ends before the table changes.
+            for key, value in entries.items():
+                if evictable is None or evictable(value):
+                    break
+            else:
+                break  # nothing may go
+            del entries[key]
+            gone.append(value)
+            if size is not None:
+                freed += size(value)
+        if freed:
+            with self._lock:
+                self.bytes -= freed
+        return gone
 
     def keys(self) -> Iterator[K]:
         return iter(self._entries)

@@ -46,8 +46,9 @@ class RecentJobs:
 
     def add(self, job: Job) -> None:
         """Owner: a job admitted. Then finished jobs are forgotten, oldest first, until it fits."""
-        self._jobs.put(job.uuid, job)
-        self.trim()
+        jobs = self._jobs
+        jobs.put(job.uuid, job)
+        jobs.shed(_finished)
 
     def result_made(self, job: Job) -> None:
         """Pool thread: the job's result payload now counts too (before its state turns final)."""

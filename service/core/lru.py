@@ -103,11 +103,12 @@ class BoundedLRU(Generic[K, V]):
         freed = 0
         while len(entries) > max_count or (max_bytes is not None and self.bytes - freed > max_bytes):
             # The oldest that may go (usually the oldest itself); the walk ends before the table changes.
-            for key, value in entries.items():
-                if evictable is None or evictable(value):
+            for oldest in entries.items():
+                if evictable is None or evictable(oldest[1]):
                     break
             else:
                 break  # nothing may go
+            key, value = oldest
             del entries[key]
             gone.append(value)
             if size is not None:

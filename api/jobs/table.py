@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from zfab import BoundedLRU, JobFuture, decoded_size, final_state
+from zfab import DEAD_ENDS, BoundedLRU, JobFuture, decoded_size, final_state
 from zfab.errors import BackpressureError, BrokerUnavailableError, BusyError, ClosedError, JobError, NoWorkersError
 
 from ..models import Attempt, HistoryStep, Job, JobErrorInfo, JobRequest, JobState
@@ -292,7 +292,7 @@ class JobRecord:
         )
 
 
-DEAD_STATES = frozenset((JobState.FAILED, JobState.EXPIRED, JobState.LOST))
+DEAD_STATES = frozenset(DEAD_ENDS)
 
 
 def refused_at_admission(fut: JobFuture) -> bool:

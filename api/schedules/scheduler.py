@@ -38,7 +38,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from zfab import BoundedLRU
+from zfab import DEAD_ENDS, BoundedLRU
 
 from ..errors import ProblemError
 from ..jobs.submit import submit_record
@@ -61,7 +61,7 @@ CLAIM_BACKOFF = 0.5
 CLAIM_RETRY = 2.0  # the database did not answer the claim: try again this much later
 RESYNC = 60.0
 # How a fired job's end counts against its schedule (zfab_schedule_failures_total{reason}: a closed set).
-FAILED_ENDS = (JobState.FAILED.value, JobState.EXPIRED.value, JobState.LOST.value)
+FAILED_ENDS = tuple(s.value for s in DEAD_ENDS)
 FAILURE_REASONS = ("refused", *FAILED_ENDS)
 
 

@@ -55,6 +55,8 @@ _UNFINISHED = frozenset((JobState.QUEUED, JobState.RUNNING, JobState.WAITING))
 STATES = tuple(s.value for s in JobState)
 UNFINISHED_STATES = tuple(s.value for s in JobState if not s.final)
 FINAL_STATES = tuple(s.value for s in JobState if s.final)
+# The ends nobody asked for: a job ended so is a dead letter (unless retried), a schedule's failed firing.
+DEAD_ENDS = (JobState.FAILED, JobState.EXPIRED, JobState.LOST)
 
 
 def final_state(results: dict[str, Any] | None, error: BaseException | None) -> tuple[JobState, str | None]:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from zfab import MAX_NAME_BYTES
+from zfab import JobState as JobState  # the one state machine (core/states.py): its values are the API's
 
 # The broker drops frames whose service or worker name is longer than MAX_NAME_BYTES; checking
 # here turns a job that would silently time out into a 422.
@@ -53,34 +53,6 @@ WorkerName = Annotated[
     AfterValidator(_worker_name),
 ]
 Target = WorkerName | Annotated[list[WorkerName], Field(min_length=1, max_length=1000)]
-
-
-class JobState(StrEnum):
-    """Where a job is: one state machine, the same in the Python client, the CLI and the metrics.
-
-    queued → running (↔ waiting) → completed | failed | cancelled | expired | lost; a final
-    state carries a `reason`."""
-
-    queued = "queued"
-    """Admitted by the broker; waiting for a worker (or its `delay`)."""
-    running = "running"
-    """A worker started it."""
-    waiting = "waiting"
-    """Running; a worker waits for input from the client (see `input_request`, POST /jobs/{uuid}/input)."""
-    completed = "completed"
-    """Finished; every worker's result has `failed: false`."""
-    failed = "failed"
-    """Finished; a task raised, or the job was refused (see `reason` and the results' `errors`)."""
-    cancelled = "cancelled"
-    """Stopped by DELETE, queued or running."""
-    expired = "expired"
-    """Its deadline (`timeout`, counted from the end of its `delay`) passed before it finished."""
-    lost = "lost"
-    """Its worker (or the broker) was lost and no retry was left: its outcome is unknown."""
-
-    @property
-    def finished(self) -> bool:
-        return self not in (JobState.queued, JobState.running, JobState.waiting)
 
 
 class JobRequest(BaseModel):

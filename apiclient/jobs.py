@@ -22,16 +22,18 @@ from typing import Any, TextIO
 
 from zfab.cli import EXIT_USAGE, UsageError, failure_lines, json_flag
 from zfab.cli import workers_flag as cli_workers_flag
+from zfab.core.states import FINAL_STATES, STATES, UNFINISHED_STATES, JobState
 
 from .http import DEFAULT_URL, ApiClient, ApiError, ApiUnreachable
 
 EXIT_FAILED = 1
 EXIT_UNFINISHED = 3
 
-# States of the API's job (old and new names alike); anything else reads as "not finished" unless
-# the job carries a finish time.
-SUCCESS = {"completed"}
-FINAL = {"completed", "failed", "error", "cancelled", "expired", "lost"}
+# States of the API's job (core/states.py), and the words older APIs used ("error", "pending");
+# anything else reads as "not finished" unless the job carries a finish time.
+SUCCESS = {JobState.COMPLETED.value}
+FINAL = {*FINAL_STATES, "error"}
+UNFINISHED = {*UNFINISHED_STATES, "pending"}
 WATCH_RECONNECT_SECONDS = 30.0
 
 
@@ -90,9 +92,7 @@ def guarded(name: str, fn: Callable[[argparse.Namespace], int]) -> Callable[[arg
 
 def is_final(job: dict[str, Any]) -> bool:
     state = str(job.get("state", ""))
-    return state in FINAL or (
-        state not in ("pending", "queued", "running", "waiting") and _finished_at(job) is not None
-    )
+    return state in FINAL or (state not in UNFINISHED and _finished_at(job) is not None)
 
 
 def _finished_at(job: dict[str, Any]) -> Any:
@@ -478,7 +478,7 @@ def register(sub: Any) -> None:
 
     j = sub.add_parser("jobs", help="list recent jobs as a table (through the API)")
     add_api_flags(j)
-    j.add_argument("--state", help="only jobs in this state (completed, failed, running...)")
+    j.add_argument("--state", choices=STATES, help="only jobs in this state")
     j.add_argument("--service", help="only jobs of this service")
     j.add_argument("--task", help="only jobs of this task")
     j.add_argument("--dead", action="store_true", help="only dead letters: failed, expired or lost, not retried")

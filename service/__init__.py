@@ -12,11 +12,12 @@ from .client.clientjob import JobFuture, decoded_size
 from .client.filestream import FileStream
 from .client.subscriber import Subscriber, SubscriptionError
 from .core.ids import new_uuid as new_job_uuid
+from .core.lru import BoundedLRU
 from .core.payloads import MAX_JOB_UUID, interrupted, job_deadline, timeout_left
 from .core.protocol import MAX_NAME_BYTES
 from .core.retries import Backoff
 from .core.schemacheck import check_arguments
-from .core.states import State, final_state
+from .core.states import DEAD_ENDS, JobState, State, final_state
 from .core.tuning import tune as tune_process
 from .errors import *  # noqa: F403 - every error class is part of the face
 from .settings import Settings
@@ -28,13 +29,16 @@ from .worker.worker import Worker
 __all__ = [
     "MAX_JOB_UUID",
     "MAX_NAME_BYTES",
+    "DEAD_ENDS",
     "AioTransport",
     "Backoff",
+    "BoundedLRU",
     "Broker",
     "Client",
     "FileStream",
     "Job",
     "JobFuture",
+    "JobState",
     "Settings",
     "State",
     "Subscriber",

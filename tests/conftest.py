@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import NoReturn
 
 import pytest
 
@@ -13,22 +15,63 @@ import pytest
 def wait_for(cond: Callable[[], bool], timeout: float, interval: float = 0.05, what: str = "condition") -> None:
     """Poll cond until it holds; fail the test with `what` after the deadline.
 
-    A condition that raises is polled again (a server still starting refuses connections), but the
-    last exception it raised is what the timeout reports, chained, so the real failure is not lost.
+    A condition that raises is polled again (a server still starting refuses connections), and the
+    last exception it raised is what the timeout reports, chained, so the real failure is not lost,
+    even when later polls only said false. pytest.fail() or skip() inside cond end the wait at once.
     """
     deadline = time.monotonic() + timeout
-    last: Exception | None = None
+    waited = Waited(what, timeout)
     while True:
         try:
             if cond():
                 return
-            last = None
+            waited.false()
         except Exception as e:
-            last = e
+            waited.raised(e)
         if time.monotonic() > deadline:
-            why = f"; the condition last raised {type(last).__name__}: {last}" if last is not None else ""
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}{why}") from last
+            waited.fail()
         time.sleep(interval)
+
+
+async def until(cond: Callable[[], Awaitable[bool]], timeout: float, what: str, interval: float = 0.05) -> None:
+    """wait_for for an async condition (on the test's event loop): the same rule, the same report."""
+    deadline = time.monotonic() + timeout
+    waited = Waited(what, timeout)
+    while True:
+        try:
+            if await cond():
+                return
+            waited.false()
+        except Exception as e:
+            waited.raised(e)
+        if time.monotonic() > deadline:
+            waited.fail()
+        await asyncio.sleep(interval)
+
+
+class Waited:
+    """What a wait saw: how its condition last answered, and the last exception it raised."""
+
+    def __init__(self, what: str, timeout: float) -> None:
+        self.what = what
+        self.timeout = timeout
+        self.last: Exception | None = None
+        self.last_raised = False
+
+    def false(self) -> None:
+        self.last_raised = False
+
+    def raised(self, exc: Exception) -> None:
+        self.last, self.last_raised = exc, True
+
+    def fail(self) -> NoReturn:
+        why = ""
+        if self.last is not None:
+            said = f"{type(self.last).__name__}: {self.last}"
+            why = f"; the condition last raised {said}"
+            if not self.last_raised:
+                why = f"; it said false, and earlier raised {said}"
+        raise AssertionError(f"timed out after {self.timeout} s waiting for {self.what}{why}") from self.last
 
 
 def require_binary(name: str, package: str = "prometheus") -> str:

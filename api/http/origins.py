@@ -23,13 +23,15 @@ from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from zfab import BoundedLRU
+
 from .problems import problem
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 ANY_HOST_PATHS = frozenset({"/healthz", "/readyz"})
 FOREIGN_SITES = frozenset({b"cross-site", b"same-site"})
 DEFAULT_PORTS = {"http": "80", "https": "443", "ws": "80", "wss": "443"}
-MAX_KNOWN_HOSTS = 256  # Host values remembered with their verdict (the cache is cleared when full)
+MAX_KNOWN_HOSTS = 256  # Host values remembered with their verdict (the oldest go first)
 
 
 def split_host(value: str) -> tuple[str, str]:
@@ -60,15 +62,14 @@ class HostRule:
         self.any = "*" in listed
         self.names = frozenset(n for n in listed if not n.startswith("."))
         self.suffixes = tuple(n for n in listed if n.startswith("."))
-        self._known: dict[bytes, bool] = {}
+        self._known: BoundedLRU[bytes, bool] = BoundedLRU(max_count=MAX_KNOWN_HOSTS)  # Host values come from callers
 
     def serves(self, raw: bytes) -> bool:
         verdict = self._known.get(raw)
         if verdict is None:
             verdict = self._judge(raw.decode("latin-1"))
-            if len(self._known) >= MAX_KNOWN_HOSTS:
-                self._known.clear()  # bounded: Host values come from callers
-            self._known[raw] = verdict
+            self._known.put(raw, verdict)
+            self._known.shed()
         return verdict
 
     def _judge(self, value: str) -> bool:

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
 from typing import Any
 
-from zfab import check_arguments
+from zfab import BoundedLRU, check_arguments
 
 from ..errors import ProblemError
 from ..fabric import mmi
@@ -30,7 +29,7 @@ class TaskSchemas:
     """service -> (fetched at, {task: inputSchema} or None), least recently used first."""
 
     def __init__(self) -> None:
-        self._cache: OrderedDict[str, tuple[float, dict[str, Any] | None]] = OrderedDict()
+        self._cache: BoundedLRU[str, tuple[float, dict[str, Any] | None]] = BoundedLRU(max_count=MAX_SERVICES)
         self._fetching: dict[str, asyncio.Future[tuple[bool, dict[str, Any] | None]]] = {}
 
     async def get(self, client: Any, service: str) -> dict[str, Any] | None:
@@ -45,7 +44,7 @@ class TaskSchemas:
         admission and answer reads this; none should wait out an MMI round trip the TTL made due)."""
         hit = self._cache.get(service)
         if hit is not None and time.monotonic() - hit[0] < TTL:
-            self._cache.move_to_end(service)
+            self._cache.touch(service)
             return True, hit[1]
         pending = self._fetching.get(service)
         if pending is None:
@@ -66,11 +65,10 @@ class TaskSchemas:
             # The broker will judge a job's arguments itself.
             return (True, hit[1]) if hit is not None else (False, None)
         tasks = answer.get("tasks") if isinstance(answer, dict) else None
-        self._cache[service] = (time.monotonic(), tasks if isinstance(tasks, dict) else None)
-        self._cache.move_to_end(service)
-        while len(self._cache) > MAX_SERVICES:
-            self._cache.popitem(last=False)
-        return True, self._cache[service][1]
+        entry = (time.monotonic(), tasks if isinstance(tasks, dict) else None)
+        self._cache.put(service, entry)
+        self._cache.shed()
+        return True, entry[1]
 
 
 async def check_job(schemas: TaskSchemas, client: Any, req: JobRequest) -> None:

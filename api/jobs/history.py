@@ -28,6 +28,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from ..models import JobState
+
+WORKER_ENDS = (JobState.COMPLETED, JobState.FAILED)  # the ends a worker reports (the others, the broker)
+
 
 @dataclass(frozen=True, slots=True)
 class Step:
@@ -108,12 +112,12 @@ def input_steps(events: Iterable[dict[str, Any]]) -> list[Step]:
             continue
         worker = str(e["worker"]) if e.get("worker") else None
         if kind == "input_request":
-            steps.append(Step("waiting", at, "worker", worker, f"asked: {e.get('message', '')}"))
+            steps.append(Step(JobState.WAITING, at, "worker", worker, f"asked: {e.get('message', '')}"))
             continue
         extras = e.get("extras")
         response = extras.get("input_response") if isinstance(extras, dict) else None
         if isinstance(response, dict) and response.get("accepted"):
-            steps.append(Step("running", at, "worker", worker, "took the answer"))
+            steps.append(Step(JobState.RUNNING, at, "worker", worker, "took the answer"))
     return steps
 
 
@@ -139,25 +143,29 @@ def history(
         ended = _num(a.get("ended")) or _num(a.get("completed"))
         if ended is None:
             continue
-        lost = a.get("status") == "lost"
+        lost = a.get("status") == JobState.LOST
         note = f"attempt {a.get('attempt', '?')}: {a.get('error') or a.get('status') or 'failed'}"
-        steps.append(Step("lost" if lost else "failed", ended, "broker" if lost else "worker", a.get("worker"), note))
+        steps.append(
+            Step(
+                JobState.LOST if lost else JobState.FAILED, ended, "broker" if lost else "worker", a.get("worker"), note
+            )
+        )
     at = placed(timings, trace)
     completed = _num(timings.get("completed")) if finished else None
     queued = at.get("admitted") or _num(timings.get("queued")) or _num(timings.get("dispatched"))
     if queued is not None:
-        steps.append(Step("queued", queued, "broker", None, "the broker admitted it"))
+        steps.append(Step(JobState.QUEUED, queued, "broker", None, "the broker admitted it"))
     ran_on, ran_for = _run_time(results)
     started = at.get("started") or _num(timings.get("started"))
     if started is None and completed is not None and ran_for is not None:
         started = completed - ran_for  # the worker's run time, placed before the answer that told it
     if started is not None:
-        steps.append(Step("running", started, "worker", worker or ran_on, "a worker started it"))
+        steps.append(Step(JobState.RUNNING, started, "worker", worker or ran_on, "a worker started it"))
     steps.extend(sorted(inputs, key=lambda s: s.at))
     if finished:
-        end = at.get("ended") if state in ("completed", "failed") else None
+        end = at.get("ended") if state in WORKER_ENDS else None
         end = end if end is not None else completed
-        if end is not None and state in ("completed", "failed") and results:
+        if end is not None and state in WORKER_ENDS and results:
             steps.append(Step(state, end, "worker", worker or ran_on, reason or ""))
         elif end is not None:  # ended by the broker (expired, lost, cancelled while queued) or refused
             steps.append(Step(state, end, "broker", None, reason or ""))

@@ -278,11 +278,11 @@ async def retry_job(st: ApiState, rec: JobRecord, bound: float | None, caller: s
     as it stands once admitted, or once it ended within `bound` seconds."""
     uuid = rec.uuid
     view = rec.view()
-    if not view.state.finished:
+    if not view.state.final:
         raise _conflict(
             uuid, "job-not-finished", "Job not finished", f"job {uuid} is {view.state.value}: it may still end well"
         )
-    if view.state is JobState.completed:
+    if view.state is JobState.COMPLETED:
         raise _conflict(
             uuid, "job-completed", "Job completed", f"job {uuid} completed: submit a new job to run it again"
         )

@@ -56,10 +56,10 @@ async def ensure_live(st: ApiState, rec: JobRecord) -> None:
     The recovery's future then answers the job like a submitted one. One that could try
     nothing (no broker, no workers yet) leaves the job as stored, and the next read retries.
     """
-    if rec.remote or rec.live is not None or rec.stored is None or rec.stored.state.finished:
+    if rec.remote or rec.live is not None or rec.stored is None or rec.stored.state.final:
         return  # (a remote job is its owner's to recover: api/replicas/remote.py)
     known = rec.dispatched()
-    if rec.request is not None and not known and rec.stored.state is JobState.queued:
+    if rec.request is not None and not known and rec.stored.state is JobState.QUEUED:
         await _recover_queued(st, rec, rec.request)
         return
     live = await _service_workers(st, rec.service)
@@ -270,7 +270,7 @@ async def recover_unfinished(st: ApiState, wait_for_broker: float = 60.0) -> Non
             return  # reads recover them later, one by one
         await asyncio.sleep(0.2)
     for rec in list(st.jobs.newest()):
-        if rec.live is None and rec.stored is not None and not rec.stored.state.finished:
+        if rec.live is None and rec.stored is not None and not rec.stored.state.final:
             try:
                 await ensure_live(st, rec)
             except Exception:  # one job's recovery must not stop the others'

@@ -14,13 +14,13 @@ import hashlib
 import json
 import threading
 import uuid as uuidlib
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from zfab import JobFuture, decoded_size, final_state
+from zfab import DEAD_ENDS, BoundedLRU, JobFuture, decoded_size, final_state
 from zfab.errors import BackpressureError, BrokerUnavailableError, BusyError, ClosedError, JobError, NoWorkersError
 
 from ..models import Attempt, HistoryStep, Job, JobErrorInfo, JobRequest, JobState
@@ -67,17 +67,17 @@ def _when(epoch: float | None) -> datetime | None:
 def state_of(future: JobFuture) -> tuple[JobState, dict[str, Any] | None, BaseException | None]:
     """(state, results, error) of a job right now: the client's state machine, read as it stands."""
     if not future.done():
-        return JobState(future.state.value), None, None
+        return future.state, None, None
     if future.cancelled():
-        return JobState.lost, None, ClosedError("the job's future was cancelled")
+        return JobState.LOST, None, ClosedError("the job's future was cancelled")
     exc = future.exception()
     if not future.state.final:  # resolved by someone other than the client (it sets the state first)
         future.state, future.reason = final_state(None if exc else future.result(), exc)
     if exc is not None:
         partial = exc.results if isinstance(exc, JobError) and exc.results else None
-        return JobState(future.state.value), partial, exc
+        return future.state, partial, exc
     results: dict[str, Any] = future.result()
-    return JobState(future.state.value), results, None
+    return future.state, results, None
 
 
 @dataclass(slots=True, eq=False)
@@ -160,7 +160,7 @@ class JobRecord:
     def done(self) -> bool:
         fut = self.live
         if fut is None:
-            return self.stored is not None and self.stored.state.finished
+            return self.stored is not None and self.stored.state.final
         return fut.done()
 
     def refused(self) -> bool:
@@ -243,13 +243,13 @@ class JobRecord:
             timings.update(t)
         elif "completed" in t:  # a recovered job: when the API learnt the outcome
             timings.update(recovered=t.get("submitted", 0.0), completed=t["completed"])
-        request = self.input_request() if not state.finished else None
+        request = self.input_request() if not state.final else None
         if request is not None:
-            state = JobState.waiting
+            state = JobState.WAITING
         steps = history(
             state=state.value,
-            finished=state.finished,
-            reason=fut.reason if state.finished else None,
+            finished=state.final,
+            reason=fut.reason if state.final else None,
             timings=timings,
             trace=fut.trace,
             results=results,
@@ -257,9 +257,9 @@ class JobRecord:
             attempts=fut.attempts,
             inputs=self.input_steps(),
         )
-        queued = next((s.at for s in steps if s.state == "queued"), None)
-        started = next((_when(s.at) for s in steps if s.state == "running"), None)
-        finished = _when(timings.get("completed")) if state.finished else None
+        queued = next((s.at for s in steps if s.state == JobState.QUEUED), None)
+        started = next((_when(s.at) for s in steps if s.state == JobState.RUNNING), None)
+        finished = _when(timings.get("completed")) if state.final else None
         if not tracebacks and results:
             results = without_tracebacks(results)
         return Job(
@@ -268,7 +268,7 @@ class JobRecord:
             task=self.task,
             workers=self.workers,
             state=state,
-            reason=fut.reason if state.finished else None,
+            reason=fut.reason if state.final else None,
             results=results,
             error=JobErrorInfo(type=type(exc).__name__, message=str(exc)) if exc is not None else None,
             submitted_at=_when(timings.get("submitted")) or datetime.now(UTC),
@@ -290,11 +290,11 @@ class JobRecord:
             dead=state in DEAD_STATES and self.retried_as is None and not refused_at_admission(fut),
             retry_of=self.retry_of,
             retried_as=self.retried_as,
-            outcome_unknown=self.unconfirmed and not state.finished and not fut.admission.done(),
+            outcome_unknown=self.unconfirmed and not state.final and not fut.admission.done(),
         )
 
 
-DEAD_STATES = frozenset((JobState.failed, JobState.expired, JobState.lost))
+DEAD_STATES = frozenset(DEAD_ENDS)
 
 
 def refused_at_admission(fut: JobFuture) -> bool:
@@ -340,6 +340,15 @@ def _last_line(text: str) -> str:
     return lines[-1].strip() if lines else text
 
 
+def _counted(rec: JobRecord) -> int:
+    return rec.counted
+
+
+def _released(rec: JobRecord) -> bool:
+    """A job the byte bound may let go of: finished (its row is in the database) and holding something."""
+    return rec.done and bool(rec.counted)
+
+
 class JobTable:
     """The last `capacity` jobs, oldest evicted first (finished or not: the table must stay bounded).
 
@@ -354,12 +363,13 @@ class JobTable:
             raise ValueError("capacity must be at least 1")
         self.capacity = capacity
         self.max_bytes = max_bytes
-        self.bytes = 0  # requests (as JSON) of its jobs, and results and events of finished ones
         self.loop = loop
         # The loop's thread (the table is made on it), where the API's client finishes its jobs: a wake-up
         # from there is a call_soon, not a call_soon_threadsafe and its self-pipe write.
         self._loop_thread = threading.get_ident()
-        self._jobs: OrderedDict[str, JobRecord] = OrderedDict()
+        # What each job holds is its `counted` bytes: its request (as JSON), and once it finished its
+        # results and events (settle).
+        self._jobs: BoundedLRU[str, JobRecord] = BoundedLRU(max_count=capacity, max_bytes=max_bytes, size=_counted)
         self._seq = 0
         # Reads a job the table let go of from the API's database (set by the persister); None: memory only.
         self.loader: Callable[[str], Awaitable[JobRecord | None]] | None = None
@@ -376,6 +386,11 @@ class JobTable:
     def __len__(self) -> int:
         return len(self._jobs)
 
+    @property
+    def bytes(self) -> int:
+        """Requests (as JSON) of its jobs, and results and events of finished ones."""
+        return self._jobs.bytes
+
     def get(self, uuid: str) -> JobRecord | None:
         return self._jobs.get(uuid)
 
@@ -385,17 +400,12 @@ class JobTable:
         return rec if rec is not None else self.lingering.get(uuid)  # the persister drops it once written done
 
     def add(self, record: JobRecord, *, persist: bool = True) -> None:
-        old = self._jobs.pop(record.uuid, None)
-        if old is not None:
-            self.bytes -= old.counted
+        self._jobs.pop(record.uuid)
         self._seq += 1
         record.seq = self._seq
         record.counted = record.size  # its request now; its results and events when it ends (settle)
-        self.bytes += record.counted
-        self._jobs[record.uuid] = record
-        while len(self._jobs) > self.capacity:
-            _, gone = self._jobs.popitem(last=False)
-            self.bytes -= gone.counted
+        self._jobs.put(record.uuid, record)
+        for gone in self._jobs.shed(by_bytes=False):  # finished or not: the table must stay bounded
             if self.persist_events and gone.live is not None and not gone.done:
                 # A shared store: other replicas wait on this job's row, so its end is still written
                 # (bounded by the jobs the client holds in flight); see record().
@@ -409,9 +419,7 @@ class JobTable:
     def discard(self, uuid: str) -> None:
         """Forget a job the fabric refused at once (POST /jobs answered the refusal): it never ran, so it
         is no row of the table or the database (a write already queued for it finds nothing)."""
-        rec = self._jobs.pop(uuid, None)
-        if rec is not None:
-            self.bytes -= rec.counted
+        self._jobs.pop(uuid)
 
     def watch(self, future: JobFuture) -> None:
         """Persist and wake listeners when `future` (a job's, or its recovery's) finishes."""
@@ -420,7 +428,7 @@ class JobTable:
 
     def newest(self, before: int | None = None) -> Iterator[JobRecord]:
         """Newest first; with `before`, only those that arrived before that sequence number."""
-        for rec in reversed(self._jobs.values()):
+        for rec in self._jobs.newest():
             if before is None or rec.seq < before:
                 yield rec
 
@@ -430,27 +438,19 @@ class JobTable:
         rec = self._jobs.get(uuid)
         if rec is not None and rec.done:
             size = rec.size
-            self.bytes += size - rec.counted
+            self._jobs.grew(size - rec.counted)
             rec.counted = size
         self.trim()
 
     def trim(self) -> None:
         """Let the oldest finished jobs go while the table holds more than its byte bound (a job not
         finished yet stays: what it holds is bounded by the jobs in flight, see api/jobs/shares.py)."""
-        if self.bytes <= self.max_bytes:
-            return
-        for old in list(self._jobs.values()):
-            if self.bytes <= self.max_bytes:
-                break
-            if old.done and old.counted:
-                del self._jobs[old.uuid]
-                self.bytes -= old.counted
-                self.released += 1
+        self.released += len(self._jobs.shed(_released))
 
     def page(self, limit: int, offset: int) -> list[JobRecord]:
         """Newest first."""
         out: list[JobRecord] = []
-        for i, rec in enumerate(reversed(self._jobs.values())):
+        for i, rec in enumerate(self._jobs.newest()):
             if i >= offset + limit:
                 break
             if i >= offset:

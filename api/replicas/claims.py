@@ -46,7 +46,7 @@ async def claim_key(st: ApiState, uuid: str, fp: str, req: JobRequest) -> tuple[
             service=req.service,
             task=req.task,
             workers=req.workers,
-            state=JobState.queued,
+            state=JobState.QUEUED,
             results=None,
             submitted_at=datetime.fromtimestamp(now, UTC),
             timings={"submitted": now},

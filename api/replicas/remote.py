@@ -69,8 +69,8 @@ async def place(st: ApiState, rec: JobRecord) -> JobRecord:
 
 def take_over(st: ApiState, rec: JobRecord) -> None:
     """An adopted job: its input request died with its owner; hold it, to be recovered from its workers."""
-    if rec.stored is not None and rec.stored.state is JobState.waiting:
-        rec.stored = rec.stored.model_copy(update={"state": JobState.running, "input_request": None})
+    if rec.stored is not None and rec.stored.state is JobState.WAITING:
+        rec.stored = rec.stored.model_copy(update={"state": JobState.RUNNING, "input_request": None})
     rec.remote = False
     st.jobs.add(rec, persist=False)
     st.jobs.touch(rec.uuid)  # its row says who owns it now on the next write
@@ -94,7 +94,7 @@ async def recover_pending(st: ApiState) -> None:
     if not st.client.broker_alive:
         return
     for rec in list(st.jobs.newest()):
-        if not rec.remote and rec.live is None and rec.stored is not None and not rec.stored.state.finished:
+        if not rec.remote and rec.live is None and rec.stored is not None and not rec.stored.state.final:
             try:
                 await ensure_live(st, rec)
             except Exception:

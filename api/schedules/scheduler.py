@@ -30,7 +30,6 @@ import asyncio
 import logging
 import time
 import uuid as uuidlib
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import suppress
 from typing import Any, cast
@@ -39,10 +38,12 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from zfab import DEAD_ENDS, BoundedLRU
+
 from ..errors import ProblemError
 from ..jobs.submit import submit_record
 from ..jobs.table import JobRecord
-from ..models import JobRequest
+from ..models import JobRequest, JobState
 from ..state import ApiState
 from ..store.base import ScheduleBackend, SharedScheduleBackend, SqliteSchedules
 from ..store.schedules import ScheduleRecord, ScheduleStore
@@ -60,7 +61,7 @@ CLAIM_BACKOFF = 0.5
 CLAIM_RETRY = 2.0  # the database did not answer the claim: try again this much later
 RESYNC = 60.0
 # How a fired job's end counts against its schedule (zfab_schedule_failures_total{reason}: a closed set).
-FAILED_ENDS = ("failed", "expired", "lost")
+FAILED_ENDS = tuple(s.value for s in DEAD_ENDS)
 FAILURE_REASONS = ("refused", *FAILED_ENDS)
 
 
@@ -154,7 +155,7 @@ class Scheduler:
         self.schedules: dict[str, ScheduleRecord] = {}
         # job uuid -> schedule id, newest last, as many as the store keeps (the API's job history):
         # read on the event loop by whoever labels or filters jobs, so held in memory.
-        self.made: OrderedDict[str, str] = OrderedDict()
+        self.made: BoundedLRU[str, str] = BoundedLRU(max_count=max(1, self.backend.mapping_capacity))
         self.metrics = ScheduleMetrics(self, registry) if registry is not None else None
         self._changed = asyncio.Event()
         self._writes = asyncio.Lock()  # one write at a time, in order: a later state never loses to an earlier
@@ -170,7 +171,9 @@ class Scheduler:
 
     async def start(self) -> None:
         now = self.started_at = self.clock()
-        self.made.update(await self.backend.mapping())
+        for job, sid in await self.backend.mapping():
+            self.made.put(job, sid)
+        self.made.shed()
         for rec in await self.backend.load():
             if not rec.paused and rec.next_run_at is None:
                 rec.next_run_at = first(rec.every, rec.cron, now)
@@ -303,9 +306,8 @@ class Scheduler:
             return
         for rec in recs:
             for job in rec.last_jobs:
-                self.made[job] = rec.id
-        while len(self.made) > self.backend.mapping_capacity:
-            self.made.popitem(last=False)
+                self.made.put(job, rec.id)
+        self.made.shed()
         self._changed.set()
 
     def schedule_of(self, job_uuid: str) -> str | None:
@@ -314,7 +316,7 @@ class Scheduler:
 
     def jobs_of(self, schedule_id: str) -> list[str]:
         """The uuids of the jobs this schedule made that are still remembered, newest first."""
-        return [u for u, sid in reversed(self.made.items()) if sid == schedule_id]
+        return [u for u, sid in self.made.newest_items() if sid == schedule_id]
 
     # ---- the loop ------------------------------------------------------------------------------
 
@@ -422,9 +424,8 @@ class Scheduler:
             rec.runs += 1
             self._follow(rec.id, made)
             rec.last_jobs.append(job)
-            self.made[job] = rec.id
-            while len(self.made) > self.backend.mapping_capacity:
-                self.made.popitem(last=False)
+            self.made.put(job, rec.id)
+            self.made.shed()
             outcome, row = "submitted", (job, rec.id, now)
         if self.metrics is not None:
             self.metrics.firings.labels(outcome).inc()
@@ -455,7 +456,7 @@ class Scheduler:
         state, rec = view.state.value, self.schedules.get(sid)
         if rec is None:  # deleted meanwhile
             return
-        if state == "completed":
+        if state == JobState.COMPLETED:
             if rec.last_error is None:
                 return
             rec.last_error = None

@@ -66,12 +66,12 @@ def row_of(rec: JobRecord, broker: str, *, keep_waiting: bool = False) -> Row:
     fut = rec.live
     if fut is not None and fut.done() and not fut.cancelled() and isinstance(fut.exception(), ClosedError):
         # The API stopped, not the job: it stays unfinished, to be recovered after the restart.
-        state = JobState.running if rec.dispatched() else JobState.queued
+        state = JobState.RUNNING if rec.dispatched() else JobState.QUEUED
         job = job.model_copy(
             update={"state": state, "error": None, "reason": None, "results": None, "completed_at": None}
         )
-    if job.state is JobState.waiting and not keep_waiting:  # an input request cannot be answered across a restart
-        job = job.model_copy(update={"state": JobState.running, "input_request": None})
+    if job.state is JobState.WAITING and not keep_waiting:  # an input request cannot be answered across a restart
+        job = job.model_copy(update={"state": JobState.RUNNING, "input_request": None})
     done = job.completed_at.timestamp() if job.completed_at else None
     return (
         rec.uuid,

@@ -1,5 +1,5 @@
-"""The one state machine of a job, the same in the Python client, the REST API, the CLI and the
-metrics:
+"""The one state machine of a job, the same in the Python client, the worker, the REST API, the CLI
+and the metrics:
 
     queued ─► running ◄─► waiting
        │         │
@@ -29,10 +29,14 @@ from .errors import (
 )
 
 
-class State(StrEnum):
-    """Where a job is."""
+class JobState(StrEnum):
+    """Where a job is: one state machine, the same in the Python client, the worker, the REST API, the
+    CLI and the metrics.
 
-    QUEUED = "queued"  #: admitted; waiting for a worker (at the broker or in a worker's prefetch) or its delay
+    queued → running (↔ waiting) → completed | failed | cancelled | expired | lost; a final
+    state carries a `reason`."""
+
+    QUEUED = "queued"  #: admitted; waiting for a worker (at the broker, in a worker's prefetch) or its delay
     RUNNING = "running"  #: a worker started it
     WAITING = "waiting"  #: running, and waiting for input from its client
     COMPLETED = "completed"  #: every worker's task returned
@@ -43,36 +47,41 @@ class State(StrEnum):
 
     @property
     def final(self) -> bool:
-        return self not in (State.QUEUED, State.RUNNING, State.WAITING)
+        return self not in _UNFINISHED  # a frozenset of members: no enum attribute lookups (asked per job)
 
 
-STATES = tuple(s.value for s in State)
-FINAL_STATES = tuple(s.value for s in State if s.final)
+State = JobState  # the name the fabric's roles use
+_UNFINISHED = frozenset((JobState.QUEUED, JobState.RUNNING, JobState.WAITING))
+STATES = tuple(s.value for s in JobState)
+UNFINISHED_STATES = tuple(s.value for s in JobState if not s.final)
+FINAL_STATES = tuple(s.value for s in JobState if s.final)
+# The ends nobody asked for: a job ended so is a dead letter (unless retried), a schedule's failed firing.
+DEAD_ENDS = (JobState.FAILED, JobState.EXPIRED, JobState.LOST)
 
 
-def final_state(results: dict[str, Any] | None, error: BaseException | None) -> tuple[State, str | None]:
+def final_state(results: dict[str, Any] | None, error: BaseException | None) -> tuple[JobState, str | None]:
     """How a job ended, from its results (keyed by worker) or the error that ended it."""
     if error is not None:
         reason = str(error) or type(error).__name__
         if isinstance(error, JobCancelledError):
-            return State.CANCELLED, reason
+            return JobState.CANCELLED, reason
         if isinstance(error, JobTimeoutError):
-            return State.EXPIRED, reason
+            return JobState.EXPIRED, reason
         if isinstance(error, WorkerLostError | OutcomeUnknownError | BrokerUnavailableError | JobNotFoundError):
-            return State.LOST, reason
+            return JobState.LOST, reason
         if isinstance(error, NoWorkersError | BusyError | BackpressureError | ClosedError | JobError):
-            return State.FAILED, reason
-        return State.FAILED, f"{type(error).__name__}: {reason}"
+            return JobState.FAILED, reason
+        return JobState.FAILED, f"{type(error).__name__}: {reason}"
     entries = [e for e in (results or {}).values() if isinstance(e, dict)]
     if not any(e.get("failed") for e in entries):
-        return State.COMPLETED, None
+        return JobState.COMPLETED, None
     statuses = {str(e.get("status", "")) for e in entries if e.get("failed")}
     reason = "; ".join(_first_line(e) for e in entries if e.get("failed"))
     if statuses == {"cancelled"}:
-        return State.CANCELLED, reason
+        return JobState.CANCELLED, reason
     if statuses == {"timeout"}:
-        return State.EXPIRED, reason
-    return State.FAILED, reason
+        return JobState.EXPIRED, reason
+    return JobState.FAILED, reason
 
 
 def _first_line(entry: dict[str, Any]) -> str:

@@ -8,33 +8,16 @@ import time
 import uuid as uuidlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from ..core.lazy import lazy
 from ..core.payloads import iso
 from ..core.schemacheck import check as check_schema
+from ..core.states import JobState as JobState  # a worker's job goes through the one state machine
 from ..errors import JobCancelledError, JobTimeoutError
 from .task import RetryPolicy
 
 _ACK_LOCK = threading.Lock()  # short: one lock for every job's claim and 201 gate
-
-
-class JobState(StrEnum):
-    """Where a job is on its worker."""
-
-    RECEIVED = "received"  #: stored, waiting for a pool thread
-    RUNNING = "running"  #: a pool thread runs it
-    WAITING_INPUT = "waiting_input"  #: the task waits for its client
-    COMPLETED = "completed"  #: the task returned
-    FAILED = "failed"  #: the task raised, timed out, or was cancelled
-
-    @property
-    def final(self) -> bool:
-        return self in _FINAL  # a frozenset of members: no enum attribute lookups (asked several times per job)
-
-
-_FINAL = frozenset((JobState.COMPLETED, JobState.FAILED))
 
 
 @dataclass(slots=True, eq=False)
@@ -57,7 +40,7 @@ class Job:
     completed_at: float | None = None
     started_mono: float | None = None  # its hop trace's readings are monotonic (core/hoptrace.py)
     traced: bool = False  # its final answer carries a hop trace (its broker is zfab's: it sent a meta frame)
-    state: JobState = JobState.RECEIVED
+    state: JobState = JobState.QUEUED  # stored, waiting for a pool thread
     status_code: bytes = b"300"
     result_payload: bytes = b""
     event_seq: int = 0
@@ -202,7 +185,7 @@ class Job:
         with self.cond:
             self._input_request = request
             self._input_ready = False
-        previous, self.state = self.state, JobState.WAITING_INPUT
+        previous, self.state = self.state, JobState.WAITING
         self.event(question, event_type="input_request", status="waiting", data={"input_request": request})
         try:
             with self.cond:

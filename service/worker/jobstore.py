@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core import payloads
+from ..core.logbudget import LogBudget
 from ..core.protocol import Frame
+from ..core.states import UNFINISHED_STATES, JobState
 from ..storage import open_sqlite
 
 if TYPE_CHECKING:
@@ -63,7 +65,9 @@ class StoredJob:
     result: bytes | str | None  # bytes; str in rows written before 0.3
 
 
-FINISHED = "state NOT IN ('received', 'running')"  # records retention may drop
+# A row's state is the job's (core/states.py); rows written before it was say 'received' for a queued job.
+_UNFINISHED = ", ".join(f"'{s}'" for s in (*UNFINISHED_STATES, "received"))
+FINISHED = f"state NOT IN ({_UNFINISHED})"  # records retention may drop
 
 # A write that finds the writer idle waits this long for company before it commits. One job at a
 # time, a job's receive and its result came 0.3-0.6 ms apart and cost two commits and two wake-ups
@@ -78,7 +82,10 @@ LINGER = 0.002
 Op = Callable[[sqlite3.Connection], None]
 After = Callable[[], None]
 
-INSERT_SQL = "INSERT OR IGNORE INTO jobs(uuid, client, task, request, state, received_at) VALUES (?,?,?,?,'received',?)"
+INSERT_SQL = (
+    "INSERT OR IGNORE INTO jobs(uuid, client, task, request, state, received_at)"
+    f" VALUES (?,?,?,?,'{JobState.QUEUED.value}',?)"
+)
 RESULT_SQL = (
     "INSERT INTO jobs(uuid, client, task, request, state, received_at, started_at, completed_at,"
     " status_code, result) VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT(uuid) DO UPDATE SET"
@@ -137,6 +144,7 @@ class JobStore:
         self._inserts_since_prune = 0
         self.commits = 0
         self.errors = 0
+        self.error_log = LogBudget(burst=3, per_second=0.2)  # a storm of failing writes must not flood the log
         self.interrupted_on_open = 0
         # uuids of jobs stored before this run (read at open, never changed after), so a POST
         # repeated after a restart is answered from the store instead of running again.
@@ -265,12 +273,14 @@ class JobStore:
                     self._apply(conn, Rows(op.sql, [row]))
                 return
             self.errors += 1
-            if self.errors <= 3 or self.errors % 1000 == 0:
-                log.exception("job store: an operation failed and was skipped (%d so far)", self.errors)
+            held = self.error_log.take()
+            if held is not None:
+                more = f", {held} more not logged" if held else ""
+                log.exception("job store: an operation failed and was skipped (%d so far%s)", self.errors, more)
 
     def _recover(self, conn: sqlite3.Connection) -> None:
         """Jobs left unfinished by a previous run end as failed: interrupted."""
-        rows = conn.execute("SELECT uuid, task FROM jobs WHERE state IN ('received', 'running')").fetchall()
+        rows = conn.execute(f"SELECT uuid, task FROM jobs WHERE state IN ({_UNFINISHED})").fetchall()
         now = time.time()
         why = payloads.INTERRUPTED
         for uuid, task_name in rows:

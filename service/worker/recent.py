@@ -2,27 +2,41 @@
 
 Bounded by count and by bytes (request bodies and results); a finished job that falls out is
 still answered, from the job store. The owner loop adds and trims; pool threads report the
-size of a result when it is made, under the table's lock.
+size of a result when it is made (core/lru.py's byte count takes their updates).
 """
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-
+from ..core.lru import BoundedLRU
 from .job import Job
+
+
+def _held(job: Job) -> int:
+    return len(job.request) + len(job.result_payload)
+
+
+def _finished(job: Job) -> bool:
+    return job.state.final
 
 
 class RecentJobs:
     def __init__(self, *, max_count: int, max_bytes: int) -> None:
-        self.max_count = max_count
-        self.max_bytes = max_bytes
-        self._jobs: OrderedDict[str, Job] = OrderedDict()
-        self._lock = threading.Lock()
-        self.bytes = 0
+        self._jobs: BoundedLRU[str, Job] = BoundedLRU(max_count=max_count, max_bytes=max_bytes, size=_held)
 
     def __len__(self) -> int:
         return len(self._jobs)
+
+    @property
+    def bytes(self) -> int:
+        return self._jobs.bytes
+
+    @property
+    def max_bytes(self) -> int:
+        return self._jobs.max_bytes or 0
+
+    @property
+    def max_count(self) -> int:
+        return self._jobs.max_count
 
     def get(self, uuid: str) -> Job | None:
         return self._jobs.get(uuid)
@@ -32,27 +46,14 @@ class RecentJobs:
 
     def add(self, job: Job) -> None:
         """Owner: a job admitted. Then finished jobs are forgotten, oldest first, until it fits."""
-        self._jobs[job.uuid] = job
-        with self._lock:
-            self.bytes += len(job.request)
-        self.trim()
+        jobs = self._jobs
+        jobs.put(job.uuid, job)
+        jobs.shed(_finished)
 
     def result_made(self, job: Job) -> None:
-        """Pool thread: the job's result payload now counts too."""
-        with self._lock:
-            self.bytes += len(job.result_payload)
+        """Pool thread: the job's result payload now counts too (before its state turns final)."""
+        self._jobs.grew(len(job.result_payload))
 
     def trim(self) -> None:
-        jobs = self._jobs
-        # Unfinished jobs are bounded by the worker's admission (far below the count bound), so
-        # rotating one to the back always leads to a finished one to forget.
-        for _ in range(len(jobs)):
-            if len(jobs) <= self.max_count and self.bytes <= self.max_bytes:
-                return
-            uuid, oldest = next(iter(jobs.items()))
-            if oldest.state.final:
-                del jobs[uuid]
-                with self._lock:
-                    self.bytes -= len(oldest.request) + len(oldest.result_payload)
-            else:
-                jobs.move_to_end(uuid)
+        # Unfinished jobs stay: they are bounded by the worker's admission, far below the count bound.
+        self._jobs.shed(_finished)

@@ -14,8 +14,9 @@ from typing import Any
 
 from ..core import protocol as nfp
 from ..core.payloads import Outcome, Word, iso
+from ..core.states import JobState
 from ..transport.base import Transport
-from .job import Job, JobState
+from .job import Job
 from .jobstore import JobStore, StoredJob
 from .recent import RecentJobs
 from .runner import JobRunner
@@ -53,8 +54,8 @@ class JobRequests:
         if job.state.final:
             frames = nfp.worker_reply(nfp.RESPONSE, client, job.uuid.encode(), job.status_code, job.result_payload)
         else:
-            status = nfp.ST_WAITING_INPUT if job.state == JobState.WAITING_INPUT else nfp.ST_PENDING
-            state = Word.STARTED if job.state != JobState.RECEIVED else Word.PENDING
+            status = nfp.ST_WAITING_INPUT if job.state == JobState.WAITING else nfp.ST_PENDING
+            state = Word.STARTED if job.state != JobState.QUEUED else Word.PENDING
             frames = nfp.worker_reply(
                 nfp.RESPONSE, client, job.uuid.encode(), status, nfp.dumps(self.runner.status(job.uuid, state))
             )

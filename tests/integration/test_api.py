@@ -12,8 +12,7 @@ import re
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import require_binary
+from conftest import require_binary, until
 from fabric import ROOT, Fabric, fabric, free_port, wait_for
 
 from zfab.api.http.app import create_app
@@ -38,20 +37,6 @@ PROBLEM = "application/problem+json"
 
 def run(coro: Coroutine[Any, Any, None]) -> None:
     asyncio.run(coro)
-
-
-async def until(cond: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
-    """Poll an async condition until it holds; fail with `what` after the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if await cond():
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def settings_for(f: Fabric, **kw: Any) -> ApiSettings:
@@ -183,11 +168,10 @@ def test_a_pending_job_is_cancelled_and_a_finished_one_cannot_be(tmp_path: Path)
             loc = r.headers["location"]
             r = await c.delete(loc)
             assert r.status_code == 202 and r.json()["cancel_requested"] is True
-            t0 = time.monotonic()
             r = await c.get(loc, params={"wait": 10})
             job = r.json()
-            # the worker stops the task and reports it: a finished job whose result says cancelled
-            assert job["state"] == "cancelled" and time.monotonic() - t0 < 10, job
+            # the worker stops the 30 s task and reports it: a finished job whose result says cancelled
+            assert job["state"] == "cancelled", job
             assert job["results"]["w1"]["status"] == "cancelled"
             assert_problem(await c.delete(loc), 409)
             assert_problem(await c.delete("/jobs/not-a-job"), 404)

@@ -6,7 +6,6 @@ Bounded: a few examples per operation, so the whole run stays well under a minut
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import httpx
@@ -22,7 +21,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 TOKEN = "schema-test-token"
 EXAMPLES_PER_OPERATION = int(os.environ.get("ZFAB_SCHEMA_EXAMPLES", "12"))
-TIME_BUDGET = 50.0
 
 
 def documented_fabric_answer(response: httpx.Response | object) -> bool:
@@ -43,7 +41,6 @@ def test_every_operation_answers_within_its_schema_and_never_crashes(tmp_path: P
             lambda: httpx.get(base + "/mmi/workers", headers=auth, timeout=1).json() != [], 20, what="api + worker up"
         )
         schema = schemathesis.openapi.from_url(base + "/openapi.json")
-        started = time.monotonic()
         operations = [result.ok() for result in schema.get_all_operations()]
         assert len(operations) >= 11
 
@@ -66,6 +63,4 @@ def test_every_operation_answers_within_its_schema_and_never_crashes(tmp_path: P
             # rejected" does not hold for them; invalid data must still never crash the API.
             case.validate_response(response, excluded_checks=[negative_data_rejection])
 
-        exercise()
-        took = time.monotonic() - started
-        assert took < TIME_BUDGET, f"schema run took {took:.1f} s"
+        exercise()  # bounded by its count of examples (and the test's timeout), not by a time budget

@@ -107,7 +107,7 @@ def fill(app: Any, n: int) -> None:
     for i in range(n):
         at = datetime.fromtimestamp(t0 + i * 0.01, UTC)
         stored = Job.model_construct(
-            uuid=f"{i:032x}", service="demo", task="echo", workers="any", state=JobState.completed, reason=None,
+            uuid=f"{i:032x}", service="demo", task="echo", workers="any", state=JobState.COMPLETED, reason=None,
             results={"demo-1": {"result": i, "failed": False}}, error=None, priority=5, retries=0, schedule=None,
             submitted_at=at, queued_at=at, started_at=at, finished_at=at, completed_at=at,
             timings={"submitted": at.timestamp()}, cancel_requested=False, input_request=None,
@@ -116,34 +116,35 @@ def fill(app: Any, n: int) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_the_first_page_of_100000_jobs_takes_the_api_under_300_ms() -> None:
+def test_the_first_page_of_100000_jobs_looks_at_one_page_of_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A count, not a time: the page shell reads no job and the first page of 50 reads 51 (the one past
+    # the page says there is a next); what that costs is bench/console.py's to measure.
     n = 100_000
     app = create_app(ApiSettings(broker=f"tcp://127.0.0.1:{free_port()}", api_db="", job_history=n))
+    viewed: list[str] = []
+    view = JobRecord.view
 
-    def server_ms(route: str) -> float:
-        got = app.state.registry.get_sample_value(
-            "zfab_http_request_duration_seconds_sum", {"route": route, "method": "GET"}
-        )
-        return float(got or 0.0) * 1000
+    def counted(rec: JobRecord, *args: Any, **kwargs: Any) -> Job:
+        viewed.append(rec.uuid)
+        return view(rec, *args, **kwargs)
 
-    async def measure() -> dict[str, float]:
+    monkeypatch.setattr(JobRecord, "view", counted)
+
+    async def looked_at() -> dict[str, int]:
         async with app.router.lifespan_context(app):
             fill(app, n)
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
                 out = {}
-                for path, route in (("/ui", "/ui"), ("/jobs?limit=50", "/jobs")):
-                    before = server_ms(route)
+                for path in ("/ui", "/jobs?limit=50"):
+                    before = len(viewed)
                     r = await c.get(path)
                     assert r.status_code == 200, r.text[:300]
-                    out[path] = server_ms(route) - before
-                    if route == "/jobs":
+                    out[path] = len(viewed) - before
+                    if path.startswith("/jobs"):
                         page = r.json()
                         assert page["total"] == n and len(page["items"]) == 50 and page["next"]
                         assert page["items"][0]["uuid"] == f"{n - 1:032x}"  # newest first
                 return out
 
-    took = asyncio.run(measure())
-    print(f"\nserver time with {n:,} jobs: " + ", ".join(f"{p} {ms:.1f} ms" for p, ms in took.items()))
-    for path, ms in took.items():
-        assert ms < 300, f"{path} took the API {ms:.0f} ms with {n:,} jobs in its table"
+    assert asyncio.run(looked_at()) == {"/ui": 0, "/jobs?limit=50": 51}

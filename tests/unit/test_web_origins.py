@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from zfab.api.http.app import create_app
-from zfab.api.http.origins import HostRule, origin_netloc
+from zfab.api.http.origins import MAX_KNOWN_HOSTS, HostRule, origin_netloc
 from zfab.api.settings import ApiSettings
 
 JOB = b'{"service":"demo","task":"echo","kwargs":{"data":"x"}}'
@@ -153,3 +153,14 @@ def test_host_and_origin_parsing() -> None:
     assert origin_netloc("http://127.0.0.1:80") == "127.0.0.1"
     assert origin_netloc("https://a.example:8443") == "a.example:8443"
     assert origin_netloc("null") is None and origin_netloc("http://a/b") is None
+
+
+def test_the_host_verdicts_remembered_are_bounded_and_a_forgotten_one_is_judged_again() -> None:
+    # Given a caller that sends a new Host value on every request
+    rule = HostRule(["localhost"])
+    for i in range(MAX_KNOWN_HOSTS * 3):
+        assert rule.serves(f"evil{i}.test".encode()) is False
+    # Then the API remembers at most its bound of them, and still judges every value the same
+    assert len(rule._known) == MAX_KNOWN_HOSTS
+    assert rule.serves(b"evil0.test") is False and rule.serves(b"localhost:8000") is True
+    assert len(rule._known) == MAX_KNOWN_HOSTS

@@ -6,6 +6,7 @@ replaces is the socket and the broker behind it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import struct
 import threading
@@ -439,6 +440,7 @@ def test_the_brokers_meta_frame_shortens_the_deadline_by_the_time_queued(worker:
 def test_a_job_from_a_zfab_broker_ends_with_its_hop_trace_and_one_from_norfab_without(worker: DemoWorker) -> None:
     stub(worker).take()
     body = nfp.dumps({"task": "sleep", "kwargs": {"seconds": 0.05}, "timeout": 60})
+    t0 = time.monotonic()
     stub(worker).feed([b"", nfp.BROKER, nfp.POST, b"c1", b"", b"j1", body, b'{"deadline":60,"queued":0}'])
     stub(worker).feed([b"", nfp.BROKER, nfp.POST, b"c1", b"", b"j2", body])  # NorFab's broker: no meta
     frames: list[Frames] = []
@@ -452,7 +454,9 @@ def test_a_job_from_a_zfab_broker_ends_with_its_hop_trace_and_one_from_norfab_wi
     assert len(finals[b"j1"]) == 9 and len(finals[b"j2"]) == 8
     assert len(finals[b"j1"][8]) == hoptrace.WORKER_BYTES
     worker_queue, run, worker_result = struct.unpack("<3d", finals[b"j1"][8])
-    assert 0.05 <= run < 1.0 and 0 <= worker_queue < 1.0 and 0 <= worker_result < 1.0
+    # The task slept 0.05 s; its hops are no more than the whole the test saw (an order, not a time window)
+    took = time.monotonic() - t0
+    assert run >= 0.05 and worker_queue >= 0 and worker_result >= 0 and worker_queue + run + worker_result <= took
 
 
 @pytest.fixture
@@ -466,13 +470,17 @@ def aworker(tmp_path: Path, clock: FakeClock) -> Iterator[AsyncDemoWorker]:
 
 def test_an_async_task_runs_on_the_event_loop_many_at_once(aworker: AsyncDemoWorker) -> None:
     stub(aworker).take()
-    t = time.monotonic()
     for i in range(50):  # pool of 1 thread: only the event loop can run these together
         job(aworker, nfp.POST, f"a{i}".encode(), {"task": "nap", "kwargs": {"seconds": 0.3}})
     got = collect(aworker, lambda g: sum(1 for c, _, st, _ in g if c == nfp.RESPONSE and st == nfp.ST_OK) == 50)
-    assert time.monotonic() - t < 3.0
     entries = [p["a1"] for c, _, st, p in got if c == nfp.RESPONSE and st == nfp.ST_OK]
     assert all(e["status"] == "completed" and e["result"] >= 0.3 for e in entries)
+    # An order, not a time: their runs overlap (one thread alone would run them one after another)
+    edges = sorted(
+        [(e["timestamps"]["started"], 1) for e in entries] + [(e["timestamps"]["completed"], -1) for e in entries]
+    )
+    at_once = max(itertools.accumulate(step for _, step in edges))
+    assert at_once > 1, at_once
     assert aworker.runner.task_stats["nap"].outcomes["completed"] == 50
 
 

@@ -9,13 +9,11 @@ generator's `finally` gives its listener back.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Request, Response
-from fastapi.responses import StreamingResponse
 
 from zfab.errors import ZfabError
 
@@ -29,10 +27,10 @@ from ...models import InputAnswer, Job
 from ...state import ApiState
 from ..auth import Principal
 from ..problems import responses
+from ..sse import PING, EventStreamResponse, comment, frame, json_frame
 from ..state import api_state
 from .jobs import JobUuid
 
-PING = b": ping\n\n"
 READ_BACK_TIMEOUT = 10.0
 RECOVERY_RETRY_SECONDS = 1.0
 
@@ -48,17 +46,13 @@ LastEventId = Annotated[
 ]
 
 
-class EventStreamResponse(StreamingResponse):
-    media_type = "text/event-stream"
-
-
-def frame(seq: int, event: dict[str, Any]) -> bytes:
-    # json.dumps escapes newlines inside strings, so the data is always one `data:` line.
-    return f"id: {seq}\ndata: {json.dumps(event, separators=(',', ':'), default=str)}\n\n".encode()
+def event_frame(seq: int, event: dict[str, Any]) -> bytes:
+    """A job's event, its id its sequence number in the job."""
+    return json_frame(event, id=seq)
 
 
 def end_frame(job: Job) -> bytes:
-    return f"event: end\nid: end\ndata: {job.model_dump_json()}\n\n".encode()
+    return frame(job.model_dump_json(), id="end", event="end")
 
 
 async def _live(st: ApiState, rec: JobRecord, after: int) -> AsyncIterator[bytes]:
@@ -74,7 +68,7 @@ async def _live(st: ApiState, rec: JobRecord, after: int) -> AsyncIterator[bytes
             done = fut.done()  # read before the events: every event of a finished job is in the deque
             events = snapshot(fut.events)
             if len(events) > sent:
-                yield b"".join(frame(i + 1, events[i]) for i in range(sent, len(events)))
+                yield b"".join(event_frame(i + 1, events[i]) for i in range(sent, len(events)))
                 sent = len(events)
             if done:
                 return
@@ -133,11 +127,11 @@ async def _from_workers(st: ApiState, rec: JobRecord, after: int) -> AsyncIterat
     events: list[dict[str, Any]] = []
     for worker, got in zip(workers, answers, strict=True):
         if isinstance(got, str):
-            yield f": the events of worker {worker} are not available: {got}\n\n".encode()
+            yield comment(f"the events of worker {worker} are not available: {got}")
         else:
             events.extend(got)
     if len(events) > after:
-        yield b"".join(frame(i + 1, events[i]) for i in range(after, len(events)))
+        yield b"".join(event_frame(i + 1, events[i]) for i in range(after, len(events)))
 
 
 async def _from_database(st: ApiState, rec: JobRecord, after: int) -> AsyncIterator[bytes]:
@@ -145,7 +139,7 @@ async def _from_database(st: ApiState, rec: JobRecord, after: int) -> AsyncItera
     the shared database, woken by the owner's NOTIFY; ids are the events' sequence numbers in the job."""
     assert st.cluster is not None
     async for item in st.cluster.events(rec, after):
-        yield PING if item is None else frame(*item)
+        yield PING if item is None else event_frame(*item)
 
 
 def from_database(st: ApiState, rec: JobRecord) -> bool:
@@ -201,9 +195,8 @@ async def job_events(
     if last_event_id == "end" and rec.done:
         return Response(status_code=204)
     after = int(last_event_id) if last_event_id != "end" else 0
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     tracebacks = st.settings.tracebacks_for(principal)
-    return EventStreamResponse(event_stream(st, rec, after, tracebacks), headers=headers)
+    return EventStreamResponse(event_stream(st, rec, after, tracebacks))
 
 
 @router.post(

@@ -124,7 +124,7 @@ async def submitted(
     The job as GET /jobs/{uuid} shows it, `arguments` included."""
     view = rec.view(tracebacks=st.settings.tracebacks_for(principal))
     view.arguments = await arguments_of(st, rec)
-    status = 200 if view.state.finished and (bound is not None or not fresh) else 202
+    status = 200 if view.state.final and (bound is not None or not fresh) else 202
     headers = {"Location": f"{root}/jobs/{rec.uuid}"}
     if bound is not None and preferred:  # the wait came from `Prefer: wait=N`, not ?wait=
         headers["Preference-Applied"] = f"wait={bound:g}"

@@ -20,7 +20,6 @@ chunk and the server's write buffer, never the ring.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import weakref
@@ -31,7 +30,6 @@ from itertools import islice
 from typing import Annotated, Any
 
 from fastapi import APIRouter, FastAPI, Header, Query, Request
-from fastapi.responses import StreamingResponse
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -40,12 +38,12 @@ from zfab import Subscriber, ZfabError
 from ...errors import ProblemError, unavailable
 from ..auth import Principal
 from ..problems import responses
+from ..sse import PING, EventStreamResponse, comment, json_frame
 from ..state import api_state
 
 log = logging.getLogger(__name__)
 
 MAX_TOPIC = 256  # characters of a topic prefix (the broker's bound, in bytes, is the same)
-PING = b": ping\n\n"
 CHUNK_BYTES = 64 * 1024  # frames a stream sends at once (one frame more when a single one is larger)
 
 
@@ -157,8 +155,7 @@ class TopicHub:
             first = self.last_id + 1
             for ev in batch:
                 self.last_id += 1
-                data = json.dumps(ev, separators=(",", ":"))
-                frame = f"id: {self.last_id}\ndata: {data}\n\n".encode()
+                frame = json_frame(ev, id=self.last_id)
                 topic = str(ev.get("topic", ""))
                 topics.add(topic)
                 self.ring.append((self.last_id, topic, frame))
@@ -305,7 +302,7 @@ def _hub(request: Request) -> TopicHub:
 @router.get(
     "/events",
     summary="Stream the broker's events by topic prefix (server-sent events)",
-    response_class=StreamingResponse,
+    response_class=EventStreamResponse,
     responses={
         200: {"content": {"text/event-stream": {}}, "description": "One `data:` line of JSON per event, with its `id`"},
         **responses(401, 403, 404, 422, 503),
@@ -316,7 +313,7 @@ async def topic_events(
     principal: Principal,
     topic: Topic = "",
     last_event_id: LastEventId = "",
-) -> StreamingResponse:
+) -> EventStreamResponse:
     """Every event whose topic starts with `topic`, as it happens: `job.<service>.<task>.<state>` for each
     state change of a job (docs/protocol.md). With `Last-Event-ID` the stream resumes after that id, from what
     the API still holds (ZFAB_API_EVENTS_BUFFER); older ones are announced as an `event: gap`. A comment line
@@ -341,13 +338,13 @@ async def topic_events(
     async def stream() -> AsyncIterator[bytes]:
         reader = hub.join(topic, start)
         try:
-            yield b": subscribed\n\n"
+            yield comment("subscribed")
             while not hub.closing:
                 waiter = hub.arm(reader)
                 last = reader.last
                 last_now, missed, frames = hub.after(last, topic)
                 if missed:
-                    yield f"event: gap\ndata: {json.dumps({'missed': missed, 'after': last})}\n\n".encode()
+                    yield json_frame({"missed": missed, "after": last}, event="gap")
                 reader.last = max(reader.last, last_now)
                 if frames:
                     reader.waiter = None
@@ -366,4 +363,4 @@ async def topic_events(
 
     body = stream()
     weakref.finalize(body, release)  # a caller gone before the first byte never starts the generator
-    return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return EventStreamResponse(body)

@@ -42,13 +42,15 @@ def free_port() -> int:
 
 
 def wait_port(port: int, deadline: float) -> None:
+    last: OSError | None = None
     while time.monotonic() < deadline:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                 return
-        except OSError:
+        except OSError as exc:
+            last = exc
             time.sleep(0.05)
-    raise SystemExit(f"broker did not bind port {port}")
+    raise SystemExit(f"broker did not bind port {port} (last: {last!r})")
 
 
 def main() -> int:

@@ -43,15 +43,17 @@ def _name(entry: Any) -> str:
 def _wait_port(endpoint: str, proc: subprocess.Popen[bytes]) -> None:
     url = urlparse(endpoint)
     deadline = time.monotonic() + START_TIMEOUT
+    last: OSError | None = None
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"zfab broker exited with {proc.returncode} before binding {endpoint}")
         try:
             with socket.create_connection((url.hostname or "127.0.0.1", url.port or 0), timeout=0.5):
                 return
-        except OSError:
+        except OSError as exc:
+            last = exc
             time.sleep(0.05)
-    raise RuntimeError(f"zfab broker did not bind {endpoint} within {START_TIMEOUT} s")
+    raise RuntimeError(f"zfab broker did not bind {endpoint} within {START_TIMEOUT} s (last: {last!r})") from last
 
 
 def _start_zfab(nf: Any) -> subprocess.Popen[bytes]:

@@ -147,13 +147,17 @@ class OwnerLoop(SocketOwner):
         if timeout_ms != 0 and self._queue and self._stalled is None:
             timeout_ms = 0  # something arrived between drain and sleep
         try:
-            events = dict(self._poller.poll(timeout_ms))
+            ready = self._poller.poll(timeout_ms)
         finally:
             self._sleeping = False
-        if self._waker.fd in events:
-            self.stats.wakeups += 1
-            self._waker.clear()
-        ev = events.get(self._sock, 0) if self._sock is not None else 0
+        ev = 0
+        sock = self._sock
+        for polled, flags in ready:  # at most two: the socket and the waker (no dict built per wake)
+            if polled is sock:
+                ev = flags
+            else:
+                self.stats.wakeups += 1
+                self._waker.clear()
         if self._stalled is not None:
             self._poller.modify(self.socket, _POLLIN)
         if ev & _POLLIN:

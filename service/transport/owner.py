@@ -241,7 +241,9 @@ class SocketOwner(WireSender):
         sock = self._sock
         assert wire is not None  # the adapters receive only while a socket is open
         readable = wire.readable
+        on_frames = self.role.on_frames
         full = True
+        i = 0
         for i in range(self.batch):
             # The caller saw the socket readable. After the first message ZMQ_EVENTS is asked
             # once: a lone message (the sequential case) then ends without the Again, which
@@ -259,14 +261,17 @@ class SocketOwner(WireSender):
             except zmq.Again:
                 full = False
                 break
-            self.stats.received += 1
             try:
-                self.role.on_frames(frames)
+                on_frames(frames)
             except Exception:
                 self._handler_failed("handler failed on a %d-frame message", len(frames))
             if self._reconnect or self._sock is not sock:
                 full = False
+                i += 1  # this one was handled
                 break
+        else:
+            i = self.batch
+        self.stats.received += i  # once per batch, not per message
         try:
             self.role.on_batch_end()
         except Exception:

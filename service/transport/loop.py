@@ -75,9 +75,12 @@ class OwnerLoop(SocketOwner):
         """Stop accepting, flush within the linger bound, close the socket in its owner."""
         self._closing = True
         self._wake_waiters()  # a submitter waiting for room hears ClosedError now
-        self._waker.wake()
         t = self._thread
-        if t is not None and t is not threading.current_thread():
+        if t is None:
+            self._teardown(0)  # never started: nobody else can touch what it made
+            return
+        self._waker.wake()
+        if t is not threading.current_thread():
             t.join(timeout if timeout is not None else self.linger + 5.0)
 
     def _wake(self) -> None:

@@ -27,6 +27,7 @@ from concurrent.futures import Future
 
 import zmq
 
+from ..core.logbudget import LogBudget
 from ..errors import BackpressureError, ClosedError
 from .base import Frames, Item, LoopStats, Role, T
 from .sending import WireSender
@@ -34,6 +35,10 @@ from .wire import Wire
 
 log = logging.getLogger(__name__)
 
+# Outbound messages dropped (a peer gone, or one that takes nothing): the first few are logged, then
+# one every 10 s saying how many were not; stats.send_dropped counts every one.
+DROPS_LOGGED_AT_ONCE = 3
+DROPS_LOGGED_PER_SECOND = 0.1
 FRAMES_ITEM = (list, tuple)  # a tuple, not list | tuple: that expression builds a UnionType per call
 
 
@@ -60,6 +65,7 @@ class SocketOwner(WireSender):
         self.batch = batch
         self.linger = linger
         self.stats = LoopStats()
+        self._drop_log = LogBudget(burst=DROPS_LOGGED_AT_ONCE, per_second=DROPS_LOGGED_PER_SECOND)
         self.started = threading.Event()
         self.stopped = threading.Event()
         self.owner_ident: int | None = None  # the thread that owns (or owned) the socket, once started

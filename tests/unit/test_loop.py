@@ -4,6 +4,7 @@ asserted once for all of them in test_loop_contract.py."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
@@ -189,3 +190,28 @@ def test_bursts_are_read_whole_in_bounded_batches_and_a_lone_message_alone(route
     assert role.batches[0] == 1
     assert max(role.batches) <= 16
     assert len(role.batches) < 50
+
+
+def test_drops_are_all_counted_and_logged_within_a_budget(caplog: pytest.LogCaptureFixture) -> None:
+    # Given an owner whose socket is not open (every send is dropped), its log budget on a fake clock
+    from zfab.core.logbudget import LogBudget
+    from zfab.transport import owner
+    from zfab.transport.stub import FakeClock
+
+    clock = FakeClock()
+    loop = OwnerLoop(EchoRole("tcp://127.0.0.1:1"), name="drops")
+    loop._drop_log = LogBudget(burst=owner.DROPS_LOGGED_AT_ONCE, per_second=owner.DROPS_LOGGED_PER_SECOND, clock=clock)
+    caplog.set_level(logging.WARNING, logger="zfab.transport")
+    # When 40 messages are dropped at once
+    for _ in range(40):
+        assert loop.send_now([b"x"]) is False
+    # Then each is counted, the first few logged
+    said = [r.getMessage() for r in caplog.records if "dropped an outbound message" in r.getMessage()]
+    assert loop.stats.send_dropped == 40 and len(said) == owner.DROPS_LOGGED_AT_ONCE
+    # And once the budget refills, the next line says how many were not logged
+    clock.advance(1 / owner.DROPS_LOGGED_PER_SECOND)
+    loop.send_now([b"x"])
+    said = [r.getMessage() for r in caplog.records if "dropped an outbound message" in r.getMessage()]
+    assert len(said) == owner.DROPS_LOGGED_AT_ONCE + 1
+    assert f"(41 so far, {40 - owner.DROPS_LOGGED_AT_ONCE} of them not logged)" in said[-1]
+    loop.stop()

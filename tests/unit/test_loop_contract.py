@@ -371,10 +371,10 @@ def test_stop_flushes_what_was_accepted_says_last_words_then_refuses(owner: Harn
     assert role.closed == 1
 
 
-def test_a_handler_that_raises_is_counted_and_the_loop_goes_on(owner: Harness) -> None:
+def test_a_malformed_message_its_handler_raises_on_is_counted_and_the_loop_goes_on(owner: Harness) -> None:
     role = ContractRole(getattr(owner, "endpoint", ""))
     t = owner.make(role)
-    # When a message makes the role's handler raise, and a queued call raises too
+    # When a message the role cannot read makes its handler raise, and a queued call raises too
     owner.peer_send([b"boom"], [b"after"])
     owner.until(lambda: role.received == [[b"after"]], "the message after the bad one")
     t.submit(lambda: 1 // 0 and None)

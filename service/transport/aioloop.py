@@ -98,7 +98,7 @@ class AioLoop(SocketOwner):
         self.coalesce = coalesce
         self._loop = loop
         self._fd: int | None = None
-        self._kicked = False  # a pass is scheduled (call_soon / call_soon_threadsafe): no second one
+        self._idle = True  # no pass is scheduled (call_soon / call_soon_threadsafe): the next hand-over asks one
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")  # monotonic time the timer handle fires at
 
@@ -258,17 +258,17 @@ class AioLoop(SocketOwner):
 
     def _wake(self) -> None:
         """From another thread: one pass on the loop, however many items arrive before it runs."""
-        if self._kicked:
+        if not self._idle:
             return
-        self._kicked = True
+        self._idle = False
         loop = self._loop
         if loop is None:
-            self._kicked = False
+            self._idle = True
             return  # not started: the first pass drains it
         try:
             loop.call_soon_threadsafe(self._woken)
         except RuntimeError:  # the loop closed: nothing will drain it any more
-            self._kicked = False
+            self._idle = True
 
     def _woken(self) -> None:
         self.stats.wakeups += 1
@@ -277,8 +277,8 @@ class AioLoop(SocketOwner):
     # ---- owner only (the loop's thread) ----------------------------------------------------------
 
     def _schedule(self) -> None:
-        if not self._kicked and self._loop is not None:
-            self._kicked = True
+        if self._idle and self._loop is not None:
+            self._idle = False
             self._loop.call_soon(self._pass)
 
     def send_now(self, frames: Frames) -> bool:
@@ -306,7 +306,7 @@ class AioLoop(SocketOwner):
 
     def _pass(self) -> None:
         """One turn of the owner: queued items, reconnect, readable messages, timers."""
-        self._kicked = False
+        self._idle = True
         if self._wire is None or self._torn_down:
             return
         more = self._drain()

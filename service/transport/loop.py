@@ -56,7 +56,6 @@ class OwnerLoop(SocketOwner):
         )
         self._waker = Waker()
         self._poller = zmq.Poller()
-        self._sleeping = False
         self._thread: threading.Thread | None = None
         self._start_error: BaseException | None = None
 
@@ -84,11 +83,6 @@ class OwnerLoop(SocketOwner):
             t.join(timeout if timeout is not None else self.linger + 5.0)
 
     def _wake(self) -> None:
-        if self._sleeping:
-            self._waker.wake()
-
-    def request_reconnect(self) -> None:
-        self._reconnect = True
         self._waker.wake()
 
     # ---- owner only -----------------------------------------------------------
@@ -146,13 +140,13 @@ class OwnerLoop(SocketOwner):
             self._poller.modify(self.socket, _POLLINOUT)
             if timeout_ms is None or timeout_ms > STALL_RECHECK_MS:
                 timeout_ms = STALL_RECHECK_MS
-        self._sleeping = True
+        self._idle = True
         if timeout_ms != 0 and self._queue and self._stalled is None:
             timeout_ms = 0  # something arrived between drain and sleep
         try:
             ready = self._poller.poll(timeout_ms)
         finally:
-            self._sleeping = False
+            self._idle = False
         ev = 0
         sock = self._sock
         for polled, flags in ready:  # at most two: the socket and the waker (no dict built per wake)

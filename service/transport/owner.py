@@ -7,7 +7,8 @@ items over (submit, send, call), the owner's own sends, a drain of one batch, a 
 the role's timers, reconnects, last words and teardown, and how a failing handler is counted. An
 adapter adds only how the owner waits and is woken:
 
-- `_wake()`: another thread queued an item; get the owner to drain it (an eventfd, call_soon_threadsafe);
+- `_wake()`: another thread queued an item; get the owner to drain it (an eventfd, call_soon_threadsafe),
+  and `_idle`, True while nothing already under way will see the queue (a hand-over then wakes it);
 - `_watch(sock)` / `_unwatch(sock)`: a socket was opened / is about to close (a poller, add_reader);
 - `_released()`: its own resources, at teardown;
 - `start()` and `stop()`, and the loop that calls `_drain`, `_receive` and `_role_timer`.
@@ -83,6 +84,9 @@ class SocketOwner(WireSender):
         self._closing = False
         self._reconnect = False
         self._torn_down = False
+        # The owner sleeps (or no pass is scheduled) and would not see a queued item: the adapter keeps
+        # it, so that a hand-over pays for a wake-up only then, without a call to ask.
+        self._idle = False
 
     # ---- what an adapter provides ---------------------------------------------------------------
 
@@ -111,7 +115,8 @@ class SocketOwner(WireSender):
         if len(self._queue) >= self.outbound_size:
             self._wait_for_room(self.submit_timeout if timeout is None else timeout)
         self._queue.append(item)
-        self._wake()
+        if self._idle:
+            self._wake()
 
     def send(self, item: Frames | tuple[Frames, Callable[[], None]], timeout: float | None = None) -> None:
         """Any thread. The owner sends at once: waiting on its own queue could only deadlock it
@@ -141,6 +146,10 @@ class SocketOwner(WireSender):
 
     def queue_depth(self) -> int:
         return len(self._queue) + (1 if self._stalled is not None else 0)
+
+    def request_reconnect(self) -> None:
+        self._reconnect = True
+        self._wake()
 
     @property
     def closing(self) -> bool:

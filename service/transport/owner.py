@@ -7,8 +7,8 @@ items over (submit, send, call), the owner's own sends, a drain of one batch, a 
 the role's timers, reconnects, last words and teardown, and how a failing handler is counted. An
 adapter adds only how the owner waits and is woken:
 
-- `_wake()`: another thread queued an item; get the owner to drain it (an eventfd, call_soon_threadsafe),
-  and `_idle`, True while nothing already under way will see the queue (a hand-over then wakes it);
+- `_wake()`: another thread queued an item; get the owner to drain it (an eventfd, call_soon_threadsafe);
+  `_idle` says when that is needed: True while nothing already under way would see the queue;
 - `_watch(sock)` / `_unwatch(sock)`: a socket was opened / is about to close (a poller, add_reader);
 - `_released()`: its own resources, at teardown;
 - `start()` and `stop()`, and the loop that calls `_drain`, `_receive` and `_role_timer`.

@@ -107,6 +107,7 @@ class Replicas:
                 await self._listening.wait()
 
     async def stop(self) -> None:
+        self.wake_all()  # a GET ?wait= or an SSE stream waiting on another replica's job sees the stop now
         for task in [*self._tasks, *self._running]:
             task.cancel()
         for task in [*self._tasks, *self._running]:

@@ -148,10 +148,8 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     ns = parser.parse_args(argv)
-    from ..core.memory import return_large_blocks
     from ..errors import SecurityError
 
-    return_large_blocks()  # a long-running process moving payloads (core/memory.py)
     try:
         code: int = ns.fn(ns)
         sys.stdout.flush()  # here, inside the try: a reader that left is found now, not at exit

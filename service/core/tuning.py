@@ -19,17 +19,26 @@ API's CPU (1.2 s of every 5 s, about 0.35 ms of its 1.4 ms per job). So:
 Cyclic garbage is still found, only later; reference counting, which frees almost
 everything, is untouched.
 
-**glibc's malloc.** Blocks from 128 KiB up are mmapped and unmapped one by one, and a heap
-whose free top passes 128 KiB is trimmed. glibc raises both thresholds as it sees large blocks
-freed, but a 10 MB job frees several blocks at once and a same-sized block is mmapped again:
-in bench/large.py every 10 MB buffer (the received frame, its JSON, the result) came from
-fresh pages, 12,000-15,000 page faults per job in the broker and the worker each, and the
-10 MB echo ran at 0.28x the bulk floor. With blocks up to 32 MiB (glibc's own ceiling for its
-moving threshold) taken from the heap, and up to 64 MiB of free top kept (twice that, as glibc
-would), it ran at 0.46x. The memory kept is that much per malloc arena at most, and only after
-such jobs. A `MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_` or `GLIBC_TUNABLES` in the
-environment wins: then this leaves malloc alone. Other C libraries (musl) have no mallopt and
-are left alone too.
+**glibc's malloc: one policy, here.** Blocks from 128 KiB up are mmapped and unmapped one by
+one, and a heap whose free top passes 128 KiB is trimmed. glibc raises both thresholds as it sees
+large blocks freed, but a 10 MB job frees several blocks at once and a same-sized block is mmapped
+again: in bench/large.py every 10 MB buffer (the received frame, its JSON, the result) came from
+fresh pages, 12,000-15,000 page faults per job in the broker and the worker each, and the 10 MB
+echo ran at 0.28x the bulk floor. With blocks up to 32 MiB (glibc's own ceiling for its moving
+threshold) taken from the heap, and up to 64 MiB of free top kept (twice that, as glibc would), it
+ran at 0.46x.
+
+The other policy, a threshold fixed at 1 MiB so that every freed payload goes back to the OS at
+once, was set by a second module for every `zfab` command, and silently overridden by this one in
+every role; it is gone. Measured against this one (issue 40, bench/large.py's zfab phases with
+`MALLOC_MMAP_THRESHOLD_=1048576` for the other, three interleaved rounds, 2 shared cores): 10 MB
+echo at 1 in flight 64 / 157 / 156 MB/s here against 59 / 65 / 56 at 1 MiB, at 4 in flight
+100 / 161 / 274 against 46 / 62 / 93, so 2.5x the rate; the price is memory kept at rest after
+such jobs: worker 190-230 MB against 131-141, broker 88-108 against 49, a tuned client 183-193
+against 68. The memory kept is bounded by the trim threshold per malloc arena, and only after
+large jobs; a deployment that wants it back sooner says so in the environment: a
+`MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_` or `GLIBC_TUNABLES` there wins, and this leaves
+malloc alone. Other C libraries (musl) have no mallopt and are left alone too.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 `OwnerLoop` (loop.py) gives a role a thread of its own; code on an asyncio event loop (the HTTP
 API) then hands every frame to that thread through a queue and an eventfd, and every result comes
 back through `call_soon_threadsafe`, with the two threads trading the GIL for each job. `AioLoop`
-makes the event loop's thread the socket's single owner instead:
+makes the event loop's thread the socket's single owner instead. What an owner does (the bounded
+queue, batches, timers, reconnects, teardown) is owner.py's, shared with OwnerLoop; this adapter
+only waits and wakes the asyncio way:
 
     client = Client(settings=s, transport=AioTransport())   # inside a coroutine (a FastAPI lifespan)
     client.start()                                           # opens the socket on this loop, now
@@ -46,10 +48,8 @@ Thread rules (the same contract as OwnerLoop's, with the loop's thread as the ow
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import suppress
@@ -58,22 +58,19 @@ from typing import Any
 import zmq
 
 from ..errors import BackpressureError, ClosedError
-from .base import Frames, Item, LoopStats, Role, T
-from .sending import WireSender
-from .wire import Wire
-
-log = logging.getLogger(__name__)
+from .base import Frames, Item, Role
+from .owner import FRAMES_ITEM, SocketOwner
 
 _EVENTS = int(zmq.EVENTS)
 _FD = int(zmq.FD)
 _POLLIN = int(zmq.POLLIN)
 _POLLOUT = int(zmq.POLLOUT)
-_FRAMES_ITEM = (list, tuple)
 STALL_RECHECK = 0.1  # a peer that stopped taking frames: the stalled one is retried at this pace
 TIMER_SLACK = 0.02  # at most this late for a deadline (see _timers)
+RECONNECT_BACKOFF = 0.1  # seconds between attempts to open a socket that failed to open
 
 
-class AioLoop(WireSender):
+class AioLoop(SocketOwner):
     """Runs a Role on an asyncio event loop; the loop's thread is the only one touching the socket."""
 
     def __init__(
@@ -89,35 +86,21 @@ class AioLoop(WireSender):
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         coalesce: bool = True,
     ) -> None:
-        if outbound_size < 1 or batch < 1:
-            raise ValueError("outbound_size and batch must be at least 1")
-        self.role = role
-        self.name = name
-        self.outbound_size = outbound_size
-        self.submit_timeout = submit_timeout
-        self.batch = batch
-        self.linger = linger
+        super().__init__(
+            role,
+            name=name,
+            outbound_size=outbound_size,
+            submit_timeout=submit_timeout,
+            batch=batch,
+            linger=linger,
+            context=context,
+        )
         self.coalesce = coalesce
-        self.stats = LoopStats()
-        self.started = threading.Event()
-        self.stopped = threading.Event()
-        self.owner_ident: int | None = None
         self._loop = loop
-        self._own_context = context is None
-        self._ctx: zmq.Context[zmq.Socket[bytes]] = context if context is not None else zmq.Context()
-        self._sock: zmq.Socket[bytes] | None = None
-        self._wire: Wire | None = None
         self._fd: int | None = None
-        self._queue: deque[Item] = deque()
-        self._space = threading.Condition(threading.Lock())
-        self._waiting = 0  # other threads waiting for room in the queue
-        self._stalled: Frames | tuple[Frames, Callable[[], None]] | None = None
-        self._kicked = False  # a pass is scheduled (call_soon / call_soon_threadsafe): no second one
+        self._idle = True  # no pass is scheduled (call_soon / call_soon_threadsafe): the next hand-over asks one
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")  # monotonic time the timer handle fires at
-        self._closing = False
-        self._reconnect = False
-        self._torn_down = False
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -125,9 +108,6 @@ class AioLoop(WireSender):
     def loop(self) -> asyncio.AbstractEventLoop:
         assert self._loop is not None, "the transport is bound to its event loop at start()"  # programming error
         return self._loop
-
-    def _on_owner(self) -> bool:
-        return threading.get_ident() == self.owner_ident
 
     def start(self, timeout: float = 10.0) -> None:
         """Open the socket on the event loop. On the loop's thread it happens now; from another
@@ -179,7 +159,7 @@ class AioLoop(WireSender):
     def _start_here(self) -> None:
         if self.started.is_set():
             return
-        self.owner_ident = threading.get_ident()
+        self._become_owner()
         try:
             self._open()
         except BaseException:
@@ -200,7 +180,10 @@ class AioLoop(WireSender):
             self._teardown(0)  # never opened, or its owner is gone: nobody else can touch it
             return
         if self._on_owner():
-            self._stop_here()
+            deadline = time.monotonic() + self.linger
+            while self._drain() and self._stalled is None:
+                pass  # what the socket takes at once; the rest is ZeroMQ's to hand over within the linger
+            self._teardown(self._last_words(deadline))
             return
         if not loop.is_running():
             self._teardown(0)
@@ -223,83 +206,32 @@ class AioLoop(WireSender):
             await asyncio.to_thread(self.stop)
             return
         deadline = time.monotonic() + self.linger
-        while time.monotonic() < deadline:
-            more = self._drain()
-            if not more and self._stalled is None:
-                break
+        while time.monotonic() < deadline and self._drain():
             await asyncio.sleep(0.01)  # a peer that takes nothing now: re-check at a bounded pace
-        linger_ms = self._last_words(deadline)
-        sock = self._detach()
-        if sock is not None:
-            sock.close(linger=linger_ms)
+        self._close_socket(self._last_words(deadline))
         if self._own_context:
             await asyncio.to_thread(self._ctx.term)  # may wait out the linger: never on the loop
         self._finish()
-
-    def _stop_here(self) -> None:
-        deadline = time.monotonic() + self.linger
-        self._drain_all()
-        self._teardown(self._last_words(deadline))
-
-    def _last_words(self, deadline: float) -> int:
-        try:
-            if self._sock is not None:
-                self.role.on_closing()
-        except Exception:
-            log.exception("%s: closing handler failed", self.name)
-        return int(max(0.0, deadline - time.monotonic()) * 1000)
-
-    def _detach(self) -> zmq.Socket[bytes] | None:
-        """Stop watching the socket and forget it; the caller closes it."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._timer_at = float("inf")
-        sock = self._sock
-        if sock is not None and self._fd is not None and self._loop is not None and not self._loop.is_closed():
-            with suppress(Exception):
-                self._loop.remove_reader(self._fd)
-        self._sock = self._wire = None
-        self._fd = None
-        return sock
-
-    def _teardown(self, linger_ms: int) -> None:
-        if self._torn_down:
-            return
-        sock = self._detach()
-        if sock is not None:
-            sock.close(linger=linger_ms)
-        if self._own_context:
-            self._ctx.term()
-        self._finish()
-
-    def _finish(self) -> None:
-        self._torn_down = True
-        self._wake_waiters()
-        self.stopped.set()
 
     # ---- any thread --------------------------------------------------------------------
 
     def submit(self, item: Item, timeout: float | None = None) -> None:
         """Hand a frame (or a callable to run on the owner) to the loop; see the module doc."""
+        if not self._on_owner():
+            super().submit(item, timeout)
+            return
         if self._closing:
             raise ClosedError(f"{self.name} is shutting down; nothing more is accepted")
-        if self._on_owner():
-            if len(self._queue) >= self.outbound_size:
-                raise BackpressureError(
-                    f"{self.name}: outbound queue full ({self.outbound_size} frames); the peer is slow or unreachable"
-                )
-            at_once = not self.coalesce and not self._queue and self._stalled is None
-            if at_once and isinstance(item, _FRAMES_ITEM) and self._send_item(item):
-                self._schedule()
-                return
-            self._queue.append(item)
+        if len(self._queue) >= self.outbound_size:
+            raise BackpressureError(
+                f"{self.name}: outbound queue full ({self.outbound_size} frames); the peer is slow or unreachable"
+            )
+        at_once = not self.coalesce and not self._queue and self._stalled is None
+        if at_once and isinstance(item, FRAMES_ITEM) and self._send_item(item):
             self._schedule()
             return
-        if len(self._queue) >= self.outbound_size:
-            self._wait_for_room(self.submit_timeout if timeout is None else timeout)
         self._queue.append(item)
-        self._kick()
+        self._schedule()
 
     def send(self, item: Frames | tuple[Frames, Callable[[], None]], timeout: float | None = None) -> None:
         """On the loop's thread: never waits nor refuses for its own queue. With `coalesce` (the
@@ -307,7 +239,7 @@ class AioLoop(WireSender):
         its end; without, it is sent at once (dropped and counted when the peer cannot take it).
         Elsewhere it is queued like submit."""
         if not self._on_owner():
-            self.submit(item, timeout)
+            super().submit(item, timeout)
             return
         if self._closing:
             raise ClosedError(f"{self.name} is shutting down; nothing more is accepted")
@@ -315,84 +247,28 @@ class AioLoop(WireSender):
             self._queue.append(item)
             self._schedule()
             return
-        frames, after = (item, None) if isinstance(item, list) else item
-        self.send_now(frames)
-        if after is not None:
-            self._run_call(after)
-        self._schedule()  # the role may have set an earlier deadline; the socket's readiness is re-read
-
-    def call(self, fn: Callable[[], T], timeout: float = 5.0) -> T:
-        """Run fn on the loop's thread and return its result (at once when already there)."""
-        if self._on_owner():
-            return fn()
-        fut: Future[T] = Future()
-
-        def run() -> None:
-            try:
-                fut.set_result(fn())
-            except BaseException as exc:  # handed to the caller
-                fut.set_exception(exc)
-
-        self.submit(run, timeout=timeout)
-        return fut.result(timeout)
-
-    def queue_depth(self) -> int:
-        return len(self._queue) + (1 if self._stalled is not None else 0)
+        super().send(item)  # sent now; send_now schedules a pass (the socket's readiness is re-read)
 
     def request_reconnect(self) -> None:
         self._reconnect = True
         if self._on_owner():
             self._schedule()
         else:
-            self._kick()
+            self._wake()
 
-    @property
-    def closing(self) -> bool:
-        return self._closing
-
-    @property
-    def context(self) -> zmq.Context[zmq.Socket[bytes]]:
-        return self._ctx
-
-    @property
-    def user_id(self) -> bytes | None:
-        return self._wire.user_id if self._wire is not None else None
-
-    def _wait_for_room(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        with self._space:
-            self._waiting += 1
-            try:
-                while len(self._queue) >= self.outbound_size:
-                    left = deadline - time.monotonic()
-                    if left <= 0 or self._closing:
-                        raise BackpressureError(
-                            f"{self.name}: outbound queue full ({self.outbound_size} frames) for "
-                            f"{timeout} s; the peer is slow or unreachable"
-                        )
-                    self._kick()
-                    self._space.wait(left)
-            finally:
-                self._waiting -= 1
-
-    def _wake_waiters(self) -> None:
-        if self._waiting:
-            with self._space:
-                self._space.notify_all()
-
-    def _kick(self) -> None:
+    def _wake(self) -> None:
         """From another thread: one pass on the loop, however many items arrive before it runs."""
-        if self._kicked:
+        if not self._idle:
             return
-        self._kicked = True
+        self._idle = False
         loop = self._loop
         if loop is None:
-            self._kicked = False
+            self._idle = True
             return  # not started: the first pass drains it
         try:
             loop.call_soon_threadsafe(self._woken)
         except RuntimeError:  # the loop closed: nothing will drain it any more
-            self._kicked = False
+            self._idle = True
 
     def _woken(self) -> None:
         self.stats.wakeups += 1
@@ -400,14 +276,9 @@ class AioLoop(WireSender):
 
     # ---- owner only (the loop's thread) ----------------------------------------------------------
 
-    @property
-    def socket(self) -> zmq.Socket[bytes]:
-        assert self._sock is not None, "socket used before the loop opened it"  # programming error only
-        return self._sock
-
     def _schedule(self) -> None:
-        if not self._kicked and self._loop is not None:
-            self._kicked = True
+        if self._idle and self._loop is not None:
+            self._idle = False
             self._loop.call_soon(self._pass)
 
     def send_now(self, frames: Frames) -> bool:
@@ -415,36 +286,39 @@ class AioLoop(WireSender):
 
         A send may process the socket's pending commands, and with them the edge of its FD: a
         message that arrived meanwhile would not wake the reader, so a pass re-reads ZMQ_EVENTS."""
-        sent = self._send(frames)
-        if sent is False:
-            self._dropped("peer cannot take more (high-water mark)")
+        sent = super().send_now(frames)
         self._schedule()
-        return bool(sent)
+        return sent
 
-    def _open(self) -> None:
-        sock = self.role.open_socket(self._ctx)
-        self._sock = sock
-        self._wire = Wire(sock, meta=bool(sock.getsockopt(zmq.CURVE_SERVER)))
+    def _watch(self, sock: zmq.Socket[bytes]) -> None:
         self._fd = int(sock.getsockopt(_FD))
         self.loop.add_reader(self._fd, self._on_readable)
-        self.role.on_connected()
+
+    def _unwatch(self, sock: zmq.Socket[bytes]) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = float("inf")
+        if self._fd is not None and self._loop is not None and not self._loop.is_closed():
+            with suppress(Exception):
+                self._loop.remove_reader(self._fd)
+        self._fd = None
 
     def _pass(self) -> None:
         """One turn of the owner: queued items, reconnect, readable messages, timers."""
-        self._kicked = False
+        self._idle = True
         if self._wire is None or self._torn_down:
             return
         more = self._drain()
-        if self._reconnect and not self._closing:
-            self._do_reconnect()
+        if self._reconnect and not self._closing and not self._reopen():
+            self._retry_reconnect()
         # A send may have taken the socket's pending commands, and with them the edge on its FD.
         self._on_readable(from_pass=True)
         if more and self._stalled is None:
             self._schedule()  # a full batch went out: the rest after other callbacks had their turn
 
     def _on_readable(self, from_pass: bool = False) -> None:
-        wire = self._wire
-        if wire is None:
+        if self._wire is None:
             return
         if not from_pass:
             self.stats.wakeups += 1
@@ -454,76 +328,15 @@ class AioLoop(WireSender):
             return
         if events & _POLLOUT and self._stalled is not None and not from_pass:
             self._drain()
-        if events & _POLLIN:
-            self._receive(wire)
-        self._timers()
-
-    def _receive(self, wire: Wire) -> None:
-        sock = self._sock
-        readable = wire.readable
-        full = True
-        for i in range(self.batch):
-            if i == 1 and not readable():  # a lone message ends without the costly Again
-                full = False
-                break
-            try:
-                frames = wire.recv()
-            except zmq.Again:
-                full = False
-                break
-            self.stats.received += 1
-            try:
-                self.role.on_frames(frames)
-            except Exception:
-                self.stats.handler_errors += 1
-                log.exception("%s: handler failed on a %d-frame message", self.name, len(frames))
-            if self._reconnect or self._sock is not sock:
-                full = False
-                break
-        try:
-            self.role.on_batch_end()
-        except Exception:
-            self.stats.handler_errors += 1
-            log.exception("%s: batch handler failed", self.name)
-        if full or self._reconnect:
+        if events & _POLLIN and (self._receive() or self._reconnect):
             self._schedule()  # more may wait: read on after the loop's other callbacks
-
-    def _drain(self) -> bool:
-        """Send up to one batch of queued items. True when more remain."""
-        try:
-            if self._stalled is not None:
-                if not self._send_item(self._stalled):
-                    return True
-                self._stalled = None
-            q = self._queue
-            for _ in range(self.batch):
-                if not q:
-                    return False
-                item = q.popleft()
-                if isinstance(item, _FRAMES_ITEM):
-                    if not self._send_item(item):
-                        self._stalled = item
-                        return True
-                else:
-                    self._run_call(item)
-            return bool(q)
-        finally:
-            self._wake_waiters()
-
-    def _drain_all(self) -> None:
-        while self._drain() and self._stalled is None:
-            pass
+        self._timers()
 
     def _timers(self) -> None:
         if self._torn_down:
             return
         now = time.monotonic()
-        try:
-            deadline = self.role.on_timer(now)
-        except Exception:
-            self.stats.handler_errors += 1
-            log.exception("%s: timer handler failed", self.name)
-            deadline = now + 1.0
+        deadline = self._role_timer(now)
         if self._stalled is not None:
             deadline = now + STALL_RECHECK if deadline is None else min(deadline, now + STALL_RECHECK)
         if deadline is None or deadline >= self._timer_at:
@@ -544,36 +357,18 @@ class AioLoop(WireSender):
         self._timer_at = float("inf")
         self._pass()
 
-    def _do_reconnect(self) -> None:
-        self._reconnect = False
-        self.stats.reconnects += 1
-        sock = self._detach()
-        if sock is not None:
-            sock.close(linger=0)
-        try:
-            self._open()
-        except Exception:
-            self.stats.handler_errors += 1
-            log.exception("%s: reconnect failed; retrying", self.name)
-            self._reconnect = True
-            self._retry_reconnect()
-
     def _retry_reconnect(self) -> None:
+        """A socket that failed to open: try again after a back-off, without blocking the loop."""
+
         def again() -> None:
             if self._closing or self._torn_down:
                 return
-            self._reconnect = False
-            self.stats.reconnects += 1
-            try:
-                self._open()
-            except Exception:
-                self.stats.handler_errors += 1
-                log.exception("%s: reconnect failed; retrying", self.name)
+            if self._reopen():
+                self._pass()
+            else:
                 self._retry_reconnect()
-                return
-            self._pass()
 
-        self.loop.call_later(0.1, again)  # bounded back-off, without blocking the loop
+        self.loop.call_later(RECONNECT_BACKOFF, again)
 
 
 class AioTransport:

@@ -1,13 +1,12 @@
-"""The single-owner socket loop shared by broker, worker and client.
+"""The thread owner: a socket owner (owner.py) that runs on a thread of its own.
 
-One thread, the owner, creates, polls, sends on, receives from and closes one ZeroMQ
-socket. Other threads hand it frames (or small callables) through a bounded queue
-and wake it through an OS eventfd registered in its poller, so the loop sleeps until
-its next timer or a wake-up: no fixed polling tick.
+One thread, the owner, creates, polls, sends on, receives from and closes one ZeroMQ socket. Other
+threads hand it frames (or small callables) through the bounded queue and wake it through an OS
+eventfd registered in its poller, so the loop sleeps until its next timer or a wake-up: no fixed
+polling tick. What the owner does lives in owner.py; this adapter only runs the loop.
 
-Loop shape: send a bounded batch of queued items → role timers (keepalives, expiry)
-→ poll until the next deadline or a wake → receive and dispatch a bounded batch →
-reconnect or stop if asked.
+Loop shape: send a bounded batch of queued items → role timers (keepalives, expiry) → poll until
+the next deadline or a wake → receive and dispatch a bounded batch → reconnect or stop if asked.
 """
 
 from __future__ import annotations
@@ -15,28 +14,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
-from collections.abc import Callable
-from concurrent.futures import Future
 
 import zmq
 
-from ..errors import BackpressureError, ClosedError
-from .base import Frames, Item, LoopStats, Role, T
-from .sending import WireSender
+from .base import Role
+from .owner import SocketOwner
 from .waker import Waker
-from .wire import Wire
 
 # Plain ints: `int & zmq.POLLIN` builds an IntFlag through the enum machinery on every wake-up,
 # a few percent of a broker whose 1,000 workers wake it 800 times a second.
 _POLLIN = int(zmq.POLLIN)
 _POLLINOUT = int(zmq.POLLIN | zmq.POLLOUT)
-_FRAMES_ITEM = (list, tuple)  # a tuple, not list | tuple: that expression builds a UnionType per call
+STALL_RECHECK_MS = 100  # a peer that stopped taking frames: the stalled one is retried at this pace
+RECONNECT_BACKOFF = 0.1  # seconds between attempts to open a socket that failed to open
 
 log = logging.getLogger(__name__)
 
 
-class OwnerLoop(WireSender):
+class OwnerLoop(SocketOwner):
     """Runs a Role on its own thread; the only code that touches the role's socket."""
 
     def __init__(
@@ -50,34 +45,18 @@ class OwnerLoop(WireSender):
         linger: float = 1.0,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
     ) -> None:
-        if outbound_size < 1 or batch < 1:
-            raise ValueError("outbound_size and batch must be at least 1")
-        self.role = role
-        self.name = name
-        self.outbound_size = outbound_size
-        self.submit_timeout = submit_timeout
-        self.batch = batch
-        self.linger = linger
-        self.stats = LoopStats()
-        # A deque, not a queue.Queue: appends and pops are atomic under the GIL, with no Condition
-        # round trip per item; only a full queue makes a submitter wait (on _space).
-        self._queue: deque[Item] = deque()
-        self._space = threading.Condition(threading.Lock())
-        self._waiting = 0  # submitters waiting for room (read by the owner after each batch)
+        super().__init__(
+            role,
+            name=name,
+            outbound_size=outbound_size,
+            submit_timeout=submit_timeout,
+            batch=batch,
+            linger=linger,
+            context=context,
+        )
         self._waker = Waker()
-        self._own_context = context is None
-        self._ctx: zmq.Context[zmq.Socket[bytes]] = context if context is not None else zmq.Context()
-        self._sock: zmq.Socket[bytes] | None = None
-        self._wire: Wire | None = None
         self._poller = zmq.Poller()
-        self._stalled: Frames | tuple[Frames, Callable[[], None]] | None = None  # not taken by the socket yet
-        self._sleeping = False
-        self._closing = False
-        self._reconnect = False
         self._thread: threading.Thread | None = None
-        self.owner_ident: int | None = None
-        self.started = threading.Event()
-        self.stopped = threading.Event()
         self._start_error: BaseException | None = None
 
     # ---- any thread ----------------------------------------------------------
@@ -91,126 +70,37 @@ class OwnerLoop(WireSender):
         if self._start_error is not None:
             raise self._start_error
 
-    def submit(self, item: Item, timeout: float | None = None) -> None:
-        """Hand a frame (or a callable to run on the owner) to the loop.
-
-        Returns once accepted. Raises ClosedError after shutdown began, and
-        BackpressureError when the queue stays full past the timeout.
-        """
-        if self._closing:
-            raise ClosedError(f"{self.name} is shutting down; nothing more is accepted")
-        if len(self._queue) >= self.outbound_size:
-            self._wait_for_room(self.submit_timeout if timeout is None else timeout)
-        self._queue.append(item)
-        if self._sleeping:
-            self._waker.wake()
-
-    def _wait_for_room(self, timeout: float) -> None:
-        """The slow path of submit: the queue is full. The bound is soft by the number of threads
-        submitting at the same instant, which is what keeps the fast path free of locks."""
-        deadline = time.monotonic() + timeout
-        with self._space:
-            self._waiting += 1
-            try:
-                while len(self._queue) >= self.outbound_size:
-                    left = deadline - time.monotonic()
-                    if left <= 0 or self._closing:
-                        raise BackpressureError(
-                            f"{self.name}: outbound queue full ({self.outbound_size} frames) for "
-                            f"{timeout} s; the peer is slow or unreachable"
-                        )
-                    self._waker.wake()
-                    self._space.wait(left)
-            finally:
-                self._waiting -= 1
-
-    def send(self, item: Frames | tuple[Frames, Callable[[], None]], timeout: float | None = None) -> None:
-        """Any thread. The owner sends at once: waiting on its own queue could only deadlock it
-        (nobody else drains it), so a frame the peer cannot take now is dropped and counted."""
-        if threading.get_ident() != self.owner_ident:
-            self.submit(item, timeout)
-            return
-        frames, after = (item, None) if isinstance(item, list) else item
-        self.send_now(frames)
-        if after is not None:
-            self._run_call(after)
-
-    def call(self, fn: Callable[[], T], timeout: float = 5.0) -> T:
-        """Run fn on the owner thread and return its result (for snapshots of owner state)."""
-        if threading.get_ident() == self.owner_ident:
-            return fn()
-        fut: Future[T] = Future()
-
-        def run() -> None:
-            try:
-                fut.set_result(fn())
-            except BaseException as exc:  # handed to the caller, not swallowed
-                fut.set_exception(exc)
-
-        self.submit(run, timeout=timeout)
-        return fut.result(timeout)
-
-    def queue_depth(self) -> int:
-        return len(self._queue) + (1 if self._stalled is not None else 0)
-
-    def request_reconnect(self) -> None:
-        self._reconnect = True
-        self._waker.wake()
-
     def stop(self, timeout: float | None = None) -> None:
         """Stop accepting, flush within the linger bound, close the socket in its owner."""
         self._closing = True
-        self._waker.wake()
+        self._wake_waiters()  # a submitter waiting for room hears ClosedError now
         t = self._thread
-        if t is not None and t is not threading.current_thread():
+        if t is None:
+            self._teardown(0)  # never started: nobody else can touch what it made
+            return
+        self._waker.wake()
+        if t is not threading.current_thread():
             t.join(timeout if timeout is not None else self.linger + 5.0)
 
-    @property
-    def closing(self) -> bool:
-        return self._closing
-
-    @property
-    def context(self) -> zmq.Context[zmq.Socket[bytes]]:
-        return self._ctx
-
-    @property
-    def user_id(self) -> bytes | None:
-        """Owner only: the ZAP user id of the message being handled (CURVE sockets)."""
-        return self._wire.user_id if self._wire is not None else None
+    def _wake(self) -> None:
+        self._waker.wake()
 
     # ---- owner only -----------------------------------------------------------
 
-    @property
-    def socket(self) -> zmq.Socket[bytes]:
-        assert self._sock is not None, "socket used before the loop opened it"  # programming error only
-        return self._sock
+    def _watch(self, sock: zmq.Socket[bytes]) -> None:
+        self._poller.register(sock, zmq.POLLIN)
 
-    def send_now(self, frames: Frames) -> bool:
-        """Owner-direct send. False (and counted as dropped) when the peer cannot take it now:
-        an owner never waits on a peer."""
-        sent = self._send(frames)
-        if sent is False:
-            self._dropped("peer cannot take more (high-water mark)")
-        return bool(sent)
+    def _unwatch(self, sock: zmq.Socket[bytes]) -> None:
+        try:
+            self._poller.unregister(sock)
+        except KeyError:
+            pass
 
-    def _open(self) -> None:
-        self._sock = self.role.open_socket(self._ctx)
-        self._wire = Wire(self._sock, meta=bool(self._sock.getsockopt(zmq.CURVE_SERVER)))
-        self._poller.register(self._sock, zmq.POLLIN)
-        self.role.on_connected()
-
-    def _close_socket(self, linger_ms: int) -> None:
-        if self._sock is not None:
-            try:
-                self._poller.unregister(self._sock)
-            except KeyError:
-                pass
-            self._sock.close(linger=linger_ms)
-            self._sock = None
-            self._wire = None
+    def _released(self) -> None:
+        self._waker.close()
 
     def _run(self) -> None:
-        self.owner_ident = threading.get_ident()
+        self._become_owner()
         try:
             self._poller.register(self._waker.fd, zmq.POLLIN)
             self._open()
@@ -232,7 +122,7 @@ class OwnerLoop(WireSender):
 
     def _loop_once(self) -> None:
         more = self._drain()
-        deadline = self._timers()
+        deadline = self._role_timer(time.monotonic())
         if more and self._stalled is None:
             # Work is queued: do not sleep. Checking readiness through ZMQ_EVENTS is
             # cheaper than a poll, and every avoided GIL release counts on a busy loop.
@@ -240,7 +130,7 @@ class OwnerLoop(WireSender):
             if self._wire.readable():
                 self._receive()
             if self._reconnect and not self._closing:
-                self._do_reconnect()
+                self._reconnect_or_back_off()
             return
         if deadline is None:
             timeout_ms: int | None = None
@@ -248,123 +138,38 @@ class OwnerLoop(WireSender):
             timeout_ms = max(0, int((deadline - time.monotonic()) * 1000) + 1)
         if self._stalled is not None:
             self._poller.modify(self.socket, _POLLINOUT)
-            if timeout_ms is None or timeout_ms > 100:
-                timeout_ms = 100  # a stalled peer: re-check at a bounded pace
-        self._sleeping = True
+            if timeout_ms is None or timeout_ms > STALL_RECHECK_MS:
+                timeout_ms = STALL_RECHECK_MS
+        self._idle = True
         if timeout_ms != 0 and self._queue and self._stalled is None:
             timeout_ms = 0  # something arrived between drain and sleep
         try:
-            events = dict(self._poller.poll(timeout_ms))
+            ready = self._poller.poll(timeout_ms)
         finally:
-            self._sleeping = False
-        if self._waker.fd in events:
-            self.stats.wakeups += 1
-            self._waker.clear()
-        ev = events.get(self._sock, 0) if self._sock is not None else 0
+            self._idle = False
+        ev = 0
+        sock = self._sock
+        for polled, flags in ready:  # at most two: the socket and the waker (no dict built per wake)
+            if polled is sock:
+                ev = flags
+            else:
+                self.stats.wakeups += 1
+                self._waker.clear()
         if self._stalled is not None:
             self._poller.modify(self.socket, _POLLIN)
         if ev & _POLLIN:
             self._receive()
         if self._reconnect and not self._closing:
-            self._do_reconnect()
+            self._reconnect_or_back_off()
 
-    def _drain(self) -> bool:
-        """Send up to one batch of queued items. True when more remain."""
-        if self._stalled is not None:
-            if not self._send_item(self._stalled):
-                return True
-            self._stalled = None
-        q = self._queue
-        try:
-            for _ in range(self.batch):
-                if not q:
-                    return False
-                item = q.popleft()
-                if isinstance(item, _FRAMES_ITEM):
-                    if not self._send_item(item):
-                        self._stalled = item
-                        return True
-                else:
-                    self._run_call(item)
-            return bool(q)
-        finally:
-            if self._waiting:
-                with self._space:
-                    self._space.notify_all()
-
-    def _timers(self) -> float | None:
-        try:
-            return self.role.on_timer(time.monotonic())
-        except Exception:
-            self.stats.handler_errors += 1
-            log.exception("%s: timer handler failed", self.name)
-            return time.monotonic() + 1.0
-
-    def _receive(self) -> None:
-        sock = self.socket
-        wire = self._wire
-        assert wire is not None
-        readable = wire.readable
-        for i in range(self.batch):
-            # The caller saw the socket readable. After the first message ZMQ_EVENTS is asked
-            # once: a lone message (the sequential case) then ends without the Again, which
-            # costs more than a message (pyzmq builds the exception and its errno enum). A
-            # longer batch reads on to its Again instead: asking ZMQ_EVENTS before every
-            # message (it processes the socket's pending commands each time) was the top line of
-            # the broker's and the client's pipelined profiles (13 %). Receiving bursts of
-            # 8-frame messages, the batch that reads on costs 14.2-15.0 us of CPU a message
-            # against 16.1-20.1 us with a check before each.
-            if i == 1 and not readable():
-                break
-            try:
-                frames = wire.recv()
-            except zmq.Again:
-                break
-            self.stats.received += 1
-            try:
-                self.role.on_frames(frames)
-            except Exception:
-                self.stats.handler_errors += 1
-                log.exception("%s: handler failed on a %d-frame message", self.name, len(frames))
-            if self._reconnect or self._sock is not sock:
-                break
-        try:
-            self.role.on_batch_end()
-        except Exception:
-            self.stats.handler_errors += 1
-            log.exception("%s: batch handler failed", self.name)
-
-    def _do_reconnect(self) -> None:
-        self._reconnect = False
-        self.stats.reconnects += 1
-        # A stalled frame stays in self._stalled and is retried first on the new socket.
-        self._close_socket(0)
-        try:
-            self._open()
-        except Exception:
-            self.stats.handler_errors += 1
-            log.exception("%s: reconnect failed; retrying", self.name)
+    def _reconnect_or_back_off(self) -> None:
+        if not self._reopen():
             self._reconnect = True
-            time.sleep(0.1)  # bounded back-off before the next attempt
+            time.sleep(RECONNECT_BACKOFF)  # this thread has nothing else to do until a socket is open
 
     def _shutdown(self) -> None:
         deadline = time.monotonic() + self.linger
-        while time.monotonic() < deadline:
-            more = self._drain()
-            if not more and self._stalled is None:
-                break
+        while time.monotonic() < deadline and self._drain():
             if self._sock is not None:
-                self._poller.poll(10)
-        try:
-            if self._sock is not None:
-                self.role.on_closing()
-        except Exception:
-            log.exception("%s: closing handler failed", self.name)
-        self._teardown(int(max(0.0, deadline - time.monotonic()) * 1000))
-
-    def _teardown(self, linger_ms: int) -> None:
-        self._close_socket(linger_ms)
-        self._waker.close()
-        if self._own_context:
-            self._ctx.term()
-        self.stopped.set()
+                self._poller.poll(10)  # a peer that takes nothing now: re-check at a bounded pace
+        self._teardown(self._last_words(deadline))

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import zmq
 
+from ..core.logbudget import LogBudget
 from .base import Frames, LoopStats
 from .wire import Wire
 
@@ -18,11 +19,13 @@ log = logging.getLogger(__name__)
 
 
 class WireSender:
-    """Mixed into an owner loop, which sets `name`, `stats` and `_wire` (None while no socket is open)."""
+    """Mixed into an owner loop, which sets `name`, `stats`, `_wire` (None while no socket is open) and
+    `_drop_log` (how often a drop is logged: a peer gone away drops every frame sent to it)."""
 
     name: str
     stats: LoopStats
     _wire: Wire | None
+    _drop_log: LogBudget
 
     def _send(self, frames: Frames) -> bool | None:
         """The one send path: True when sent, False when the peer cannot take it now (HWM: the
@@ -44,9 +47,12 @@ class WireSender:
 
     def _dropped(self, why: str) -> None:
         self.stats.send_dropped += 1
-        n = self.stats.send_dropped
-        if n <= 3 or n % 1000 == 0:
-            log.warning("%s: dropped an outbound message (%d so far): %s", self.name, n, why)
+        held = self._drop_log.take()
+        if held is not None:
+            more = f", {held} of them not logged" if held else ""
+            log.warning(
+                "%s: dropped an outbound message (%d so far%s): %s", self.name, self.stats.send_dropped, more, why
+            )
 
     def _send_item(self, item: Frames | tuple[Frames, Callable[[], None]]) -> bool:
         """A queued frame: False leaves it stalled (retried first); a dropped one still runs its follow-up."""

@@ -10,6 +10,12 @@ Everything runs on the test's thread, which plays the owner: `feed` calls the ro
 on_frames and on_batch_end, `tick` its on_timer, and queued items (frames and calls handed
 over with `submit`, as other threads do) run at `flush` — or at once from feed/tick, as the
 real loop would run them before it sleeps again.
+
+It keeps the owner loops' contract (tests/unit/test_loop_contract.py runs one suite over the
+three): a handler that raises is counted in `stats.handler_errors` and the rest of the batch,
+on_batch_end and the queued items still run. With `strict` (the default) the first such
+exception is then raised from the call that ran it (feed, tick, flush, take), so a role's unit
+test fails on a bug that the real loop would only log.
 """
 
 from __future__ import annotations
@@ -84,6 +90,7 @@ class StubLoop:
         outbound_size: int = 10_000,
         submit_timeout: float = 1.0,
         linger: float = 1.0,
+        strict: bool = True,
     ) -> None:
         self.role = role
         self.name = name
@@ -91,6 +98,8 @@ class StubLoop:
         self.outbound_size = outbound_size
         self.submit_timeout = submit_timeout
         self.stats = LoopStats()
+        self.strict = strict
+        self._error: Exception | None = None  # the first handler error since the last raise (strict)
         self.sent: list[Frames] = []
         self.user_id_next: bytes | None = None  # the ZAP user id the next fed message comes with
         self.full = False  # a test sets it to make the peer refuse sends (high-water mark reached)
@@ -115,6 +124,8 @@ class StubLoop:
         self.role.on_connected()
 
     def stop(self, timeout: float | None = None) -> None:
+        if self.stopped.is_set():
+            return
         self._closing = True
         self.flush()
         self.role.on_closing()
@@ -140,7 +151,8 @@ class StubLoop:
         frames, after = (item, None) if isinstance(item, list) else item
         self.send_now(frames)
         if after is not None:
-            after()
+            self._run(after)
+        self._raise_first()
 
     def send_now(self, frames: Frames) -> bool:
         if self.full or (self.gone and bytes(frames[0]) in self.gone):
@@ -151,6 +163,9 @@ class StubLoop:
         return True
 
     def request_reconnect(self) -> None:
+        if threading.get_ident() != self.owner_ident:
+            self._queue.append(self.request_reconnect)  # the owner opens the new socket, at its next flush
+            return
         self.stats.reconnects += 1
         self._open()
 
@@ -179,20 +194,33 @@ class StubLoop:
         for frames in messages:
             self.stats.received += 1
             # as the wire hands them over: bytes, but a large frame stays the view it is
-            self.role.on_frames([f if len(f) >= COPY_LIMIT and isinstance(f, memoryview) else bytes(f) for f in frames])
-        self.role.on_batch_end()
+            self._run(
+                self.role.on_frames,
+                [f if len(f) >= COPY_LIMIT and isinstance(f, memoryview) else bytes(f) for f in frames],
+            )
+        self._run(self.role.on_batch_end)
         self._user_id = None
         self.flush()
 
     def tick(self) -> float | None:
-        """The role's timers at the clock's current time; returns its next deadline."""
-        self.flush()
-        deadline = self.role.on_timer(self.clock())
+        """The role's timers at the clock's current time; returns its next deadline (as the real
+        loops do, a timer handler that raised is looked at again a second later)."""
+        self._drain()
+        now = self.clock()
+        deadline: float | None = now + 1.0
+        try:
+            deadline = self.role.on_timer(now)
+        except Exception as exc:
+            self._failed(exc)
         self.flush()
         return deadline
 
     def flush(self) -> None:
         """Run what other threads queued: frames are sent (then their follow-ups run), calls are made."""
+        self._drain()
+        self._raise_first()
+
+    def _drain(self) -> None:
         while self._queue:
             item = self._queue.popleft()
             if isinstance(item, list):
@@ -200,9 +228,26 @@ class StubLoop:
             elif isinstance(item, tuple):
                 frames, after = item
                 self.send_now(frames)
-                after()
+                self._run(after)
             else:
-                item()
+                self._run(item)
+
+    def _run(self, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        self.stats.handler_errors += 1
+        if self._error is None:
+            self._error = exc
+
+    def _raise_first(self) -> None:
+        if self._error is not None and self.strict:
+            exc, self._error = self._error, None
+            raise exc
+        self._error = None
 
     def take(self) -> list[Frames]:
         """What was sent since the last take."""
@@ -214,11 +259,12 @@ class StubLoop:
 class StubTransport:
     """A `LoopFactory` making StubLoops on one fake clock: `Broker(..., transport=StubTransport(clock))`."""
 
-    def __init__(self, clock: Clock | None = None) -> None:
+    def __init__(self, clock: Clock | None = None, *, strict: bool = True) -> None:
         self.clock: Clock = clock if clock is not None else FakeClock()
+        self.strict = strict
         self.loops: list[StubLoop] = []
 
     def __call__(self, role: Role, **kwargs: Any) -> StubLoop:
-        loop = StubLoop(role, clock=self.clock, **kwargs)
+        loop = StubLoop(role, clock=self.clock, strict=self.strict, **kwargs)
         self.loops.append(loop)
         return loop

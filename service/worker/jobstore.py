@@ -123,6 +123,7 @@ class JobStore:
         max_events_per_job: int = 1000,
         max_payload_bytes: int = 1024 * 1024,
         linger: float = LINGER,
+        failure_payload: Callable[[str, str, str], bytes] | None = None,
     ) -> None:
         self.path = path
         self.batch = batch
@@ -149,8 +150,8 @@ class JobStore:
         # uuids of jobs stored before this run (read at open, never changed after), so a POST
         # repeated after a restart is answered from the store instead of running again.
         self.stored_before: frozenset[str] = frozenset()
-        # The result an interrupted job reads as (the worker sets it: {worker: entry}).
-        self.failure_payload: Callable[[str, str, str], bytes] | None = None
+        # The result an interrupted job reads as (the worker's: {worker: entry}); given when it is made.
+        self.failure_payload = failure_payload
 
     def open(self) -> None:
         ready = threading.Event()

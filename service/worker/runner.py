@@ -15,34 +15,27 @@ import sys
 import threading
 import time
 import traceback
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from .. import tracing
 from ..core import hoptrace, payloads, sizes
 from ..core import protocol as nfp
-from ..core.histogram import Histogram
 from ..core.logbudget import LogBudget, clip
 from ..core.payloads import Outcome, Word
 from ..errors import BackpressureError, ClosedError, JobCancelledError, JobTimeoutError
 from ..transport.base import Frames, Transport
 from ..transport.shm import RESULT_LINGER, ShmArena
+from .contact import BrokerContact
 from .job import Job, JobState
 from .jobstore import JobStore
+from .notices import StartedNotices
 from .recent import RecentJobs
 from .task import TaskArgumentsError, TaskSpec
+from .taskstats import TaskStats, outcome_label
 
 log = logging.getLogger(__name__)
 
-# Seconds: task run times and waits from admission to start (tasks run from milliseconds to hours).
-TASK_BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.25, 1, 2.5, 10, 30, 60, 300, 1800)
-OUTCOMES = ("completed", "failed", "cancelled", "expired", "rejected")
-# A job's 201 (started) waits this long and is not sent if its result went first: under a pipelined
-# load most jobs finish within it, and the 201 was two of the seven messages each job cost (worker
-# to broker, broker to client) for news the 200 brings anyway. A longer job's client learns it
-# started this much later.
-STARTED_NOTICE_DELAY = 0.01
 # A task's traceback in the worker's log: at most this many characters (its middle left out), and at
 # most FAILURE_LOG_BURST of them at once, then one every 1 / FAILURE_LOG_RATE s per worker, so a task
 # raising on every job neither floods the log nor costs the pool its time (the result carries each one).
@@ -51,17 +44,9 @@ FAILURE_LOG_BURST = 10
 FAILURE_LOG_RATE = 0.2
 
 
-class TaskStats:
-    """Per task: jobs by outcome, run time and wait (broker admission to start). Made for every
-    declared task up front, so each series exists from the start with 0."""
-
-    def __init__(self) -> None:
-        self.outcomes = dict.fromkeys(OUTCOMES, 0)
-        self.run = Histogram(TASK_BUCKETS)
-        self.wait = Histogram(TASK_BUCKETS)
-
-
 class JobRunner:
+    """Runs a worker's jobs (pool threads, or its event loop for `async` tasks) and sends what they say."""
+
     def __init__(
         self,
         *,
@@ -72,8 +57,8 @@ class JobRunner:
         loop: Transport,
         recent: RecentJobs,
         max_message_bytes: int,
-        contact: Callable[[Job], bool],
-        in_contact_now: Callable[[], bool] = lambda: True,
+        contact: BrokerContact,
+        shm: ShmArena | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
@@ -83,23 +68,19 @@ class JobRunner:
         self.loop = loop
         self.recent = recent
         self.max_message_bytes = max_message_bytes
-        self.contact = contact  # blocks until the worker is in touch with its broker; False: drop the job
-        self.in_contact_now = in_contact_now  # the same, without waiting (for the event loop)
+        self.contact = contact  # may a job start: the worker is in touch with its broker
         self.finished = 0
         self.store_dropped = 0  # results the job store could not take (full queue)
         self.unreported = 0  # results written or being written to the store, not handed to the loop yet
         self.counts: dict[str, int] = {"completed": 0, "failed": 0, "oversize": 0, "dropped": 0}
         self.task_stats = {t: TaskStats() for t in tasks}
-        self.shm: ShmArena | None = None  # the worker's shared-memory tier (set when it is on)
-        self.shm_threshold = sys.maxsize  # results this large go as a handle to a client on this host
+        self.shm = shm  # the worker's shared-memory tier, when it is on
+        # results this large go as a handle to a client on this host
+        self.shm_threshold = shm.threshold if shm is not None else sys.maxsize
         self.run_time = 0.0  # a moving average of thread tasks' run times (seconds): the adaptive prefetch
         self._lock = threading.Lock()
         self.clock = clock
-        # 201s waiting out STARTED_NOTICE_DELAY, in due order: any thread appends, the owner sends.
-        # Bounded by the jobs in flight (each job at most once).
-        self._notices: deque[tuple[float, Job]] = deque()
-        self._notice_lock = threading.Lock()
-        self._notice_armed = False  # the owner knows of the first one (its timer is set for it)
+        self.notices = StartedNotices(loop=loop, clock=clock)
         self.failure_log = LogBudget(burst=FAILURE_LOG_BURST, per_second=FAILURE_LOG_RATE, clock=clock)
 
     # ---- shapes (core/payloads.py holds the rules) ---------------------------------------------
@@ -126,31 +107,14 @@ class JobRunner:
         log.error("worker %s: outbound queue full for 30 s; a frame was dropped (the job store keeps it)", self.name)
 
     def acknowledge(self, jobs: list[Job]) -> None:
-        """Writer thread: the jobs are committed; those already started get their 201 now."""
+        """Writer thread: the jobs are committed; those already started get their 201 (notices.py)."""
         for job in jobs:
             if job.ack_ready():
-                self._started(job)
-
-    def _started(self, job: Job) -> None:
-        """Any thread: the job's 201, sent by the owner after STARTED_NOTICE_DELAY unless it is over."""
-        if job.state.final:
-            return  # its result went first: a 201 now would say less than the client knows
-        with self._notice_lock:
-            self._notices.append((self.clock() + STARTED_NOTICE_DELAY, job))
-            wake = not self._notice_armed
-            self._notice_armed = True
-        if wake:
-            self._wake_owner()
+                self.notices.add(job)
 
     def send_due_notices(self, now: float) -> float | None:
         """Owner: send the 201s that are due (of jobs still running); the time the next one is due."""
-        due: list[Job] = []
-        with self._notice_lock:
-            q = self._notices
-            while q and q[0][0] <= now:
-                due.append(q.popleft()[1])
-            nxt = q[0][0] if q else None
-            self._notice_armed = nxt is not None
+        due, nxt = self.notices.due(now)
         for job in due:
             if not job.state.final:
                 # `age`: how long ago it started, on this process's clock: the client places the start on
@@ -160,16 +124,6 @@ class JobRunner:
                 frames = nfp.worker_reply(nfp.RESPONSE, job.client, job.uuid.encode(), nfp.ST_WORKER_ACCEPTED, payload)
                 self.send(frames)
         return nxt
-
-    def notices_waiting(self) -> int:
-        return len(self._notices)
-
-    def _wake_owner(self) -> None:
-        """The owner may be asleep until its next keepalive: a queued call makes it look at its timers."""
-        try:
-            self.loop.submit(_nothing, timeout=0)
-        except (BackpressureError, ClosedError):
-            pass  # the owner is busy (it looks at its timers between batches) or stopping
 
     def emit(self, job: Job, payload: dict[str, Any]) -> None:
         """An event, as it happens, to the client; kept in the job store (bounded per job)."""
@@ -200,7 +154,7 @@ class JobRunner:
 
     def run(self, job: Job) -> None:
         """Pool thread: validate, run the task, push the result, then store it."""
-        if not self.contact(job) or not job.claim():
+        if not self.contact.wait_to_start(job) or not job.claim():
             return  # dropped (its broker gave it up) or cancelled while it waited: already answered
         kwargs = self._begin(job)
         if kwargs is None:
@@ -289,7 +243,7 @@ class JobRunner:
 
     async def _contact_async(self, job: Job) -> bool:
         # The event loop must not block on the contact event: look again every 50 ms (rare path).
-        while not self.in_contact_now():
+        while not self.contact.in_touch_now():
             deadline = job.deadline
             if deadline is not None and time.monotonic() >= deadline:
                 break
@@ -301,7 +255,7 @@ class JobRunner:
         job.started_at = time.time()
         job.started_mono = time.monotonic()
         if job.ack and job.ack_ready():
-            self._started(job)
+            self.notices.add(job)
         spec = self.tasks[job.task]
         self.task_stats[job.task].wait.observe(job.queued_s + max(0.0, job.started_at - job.received_at))
         if job.cancelled:
@@ -418,7 +372,7 @@ class JobRunner:
         job.status_code = code
         self.recent.result_made(job)  # before the state turns final: the table counts its bytes once
         job.state = JobState.FAILED if entry["failed"] else JobState.COMPLETED
-        outcome = _outcome(code, entry)
+        outcome = outcome_label(code, entry)
         with self._lock:
             self.finished += 1
             self.counts["failed" if entry["failed"] else "completed"] += 1
@@ -474,19 +428,3 @@ class JobRunner:
             self.counts["dropped"] += 1
         job.started_at = job.started_mono = None
         self.complete(job, nfp.ST_OK, None, Outcome.ERROR, [why])
-
-
-def _nothing() -> None:
-    pass
-
-
-def _outcome(code: bytes, entry: dict[str, Any]) -> str:
-    """The task metrics' outcome label: a closed set."""
-    if code == nfp.ST_BAD_REQUEST:
-        return "rejected"
-    status = entry.get("status")
-    if status == Outcome.CANCELLED:
-        return "cancelled"
-    if status == Outcome.TIMEOUT:
-        return "expired"
-    return "failed" if entry.get("failed") else "completed"

@@ -17,7 +17,7 @@ from zfab import Settings
 from zfab.core import protocol as nfp
 from zfab.core.logbudget import LogBudget, clip
 from zfab.transport import FakeClock, StubLoop, StubTransport
-from zfab.worker import runner
+from zfab.worker import admission, runner
 from zfab.workers.demo import DemoWorker
 
 PAUSE = threading.Event()  # never set: the waits below poll with a deadline
@@ -119,3 +119,26 @@ def test_a_huge_traceback_is_logged_clipped(
     [rec] = [r for r in caplog.records if "task fail of job big" in r.getMessage()]
     assert len(rec.getMessage()) < runner.MAX_LOGGED_TRACEBACK + 500
     assert "Traceback (most recent call last)" in rec.getMessage()
+
+
+def test_a_flood_of_malformed_frames_is_logged_a_few_times_and_every_one_counted(
+    worker: tuple[DemoWorker, FakeClock], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a worker (its log budget: admission.REFUSALS_LOGGED_AT_ONCE lines, then a steady trickle)
+    w, clock = worker
+    loop = w.loop
+    assert isinstance(loop, StubLoop)
+    caplog.set_level(logging.WARNING, logger="zfab.worker")
+    # When a peer sends 50 frames that do not decode, while the clock stands still
+    for i in range(50):
+        loop.feed([b"", b"NOT-NFP", b"%d" % i])
+    # Then each is counted, and only the burst is logged
+    assert w.counts["rejected_frames"] == 50
+    said = [r.getMessage() for r in caplog.records if "dropped a malformed message" in r.getMessage()]
+    assert len(said) == admission.REFUSALS_LOGGED_AT_ONCE
+    # And once the budget refills, the next line says how many were held back
+    clock.advance(1 / admission.REFUSALS_LOGGED_PER_SECOND)
+    loop.feed([b"", b"NOT-NFP", b"last"])
+    said = [r.getMessage() for r in caplog.records if "dropped a malformed message" in r.getMessage()]
+    assert len(said) == admission.REFUSALS_LOGGED_AT_ONCE + 1
+    assert f"({50 - admission.REFUSALS_LOGGED_AT_ONCE} more not logged)" in said[-1]

@@ -1,7 +1,10 @@
-"""The single-owner loop: only the owner thread touches the socket; bounded queue; wake without a tick."""
+"""The thread owner (OwnerLoop): only its thread touches the socket, it sleeps without a tick, and reads
+bursts in bounded batches. What every owner promises (ordering, bounds, stop, failing handlers) is
+asserted once for all of them in test_loop_contract.py."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
@@ -10,7 +13,6 @@ import pytest
 import zmq
 from conftest import wait_for
 
-from zfab.errors import BackpressureError, ClosedError
 from zfab.transport.loop import OwnerLoop
 from zfab.transport.wire import Frames
 
@@ -141,56 +143,6 @@ def test_idle_loop_sleeps_without_a_tick(router: Any) -> None:
     loop.stop()
 
 
-def test_full_queue_raises_backpressure_and_closed_loop_rejects() -> None:
-    # Given a loop whose owner is blocked in a queued call, so nothing drains
-    role = EchoRole("tcp://127.0.0.1:1")
-    loop = OwnerLoop(role, name="bp", outbound_size=3, submit_timeout=0.05)
-    loop.start()
-    release = threading.Event()
-    loop.submit(lambda: release.wait(5) and None)
-    # When more frames are submitted than the queue holds
-    with pytest.raises(BackpressureError, match="outbound queue full"):
-        for _ in range(10):
-            loop.submit([b"x"])
-    release.set()
-    # Then after stop() begins, submit fails at once with ClosedError
-    loop.stop()
-    with pytest.raises(ClosedError):
-        loop.submit([b"y"])
-
-
-def test_call_runs_on_owner_and_returns_its_result(router: Any) -> None:
-    _, ep = router
-    loop = OwnerLoop(EchoRole(ep), name="call")
-    loop.start()
-    assert loop.call(threading.get_ident) == loop.owner_ident
-    with pytest.raises(ZeroDivisionError):
-        loop.call(lambda: 1 / 0)
-    loop.stop()
-
-
-def test_handler_error_does_not_kill_the_loop(router: Any) -> None:
-    r, ep = router
-
-    class Exploding(EchoRole):
-        def on_frames(self, frames: Frames) -> None:
-            if frames == [b"boom"]:
-                raise RuntimeError("handler bug")
-            super().on_frames(frames)
-
-    role = Exploding(ep)
-    loop = OwnerLoop(role, name="boom")
-    loop.start()
-    loop.submit([b"hello"])
-    ident = r.recv_multipart()[0]
-    r.send_multipart([ident, b"boom"])
-    r.send_multipart([ident, b"fine"])
-    assert role.got.wait(3)
-    assert role.received == [[b"fine"]]
-    assert loop.stats.handler_errors == 1
-    loop.stop()
-
-
 class BatchRole(EchoRole):
     """Records how many messages each receive batch handed over."""
 
@@ -238,3 +190,28 @@ def test_bursts_are_read_whole_in_bounded_batches_and_a_lone_message_alone(route
     assert role.batches[0] == 1
     assert max(role.batches) <= 16
     assert len(role.batches) < 50
+
+
+def test_drops_are_all_counted_and_logged_within_a_budget(caplog: pytest.LogCaptureFixture) -> None:
+    # Given an owner whose socket is not open (every send is dropped), its log budget on a fake clock
+    from zfab.core.logbudget import LogBudget
+    from zfab.transport import owner
+    from zfab.transport.stub import FakeClock
+
+    clock = FakeClock()
+    loop = OwnerLoop(EchoRole("tcp://127.0.0.1:1"), name="drops")
+    loop._drop_log = LogBudget(burst=owner.DROPS_LOGGED_AT_ONCE, per_second=owner.DROPS_LOGGED_PER_SECOND, clock=clock)
+    caplog.set_level(logging.WARNING, logger="zfab.transport")
+    # When 40 messages are dropped at once
+    for _ in range(40):
+        assert loop.send_now([b"x"]) is False
+    # Then each is counted, the first few logged
+    said = [r.getMessage() for r in caplog.records if "dropped an outbound message" in r.getMessage()]
+    assert loop.stats.send_dropped == 40 and len(said) == owner.DROPS_LOGGED_AT_ONCE
+    # And once the budget refills, the next line says how many were not logged
+    clock.advance(1 / owner.DROPS_LOGGED_PER_SECOND)
+    loop.send_now([b"x"])
+    said = [r.getMessage() for r in caplog.records if "dropped an outbound message" in r.getMessage()]
+    assert len(said) == owner.DROPS_LOGGED_AT_ONCE + 1
+    assert f"(41 so far, {40 - owner.DROPS_LOGGED_AT_ONCE} of them not logged)" in said[-1]
+    loop.stop()

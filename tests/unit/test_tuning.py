@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -99,3 +100,17 @@ def test_a_malloc_setting_in_the_environment_wins() -> None:
     assert r["changed"] is False
     r = child(CHILD, GLIBC_TUNABLES="glibc.malloc.trim_threshold=131072")
     assert r["changed"] == {"gc": True, "malloc": False}
+
+
+def test_one_malloc_policy_in_one_place() -> None:
+    """Only core/tuning.py sets glibc's malloc: a second setter (core/memory.py fixed the mmap threshold
+    at 1 MiB, which tuning.py then silently overrode with 32 MiB in every role) would leave the policy
+    to whichever ran last."""
+    root = Path(__file__).resolve().parents[2]
+    setters = sorted(
+        str(p.relative_to(root))
+        for folder in ("service", "api")
+        for p in (root / folder).rglob("*.py")
+        if "mallopt" in p.read_text()
+    )
+    assert setters == ["service/core/tuning.py"]

@@ -21,7 +21,7 @@ from zfab import Settings
 from zfab.core import hoptrace
 from zfab.core import protocol as nfp
 from zfab.transport import FakeClock, StubLoop, StubTransport
-from zfab.worker.runner import STARTED_NOTICE_DELAY
+from zfab.worker.notices import STARTED_NOTICE_DELAY
 from zfab.workers.demo import AsyncDemoWorker, DemoWorker
 
 Frames = list[bytes]
@@ -127,7 +127,7 @@ def test_a_running_job_is_acknowledged_once_stored_and_started_then_answered(
 ) -> None:
     stub(worker).take()
     job(worker, nfp.POST, b"slow", {"task": "sleep", "kwargs": {"seconds": 0.3}})
-    wait(lambda: worker.runner.notices_waiting() == 1)  # stored and started: its 201 is held
+    wait(lambda: worker.runner.notices.waiting() == 1)  # stored and started: its 201 is held
     stats = worker.stats()  # a bounded table, shown (zfab_queue_depth{hop="worker_started_notices"})
     assert stats["started_notices_waiting"] == 1 and stats["started_notices_capacity"] >= 3
     assert tick_at(worker, clock, STARTED_NOTICE_DELAY / 2) is not None  # not due yet: the timer is set
@@ -143,11 +143,11 @@ def test_a_job_done_before_its_201_is_due_gets_no_201(worker: DemoWorker, clock:
     stub(worker).take()
     job(worker, nfp.POST, b"quick", {"task": "echo", "kwargs": {"data": 1}})
     got = collect(worker, final(b"quick"))
-    wait(lambda: worker.runner.notices_waiting() == 1 or worker.store.commits > 0)
+    wait(lambda: worker.runner.notices.waiting() == 1 or worker.store.commits > 0)
     tick_at(worker, clock, STARTED_NOTICE_DELAY)
     got += answers(stub(worker).take())
     assert [st for c, u, st, _ in got if c == nfp.RESPONSE] == [nfp.ST_OK]
-    assert worker.runner.notices_waiting() == 0
+    assert worker.runner.notices.waiting() == 0
 
 
 def tick_at(w: DemoWorker, clock: FakeClock, seconds: float) -> float | None:
@@ -521,7 +521,7 @@ def test_a_worker_refused_its_name_waits_logs_once_then_tries_again_and_takes_it
         "detail": "a worker named w1 is already connected from h (pid 1)",
         "retry_after": 2,
     }
-    with caplog.at_level("INFO", logger="zfab.worker.worker"):
+    with caplog.at_level("INFO", logger="zfab.worker"):
         for _ in range(3):
             stub(worker).feed([b"", nfp.BROKER, nfp.DISCONNECT, b"demo", nfp.dumps(refusal)])
             assert not worker.registered()

@@ -1,0 +1,65 @@
+"""A job's 201 (started), held a moment and left out when its result goes first.
+
+Under a pipelined load most jobs finish within STARTED_NOTICE_DELAY, and the 201 was two of the
+seven messages each job cost (worker to broker, broker to client) for news the 200 brings anyway. A
+longer job's client learns it started this much later. Any thread adds a job's notice (the pool
+thread that starts it, the store's writer once its row is committed); the owner loop sends the ones
+due from its timer.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+
+from ..errors import BackpressureError, ClosedError
+from ..transport.base import Transport
+from .job import Job
+
+STARTED_NOTICE_DELAY = 0.01
+
+
+class StartedNotices:
+    """201s waiting out STARTED_NOTICE_DELAY, in due order. Bounded by the jobs in flight (each job at
+    most once)."""
+
+    def __init__(self, *, loop: Transport, clock: Callable[[], float]) -> None:
+        self.loop = loop
+        self.clock = clock
+        self._due: deque[tuple[float, Job]] = deque()
+        self._lock = threading.Lock()
+        self._armed = False  # the owner knows of the first one (its timer is set for it)
+
+    def add(self, job: Job) -> None:
+        """Any thread: the job started; its 201 goes after the delay unless the job is over by then."""
+        if job.state.final:
+            return  # its result went first: a 201 now would say less than the client knows
+        with self._lock:
+            self._due.append((self.clock() + STARTED_NOTICE_DELAY, job))
+            wake = not self._armed
+            self._armed = True
+        if wake:
+            # The owner may be asleep until its next keepalive: a queued call makes it look at its timers.
+            try:
+                self.loop.submit(_nothing, timeout=0)
+            except (BackpressureError, ClosedError):
+                pass  # the owner is busy (it looks at its timers between batches) or stopping
+
+    def due(self, now: float) -> tuple[list[Job], float | None]:
+        """Owner: the jobs whose 201 is due (those that ended meanwhile get none), and when the next one is due."""
+        jobs: list[Job] = []
+        with self._lock:
+            q = self._due
+            while q and q[0][0] <= now:
+                jobs.append(q.popleft()[1])
+            nxt = q[0][0] if q else None
+            self._armed = nxt is not None
+        return jobs, nxt
+
+    def waiting(self) -> int:
+        return len(self._due)
+
+
+def _nothing() -> None:
+    pass

@@ -12,11 +12,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.histogram import Histogram
 from ..core.keepalive import Clock, KeepAlive
 from .jobqueue import QueuedJob, ServiceQueue
+
+if TYPE_CHECKING:
+    from .limits import Bucket
 
 PROTOCOL_V2 = 2  # a worker whose READY says {"v": 2} speaks zfab's extensions (meta frame, reasons)
 # A live worker is never silent for more than 1.2 keepalive intervals (core/keepalive.py ANSWER_DELAY):
@@ -145,7 +148,9 @@ class Registry:
         # they get the workers' keepalive wave and answer it. Bounded like the clients table.
         self.client_keepalives: OrderedDict[bytes, KeepAlive] = OrderedDict()
         self.routes: dict[bytes, Route] = {}
-        self.on_drop: Callable[[Route], None] | None = None  # a route ended (the dispatcher's limits)
+        # Limit slots of routes that ended, returned as data for the dispatcher to free (Dispatch.free_limits,
+        # before its next admission or pump): at most the routes dropped since then.
+        self.freed: list[Bucket] = []
         # Bytes of the request bodies the routes keep (for a busy answer's requeue), counted with
         # the queued ones against ZFAB_BROKER_QUEUE_BYTES: always changed by add_route, let_go and
         # drop_route, never by a bare `del routes[...]`.
@@ -355,8 +360,9 @@ class Registry:
         if route is not None:
             self.held_bytes -= route.held
             route.held = 0
-            if self.on_drop is not None:
-                self.on_drop(route)
+            job = route.job
+            if job is not None and job.limit is not None:
+                self.freed.append(job.limit)
         return route
 
     def let_go(self, route: Route) -> None:

@@ -450,7 +450,11 @@ class JobRunner:
             wire = self.shm.put(payload, ttl=RESULT_LINGER, worker=self.name) or payload
         frames = nfp.worker_reply(nfp.RESPONSE, job.client, job.uuid.encode(), code, wire)
         if job.traced:
-            frames.append(hoptrace.worker_frame(job.received_mono, job.started_mono, completed, time.monotonic()))
+            # The outcome as data (core/hoptrace.py): the broker need not read the result to know it.
+            told = hoptrace.OUTCOME_FAILED if entry["failed"] else hoptrace.OUTCOME_COMPLETED
+            if entry["failed"] and retry is not None:
+                told = hoptrace.OUTCOME_RETRYING
+            frames.append(hoptrace.worker_frame(job.received_mono, job.started_mono, completed, time.monotonic(), told))
 
         def report() -> None:  # the writer thread, once the result is committed
             self.send(frames)

@@ -17,15 +17,16 @@ from test_broker_handlers import finish, make_broker, post, ready, stub
 from zfab import Broker
 from zfab.broker import events as ev
 from zfab.broker.events import EventPublisher, result_state, topic_part
+from zfab.broker.queueevents import QUEUE_INTERVAL
 from zfab.core import protocol as nfp
 from zfab.transport import FakeClock
 
 
 def with_events(clock: FakeClock, **kw: Any) -> tuple[Broker, EventPublisher]:
-    b = make_broker(clock)
-    b.events = EventPublisher("inproc://unused", **kw)
-    b.events.active = True  # as if someone subscribed
-    return b, b.events
+    p = EventPublisher("inproc://unused", **kw)
+    p.active = True  # as if someone subscribed
+    b = make_broker(clock, events=p)
+    return b, p
 
 
 def published(p: EventPublisher) -> list[tuple[str, str | None, bytes, bytes]]:
@@ -244,15 +245,15 @@ def test_queue_changes_are_coalesced_to_one_event_per_interval_per_service(clock
     first = sent(p, "queue")
     # The first change of each published at once, the other 398 changes wait for their turn
     assert sorted((t, e["depth"]) for t, e in first) == [("queue.demo", 1), ("queue.other", 1)]
-    assert stub(b).tick() == pytest.approx(clock() + ev.QUEUE_INTERVAL)  # the loop wakes for them
-    clock.advance(ev.QUEUE_INTERVAL)
+    assert stub(b).tick() == pytest.approx(clock() + QUEUE_INTERVAL)  # the loop wakes for them
+    clock.advance(QUEUE_INTERVAL)
     stub(b).tick()
     second = {t: e for t, e in sent(p, "queue")}
     assert set(second) == {"queue.demo", "queue.other"}
     q = second["queue.demo"]
     assert (q["depth"], q["capacity"], q["paused"], q["tseq"]) == (199, 1000, False, 2) and q["bytes"] > 0
     assert not b.dispatch.queue_changed  # nothing waits: the loop does not wake for queues
-    clock.advance(ev.QUEUE_INTERVAL)
+    clock.advance(QUEUE_INTERVAL)
     stub(b).tick()
     assert sent(p, "queue") == []  # unchanged: nothing published
 

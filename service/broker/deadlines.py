@@ -20,7 +20,7 @@ from .admission import answer
 from .dispatch import Dispatch
 from .jobqueue import QueuedJob, Spot
 from .outbox import Outbox
-from .registry import Registry, Route, ServiceRecord
+from .registry import Registry, Route, ServiceRecord, WorkerRecord
 
 
 class Deadlines:
@@ -34,6 +34,12 @@ class Deadlines:
         self.s = settings
         self.reply = out.reply
         self.counts = counts
+
+    def tend(self, now: float) -> None:
+        """A timer pass: expiries, delays that ended, notices that came due."""
+        self.expire(now)
+        self.due(now)
+        self.tell_waiting(now)
 
     def tell_waiting(self, now: float) -> None:
         """Notices that came due: jobs still waiting are told "queued"."""
@@ -169,3 +175,23 @@ class Deadlines:
                 self.d.dirty.add(job.service)
         if self.d.limits.timers:
             self.d.dirty |= self.d.limits.due(now)
+
+    def parts_lost(self, svc: ServiceRecord | None, w: WorkerRecord) -> dict[bytes, bytes]:
+        """The worker is gone: its parts that never left the queue end with it (they named it).
+        Returns them as uuid -> client, like the jobs it had in flight."""
+        lost: dict[bytes, bytes] = {}
+        self.d.directed.discard(w.ident)
+        while w.directed:
+            job = heapq.heappop(w.directed)[2]
+            if job.spot is not Spot.DIRECTED:
+                continue
+            job.parts_waiting -= 1
+            if job.parts_waiting <= 0 and svc is not None:
+                self.d.leave(svc, job)
+            route = self.reg.routes.get(job.uuid)
+            if route is not None:
+                route.workers.discard(w.name)
+                if not route.workers:
+                    self.reg.drop_route(job.uuid)
+            lost[job.uuid] = job.client
+        return lost

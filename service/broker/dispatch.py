@@ -65,19 +65,13 @@ class Dispatch:
         self.delays: list[tuple[float, int, QueuedJob]] = []  # ends of delays, across services
         self.directed: set[bytes] = set()  # identities of workers with parts waiting for their credits
         self.dirty: set[bytes] = set()  # services whose queue may move (a credit freed, a worker came)
-        # Services whose queue's depth or bytes changed: published coalesced (queueevents.py empties
-        # it; without a subscriber hook it holds at most every service once).
-        self.queue_changed = queue_changed
+        self.queue_changed = queue_changed  # services whose queue changed (queueevents.py publishes them)
         # "queued" notices a client asked to have only if its job still waits by then: (due, seq,
         # job). Entries of jobs dispatched meanwhile go when due; past MAX_NOTICES, told at once.
         self.notices: list[tuple[float, int, QueuedJob]] = []
-        # Services whose queue is paused (paused.py): their jobs are admitted and queued, never sent.
-        self.paused = paused
+        self.paused = paused  # services whose jobs are admitted and queued, never sent (paused.py)
         self.shm = shm  # reads a client's block for a worker that cannot map it (shmbody.py)
-        # Tasks' rate and concurrency limits (limits.py); a route's end frees its job's slot (free_limits).
-        self.limits = limits
-
-    # ---- admission ---------------------------------------------------------------
+        self.limits = limits  # tasks' rate and concurrency limits: a route's end frees a slot (free_limits)
 
     def admit(self, svc: ServiceRecord, job: QueuedJob, *, announce_now: bool = True) -> None:
         """Send the job now if a worker can take it and nothing waits ahead of it; else queue it."""
@@ -171,8 +165,6 @@ class Dispatch:
         self.counts["post_retried"] += 1
         if job.announce and job.told_queued:
             self.tell_queued(job)
-
-    # ---- sending -----------------------------------------------------------------
 
     def _post(self, w: WorkerRecord, job: QueuedJob, now: float, body: nfp.Frame | None = None) -> None:
         if body is None:
@@ -303,8 +295,6 @@ class Dispatch:
             heapq.heappush(self.expiry, (job.deadline, job.seq, job))
         svc.queue.hold(job)
         self.queue_changed.add(svc.name)
-
-    # ---- moving the queue ----------------------------------------------------------
 
     def pump(self) -> None:
         """Send what the freed credits allow, for every service marked dirty."""
@@ -443,23 +433,3 @@ class Dispatch:
         if job is not None and job.kind == ANY and w.name in route.workers:
             job.body = b""
             self.reg.let_go(route)
-
-    def worker_lost(self, svc: ServiceRecord | None, w: WorkerRecord) -> dict[bytes, bytes]:
-        """The worker is gone: its parts that never left the queue end with it (they named it).
-        Returns them as uuid -> client, like the jobs it had in flight."""
-        lost: dict[bytes, bytes] = {}
-        self.directed.discard(w.ident)
-        while w.directed:
-            job = heapq.heappop(w.directed)[2]
-            if job.spot is not Spot.DIRECTED:
-                continue
-            job.parts_waiting -= 1
-            if job.parts_waiting <= 0 and svc is not None:
-                self.leave(svc, job)
-            route = self.reg.routes.get(job.uuid)
-            if route is not None:
-                route.workers.discard(w.name)
-                if not route.workers:
-                    self.reg.drop_route(job.uuid)
-            lost[job.uuid] = job.client
-        return lost

@@ -6,10 +6,8 @@ events), `queue.<service>` (queueevents.py) and `trace.<service>.<task>`; names 
 
 The publisher is a hook (hooks.py): the broker calls it at its hook points, never through a guard.
 Single owner: the XPUB socket is created, polled, sent on and closed by this publisher's own
-thread, never by the broker's loop. The loop hands an event over with `_offer()`: a tuple appended
-to a bounded deque, no lock and no wait; a full deque drops the event and counts it
-(zfab_broker_events_dropped_total). The thread wakes on an eventfd only when it sleeps, and then
-gathers for GATHER seconds before it sends.
+thread. The loop hands an event over with `_offer()`: a tuple appended to a bounded deque, no lock
+and no wait; a full deque drops the event and counts it (zfab_broker_events_dropped_total).
 
 The outcome of a worker's 200 travels as data: a zfab worker says it in its trace frame
 (core/hoptrace.py), and the loop hands the state over as it is. A worker that does not say it (a

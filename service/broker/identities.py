@@ -25,6 +25,16 @@ class Identities:
         self.zap = zap
         self.keys: OrderedDict[bytes, bytes] = OrderedDict()  # identity -> ZAP user id of its first frame
 
+    def start_zap(self, secret: str | None, clients: Any) -> None:
+        """Under CURVE (a secret): the ZAP handler that names each connection's key (transport/security.py)."""
+        if secret:
+            self.zap = ZapHandler(self.loop.context, clients)
+            self.zap.start()
+
+    def stop_zap(self) -> None:
+        if self.zap is not None:
+            self.zap.stop()
+
     def same_key(self, sender: bytes) -> bool:
         """The frame's key is the one its identity was first used with (True without CURVE)."""
         if self.zap is None:
@@ -51,3 +61,6 @@ class Identities:
     def may_register(self, name: bytes) -> bool:
         """A READY under `name` comes with a key issued for that worker name (True without CURVE)."""
         return self.zap is None or self.zap.may_register(name, self.loop.user_id)
+
+    def figures(self) -> dict[str, Any]:
+        return {"identities_bound": len(self.keys), "identities_capacity": self.KEYS_MAX}

@@ -8,13 +8,8 @@ Task names and reply shapes follow NorFab 0.25 where NorFab has them (`show_work
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
-import os
-import sys
-import threading
 import time
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from ..core import protocol as nfp
@@ -22,9 +17,11 @@ from ..core.errors import ProtocolError
 from ..core.keepalive import Clock
 from ..core.limits import read_rule
 from ..settings import Settings
+from . import norfab
 from .control import BrokerControl
 from .dispatch import MAX_NOTICES, Dispatch
 from .inventory import Inventory, InventoryError
+from .outbox import Outbox
 from .paused import PausedServices
 from .registry import Registry
 from .workers import Workers
@@ -32,17 +29,6 @@ from .workers import Workers
 log = logging.getLogger(__name__)
 
 SID_SERVICE = b"sid.service.broker"  # NorFab's inventory service, answered by the broker itself
-# The versions NorFab's broker reports. NorFab's tools and tests read "norfab" and expect a version:
-# the installed NorFab's, else the NorFab release whose NFP this broker speaks (docs/protocol.md).
-NORFAB_VERSION_KEYS = ("norfab", "pyyaml", "pyzmq", "psutil", "pydantic", "tornado", "jinja2")
-NFP_OF_NORFAB = "0.25.0"
-
-
-def _version(pkg: str) -> str:
-    try:
-        return importlib.metadata.version(pkg)
-    except importlib.metadata.PackageNotFoundError:
-        return ""
 
 
 class BrokerView(Protocol):
@@ -70,9 +56,24 @@ class BrokerView(Protocol):
 
 
 class MmiService:
-    def __init__(self, view: BrokerView, control: BrokerControl) -> None:
+    def __init__(self, view: BrokerView, control: BrokerControl, out: Outbox) -> None:
         self.view = view
+        self.out = out
         self.controls = control
+
+    def serve(self, sender: bytes, req: nfp.ClientRequest) -> ProtocolError | None:
+        """Answer an MMI request (its malformed body answered 400, and returned to be counted)."""
+        error = None
+        try:
+            status, answer = self.answer(req.body, req.service)
+        except ProtocolError as exc:
+            error, status, answer = exc, nfp.ST_BAD_REQUEST, nfp.dumps({"errors": [exc.detail]})
+        self.controls.count("mmi")
+        # NorFab's broker answers MMI twice, as RESPONSE and as MMI; its clients read either
+        # (NFPClient.mmi() only the MMI copy), refusals included.
+        for cmd in (nfp.RESPONSE, nfp.MMI):
+            self.out.send(nfp.broker_reply(sender, cmd, req.service, req.uuid, status, answer))
+        return error
 
     def answer(self, body: nfp.Frame, service: bytes = nfp.MMI_SERVICE) -> tuple[bytes, bytes]:
         """(status, JSON payload) for an MMI request body to `mmi.service.broker` or
@@ -174,9 +175,9 @@ class MmiService:
         if task == "get_status":
             return self.get_status()
         if task == "show_broker_version":
-            return self.show_broker_version()
+            return norfab.broker_versions()
         if task == "get_stats":
-            return self.get_stats()
+            return norfab.get_stats(self.view)
         if task == "show_broker_inventory":
             inv = self.view.inventory
             return inv.as_dict() if inv is not None else {}
@@ -358,7 +359,7 @@ class MmiService:
         d = b.dispatch
         return {
             **b.figures(),
-            "version": _version("zfab"),
+            "version": norfab.version("zfab"),
             "keepalive_interval_s": s.keepalive_interval,
             "keepalive_multiplier": s.keepalive_multiplier,
             "workers": len(reg.workers),
@@ -395,64 +396,3 @@ class MmiService:
     def get_status(self) -> dict[str, Any]:
         endpoint = self.view.figures()["endpoint"]
         return {"name": "broker", "endpoint": endpoint, "security": "NULL", "status": "running"}
-
-    def get_stats(self) -> dict[str, Any]:
-        """NorFab's `get_stats` (its BrokerMonitoringStats, schema 1.0): the process, its messages
-        and each worker's keepalives, which nfcli and NorFab's monitoring read."""
-        b = self.view
-        f = b.figures()
-        uptime = max(1e-9, f["uptime_s"])
-        t = os.times()
-        try:
-            fds: int | None = len(os.listdir("/proc/self/fd"))
-        except OSError:
-            fds = None
-        rss = f.get("rss_bytes") or 0
-        workers = [
-            {
-                "name": w.label,
-                "service": w.service.decode(errors="replace"),
-                "status": "alive" if w.keepalive.is_alive() else "dead",
-                "holdtime_seconds": round(w.keepalive.hold_time_left(), 3),
-                "uptime_seconds": int(w.keepalive.alive_for()),
-                "keepalives_sent": w.keepalive.sent,
-                "keepalives_received": w.keepalive.received,
-            }
-            for w in b.registry.workers.values()
-        ]
-        return {
-            "schema_version": "1.0",
-            "collected_at": datetime.now(UTC).isoformat(),
-            "name": "zfab-broker",
-            "role": "broker",
-            "status": "active",
-            "process": {
-                "cpu_percent": round(100.0 * (t.user + t.system) / uptime, 2),  # the average since start
-                "memory_rss_mbyte": round(rss / 2**20, 3),
-                "uptime_seconds": int(uptime),
-                "open_file_descriptors": fds,
-                "tcp_sockets": None,
-                "threads": threading.active_count(),
-            },
-            "messaging": {
-                "sent": f["frames_sent"],
-                "received": f["frames_received"],
-                "events_received": 0,
-                "send_failures": f["frames_send_dropped"],
-                "receive_failures": sum(f["frames_rejected"].values()),
-            },
-            "endpoint": f["endpoint"],
-            "worker_count": len(b.registry.workers),
-            "service_count": len(b.registry.services),
-            "keepalive_interval_ms": int(b.settings.keepalive_interval * 1000),
-            "keepalive_multiplier": b.settings.keepalive_multiplier,
-            "workers": workers,
-        }
-
-    def show_broker_version(self) -> dict[str, str]:
-        names = ("zfab", *NORFAB_VERSION_KEYS, "fastapi", "prometheus-client")
-        out = {pkg: _version(pkg) for pkg in dict.fromkeys(names)}
-        out["norfab"] = out["norfab"] or NFP_OF_NORFAB
-        out["python"] = sys.version.split(" ")[0]
-        out["platform"] = sys.platform
-        return out

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.histogram import Histogram
 from ..core.keepalive import Clock, KeepAlive
+from ..settings import Settings
 from .jobqueue import QueuedJob, ServiceQueue
 
 if TYPE_CHECKING:
@@ -159,6 +160,20 @@ class Registry:
         # was missed goes back to that worker instead of running again (LRU-bounded).
         self.finished: OrderedDict[bytes, bytes] = OrderedDict()
         self.max_finished = max_routes
+
+    @classmethod
+    def from_settings(cls, s: Settings, clock: Clock) -> Registry:
+        """The tables bounded as the settings say."""
+        return cls(
+            interval=s.keepalive_interval,
+            multiplier=s.keepalive_multiplier,
+            max_inflight_per_worker=s.max_inflight_per_worker,
+            max_routes=s.max_routes,
+            max_clients=s.max_clients,
+            max_services=s.max_services,
+            service_memory=s.service_memory_seconds,
+            clock=clock,
+        )
 
     # ---- services ------------------------------------------------------------
 

@@ -15,10 +15,12 @@ from ..core import protocol as nfp
 from ..core.states import State
 from ..settings import Settings
 from ..transport.base import Frames
+from .deadlines import Deadlines
 from .dispatch import Dispatch
 from .hooks import Hooks
 from .outbox import Outbox
 from .registry import Registry, Route, WorkerRecord
+from .workers import Loss
 
 MAX_ENTRY_READ = 1 << 20  # a failed entry larger than this keeps its status (it is read on the broker's loop)
 
@@ -50,6 +52,7 @@ class Replies:
         self,
         registry: Registry,
         dispatch: Dispatch,
+        deadlines: Deadlines,
         settings: Settings,
         *,
         out: Outbox,
@@ -58,8 +61,10 @@ class Replies:
     ) -> None:
         self.reg = registry
         self.dispatch = dispatch
+        self.deadlines = deadlines
         self.s = settings
         self.send = out.send
+        self.reply = out.reply
         self.forwarded = hooks.forwarded
         self.final = hooks.final
         self.counts = counts
@@ -102,9 +107,21 @@ class Replies:
             self.counts["forwarded"] += 1
             frames: Frames = nfp.broker_reply(client, msg.command, worker.service, msg.uuid, status, msg.payload)
             if route is not None and route.push and route.job is not None:
-                for hook in self.final:
-                    hook(route.job, worker, msg.trace, frames)
+                for final in self.final:
+                    final(route.job, worker, msg.trace, frames)
             self.send(frames)
+
+    def lost(self, loss: Loss) -> None:
+        """Answers for a worker that can no longer give them: its jobs in flight, and its parts still
+        waiting for its credits (they named it), end 410 with why."""
+        w, jobs = loss.worker, loss.jobs
+        jobs.update(self.deadlines.parts_lost(loss.svc, w))
+        why = f"worker '{w.label}' was lost ({loss.why}) before it answered"
+        for uuid, client in jobs.items():
+            self.counts["jobs_lost"] += 1
+            self.reply(client, w.service, uuid, nfp.ST_WORKER_LOST, payloads.lost(w.label, uuid, w.service, why))
+        if loss.svc is not None:
+            self.dispatch.dirty.add(loss.svc.name)
 
     def _stale(self, worker: WorkerRecord, uuid: bytes) -> bool:
         """A final answer for a job this worker holds no part of, while the job is in flight: stale

@@ -10,6 +10,7 @@ Runs on the broker's owner thread; raises Refusal for the broker to answer.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections import Counter
 from typing import Any
@@ -29,6 +30,7 @@ from .jobqueue import NAMED, QueuedJob, Spot
 from .outbox import Outbox
 from .registry import Registry, Route, ServiceRecord, WorkerRecord
 
+CLIENT_CONTROL = frozenset({nfp.KEEPALIVE, nfp.OPEN, nfp.DISCONNECT})  # a client's frames that route nothing
 ALL_SERVICE = b"all"  # NorFab's pseudo-service: workers of every service (Requests.across)
 
 
@@ -48,6 +50,8 @@ class Requests:
         counts: Counter[str],
         clock: Clock,
         grace: float,
+        boot: str,
+        host: str | None,
     ) -> None:
         self.reg = registry
         self.dispatch = dispatch
@@ -61,6 +65,8 @@ class Requests:
         self.started_at = time.time()
         self.grace_until: float | None = clock() + grace  # None once the startup grace is over
         self._seq = itertools.count()
+        self.boot = boot  # this broker's incarnation and shared-memory host id: in its keepalive answers
+        self.host = host
 
     def admit(self, sender: bytes, req: nfp.ClientRequest) -> None:
         """A new job (its uuid neither queued, in flight nor finished): queued or sent, or refused."""
@@ -148,6 +154,12 @@ class Requests:
             raise Refusal(nfp.ST_BUSY, Word.BUSY, f"the broker remembers {reg.max_services} services already")
         return svc
 
+    def tend_grace(self, now: float) -> float | None:
+        """The startup grace: ended once its time passed; returns when it ends (None: over)."""
+        if self.grace_until is not None and now >= self.grace_until:
+            self.end_grace()
+        return self.grace_until
+
     def end_grace(self) -> None:
         """The startup grace is over: a service no worker confirmed was a mistake (a typo), and the
         jobs that waited for it are refused now (they had no answer yet)."""
@@ -231,8 +243,26 @@ class Requests:
         why = sizes.too_large(f"the request of job {req.uuid.decode(errors='replace')}", size, limit)
         self.refuse(sender, req, Refusal(nfp.ST_BAD_REQUEST, Word.TOO_LARGE, why))
 
-    def keepalive(self, client: bytes, ka: KeepAlive, facts: dict[str, Any]) -> bool:
+    def client_control(self, client: bytes, command: bytes) -> float:
+        """A client's KEEPALIVE (answered at once unless it answers the broker's wave), OPEN (NorFab
+        clients may announce themselves) or DISCONNECT (a zfab client closing: no more keepalive
+        waves for it). Returns when the broker's next keepalive pass is due for it (inf: no change)."""
+        if command == nfp.DISCONNECT:
+            self.reg.client_keepalives.pop(client, None)
+        if command != nfp.KEEPALIVE:
+            return math.inf
+        self.counts["client_keepalive"] += 1
+        ka = self.reg.client_keepalive_heard(client)
+        if ka is None:
+            return math.inf
+        self.keepalive(client, ka)
+        return ka.next_due
+
+    def keepalive(self, client: bytes, ka: KeepAlive) -> bool:
         """The keepalive answer frame, carrying this broker's incarnation; False when the client is gone."""
+        facts: dict[str, Any] = {"boot": self.boot, "max": self.s.max_message_bytes}
+        if self.host:
+            facts["host"] = self.host
         ka.mark_sent()
-        boot = nfp.dumps(facts)
-        return self.out.send_now(nfp.broker_reply(client, nfp.KEEPALIVE, nfp.MMI_SERVICE, b"", nfp.ST_OK, boot))
+        frames = nfp.broker_reply(client, nfp.KEEPALIVE, nfp.MMI_SERVICE, b"", nfp.ST_OK, nfp.dumps(facts))
+        return self.out.send_now(frames)

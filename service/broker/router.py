@@ -2,13 +2,49 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import zmq
 
 from ..core import sizes
+from ..errors import SecurityError
 from ..settings import Settings
-from ..transport.security import curve_server
+from ..transport.base import Transport
+from ..transport.security import curve_server, is_loopback
 
 RCVHWM = 1000  # messages one peer may have waiting in the ROUTER's receive pipe
+
+
+def check_bind(s: Settings, endpoint: str) -> None:
+    """SecurityError when the settings would let a peer in unchecked: no CURVE beyond loopback
+    (without --insecure), half a CURVE setup, or identity handover under CURVE."""
+    curve = bool(s.curve_secret)
+    if curve != bool(s.curve_clients):
+        raise SecurityError("CURVE needs both curve_secret (the broker's key) and curve_clients (accepted keys)")
+    if not curve and not s.insecure and not is_loopback(endpoint):
+        raise SecurityError(
+            f"refusing to bind {endpoint} without CURVE: anyone who reaches it could submit jobs. "
+            "Set ZFAB_CURVE_SECRET and ZFAB_CURVE_CLIENTS (see `zfab keys`), or pass --insecure."
+        )
+    if curve and s.broker_handover:
+        raise SecurityError(
+            "ZFAB_BROKER_HANDOVER with CURVE would let any peer with a key take another's identity: unset one"
+        )
+    if s.broker_events and not curve and not s.insecure and not is_loopback(s.broker_events):
+        raise SecurityError(f"refusing to bind the events endpoint {s.broker_events} without CURVE")
+
+
+def loop_figures(loop: Transport) -> dict[str, Any]:
+    """What went through the ROUTER and its owner loop (show_broker)."""
+    st = loop.stats
+    return {
+        "outbound_queue_depth": loop.queue_depth(),
+        "outbound_queue_capacity": loop.outbound_size,
+        "frames_received": st.received,
+        "frames_sent": st.sent,
+        "frames_send_dropped": st.send_dropped,
+        "handler_errors": st.handler_errors,
+    }
 
 
 def open_router(ctx: zmq.Context[zmq.Socket[bytes]], s: Settings, endpoint: str) -> zmq.Socket[bytes]:

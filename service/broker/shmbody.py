@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 from ..core import payloads, shmhandle
 from ..core import protocol as nfp
@@ -63,3 +64,11 @@ class ShmBodies:
             return exc.detail
         self.counts["shm_materialized"] += 1
         return body
+
+    def figures(self) -> dict[str, Any]:
+        a = self.arena
+        return {
+            "shm_host": a.host,
+            "shm_threshold": a.threshold if a.enabled else None,
+            "shm_reclaimed": a.counts["reclaimed"],
+        }

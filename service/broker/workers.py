@@ -169,12 +169,12 @@ class Workers:
 
     # ---- keepalives, purge, loss ----------------------------------------------------------
 
-    def heard(self, worker: WorkerRecord, stats: dict[str, Any] | None) -> bool:
-        """A worker's KEEPALIVE, with the figures it reports: True when its credits or draining changed
-        (the dispatcher then files it under its new level)."""
+    def heard(self, worker: WorkerRecord, stats: dict[str, Any] | None) -> bytes | None:
+        """A worker's KEEPALIVE, with the figures it reports. When its credits or draining changed it
+        is filed under its new level, and its service returned: its queue may move."""
         worker.keepalive.heard()
         if stats is None:
-            return False
+            return None
         was = (worker.draining, worker.throttle, worker.credits)
         worker.stats = stats
         worker.throttle = 0  # a fresh report: its own figures say what it holds
@@ -182,7 +182,11 @@ class Workers:
         if isinstance(credits, int) and not isinstance(credits, bool) and credits >= 1:
             # Its prefetch adapts to its jobs' run times (worker.py compute_credits).
             worker.credits = min(credits, self.reg.max_inflight_per_worker)
-        return (worker.draining, worker.throttle, worker.credits) != was
+        svc = self.reg.services.get(worker.service)
+        if svc is None or (worker.draining, worker.throttle, worker.credits) == was:
+            return None
+        self.reg.set_level(svc, worker)
+        return svc.name
 
     def tend(self, now: float) -> tuple[float, list[Loss]]:
         """One pass over the workers (Majordomo's send_heartbeats and purge_workers): purge those whose

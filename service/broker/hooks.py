@@ -3,7 +3,7 @@
 A hook overrides the methods of `Hook` for the points it cares about. `Hooks` precomputes one tuple
 of bound methods per point, holding only the hooks that override it, so the broker calls a point as
 `for h in hooks.admitted: h(...)`: with no hook there, one attribute read and an empty loop, and no
-`if self.events is not None` anywhere. The tuples are built once, at construction: a hook is never
+guard per concern anywhere. The tuples are built once, at construction: a hook is never
 added later. Hooks run on the broker's owner thread and must not block; the event publisher hands
 its events to a thread of its own (events.py).
 

@@ -38,6 +38,7 @@ HOPS: Final = (API, CLIENT_BROKER, BROKER_QUEUE, BROKER_WORKER, WORKER_QUEUE, RU
 _WORKER = struct.Struct("<3d")
 _BROKER = struct.Struct("<2d")
 _BOTH = struct.Struct("<5d")
+_FORWARD = struct.Struct("<24s2d")  # the worker's 24 bytes as they are, then the broker's two
 WORKER_BYTES: Final = _WORKER.size  # 24
 BROKER_BYTES: Final = _BROKER.size  # 16
 MAX_SECONDS: Final = 30 * 86_400.0  # past any job's deadline: a larger figure is not a measurement
@@ -78,10 +79,10 @@ def outcome_of(worker_trace: bytes | memoryview | None) -> str | None:
 def broker_frame(worker_trace: bytes | None, received: float, sent: float, answered: float) -> bytes:
     """The frame the broker forwards: the worker's durations (when they are a worker frame, with or
     without its outcome byte, which stays at the broker) and its own."""
-    own = _BROKER.pack(max(0.0, sent - received), max(0.0, answered - sent))
+    queue, wait = max(0.0, sent - received), max(0.0, answered - sent)
     if worker_trace is not None and WORKER_BYTES <= len(worker_trace) <= WORKER_BYTES + 1:
-        return worker_trace[:WORKER_BYTES] + own
-    return own
+        return _FORWARD.pack(worker_trace, queue, wait)  # "24s" takes the figures, not the outcome: one copy
+    return _BROKER.pack(queue, wait)
 
 
 def _ok(v: float) -> bool:

@@ -1,9 +1,8 @@
 """The broker: a mediator of composed parts, its ROUTER owned by one loop (transport/loop.py).
 
-Shaped like zguide's Majordomo: `process_client` and `process_worker` take each frame, `post`
-de-duplicates a POST by its uuid, and `on_timer` is `mediate()` between two polls. The parts
-(docs/architecture.md) return what the broker must do and never call back into it; what cuts
-across is hooks (hooks.py); every part sends through one Outbox (outbox.py).
+Shaped like zguide's Majordomo: `process_client` and `process_worker` take each frame, `post` de-duplicates
+a POST by its uuid, `on_timer` is `mediate()` between two polls. The parts (docs/architecture.md) return what
+the broker must do, never calling back into it; what cuts across is hooks (hooks.py); all send through an Outbox.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import zmq
 from ..core import protocol as nfp
 from ..core.keepalive import Clock
 from ..core.logbudget import LogBudget
-from ..core.payloads import Word
 from ..settings import Settings
 from ..transport.base import Frames, LoopFactory, Transport
 from ..transport.loop import OwnerLoop
@@ -63,13 +61,13 @@ class Broker:
         clock: Clock = time.monotonic,
         events: EventPublisher | None = None,
     ) -> None:
-        """`transport`, `clock`, `events` for tests: a StubTransport, its FakeClock, an EventPublisher."""
+        """For tests: `transport` a StubTransport, `clock` its FakeClock, `events` an EventPublisher."""
         self.settings = s = settings or Settings()
         self.endpoint, self.bound_endpoint, self.clock = endpoint or s.bind_endpoint, "", clock
         self.started_at, self.boot = time.time(), os.urandom(8).hex()  # boot: clients see a restart in keepalives
         self.rejected: Counter[str] = Counter()  # malformed frames by reason
         self.counts: Counter[str] = Counter()  # routed traffic by kind
-        self.reject_log = LogBudget(burst=3, per_second=0.1, clock=clock)  # a flood of bad frames: a few lines
+        self.peer_log = LogBudget(burst=3, per_second=0.1, clock=clock)  # what peers send: a few lines, not a flood
         self._next_keepalive, self._next_housekeeping = 0.0, clock() + HOUSEKEEPING
         self.loop: Transport = (transport or OwnerLoop)(
             self, name="broker", outbound_size=s.outbound_queue_size, submit_timeout=s.submit_timeout, linger=1.0
@@ -142,24 +140,29 @@ class Broker:
 
     def on_timer(self, now: float) -> float | None:
         """Majordomo's mediate() between two polls: keepalives and purges, deadlines, the queue, housekeeping."""
-        reg = self.registry
-        keepalives = bool(reg.workers or reg.client_keepalives)
+        reg, requests = self.registry, self.requests
+        keepalives = reg.workers or reg.client_keepalives
         if keepalives and now >= self._next_keepalive:  # Majordomo's send_heartbeats and purge_workers
             soonest, purged = self.workers.tend(now)
             for loss in purged:
                 self.lost(loss)
-            self._next_keepalive = min(soonest, reg.tend_clients(now, self.requests.keepalive))
+            self._next_keepalive = min(soonest, reg.tend_clients(now, requests.keepalive))
         self.deadlines.tend(now)
-        grace = self.requests.tend_grace(now)
+        if requests.grace_until is not None and now >= requests.grace_until:
+            requests.end_grace()
         if now >= self._next_housekeeping:
             self.housekeeping(now)
         if self.dispatch.dirty or reg.freed:
             self.dispatch.pump()
-        wake = [self._next_housekeeping, self.deadlines.next_deadline(), grace]
-        wake += [tend(now) for tend in self.hooks.tend]  # after everything above that moves a queue
-        if keepalives:
-            wake.append(self._next_keepalive)
-        return min(t for t in wake if t is not None)
+        wake = min(self._next_keepalive, self._next_housekeeping) if keepalives else self._next_housekeeping
+        if (at := self.deadlines.next_deadline()) is not None and at < wake:
+            wake = at
+        if requests.grace_until is not None:
+            wake = min(wake, requests.grace_until)
+        for tend in self.hooks.tend:  # after everything above that moves a queue
+            if (at := tend(now)) is not None and at < wake:
+                wake = at
+        return wake
 
     def on_frames(self, frames: Frames) -> None:
         if len(frames) < 3:
@@ -187,7 +190,7 @@ class Broker:
     def reject(self, reason: str, detail: str) -> None:
         """A malformed frame: counted by reason, dropped, and logged within a budget."""
         self.rejected[reason] += 1
-        held = self.reject_log.take()
+        held = self.peer_log.take()
         if held is not None:
             n = self.rejected[reason]
             log.warning("broker dropped a message (%s, %d so far; %d lines held back): %s", reason, n, held, detail)
@@ -213,10 +216,7 @@ class Broker:
                 self.reject(r.malformed, r.why)
             self.requests.refuse(sender, req, r)
         except Exception as exc:  # RecursionError, MemoryError...: the request is answered, the loop goes on
-            self.counts["handler_errors"] += 1
-            log.exception("broker failed on a %s", nfp.COMMAND_NAMES[req.command])
-            why = f"the broker could not handle this request: {type(exc).__name__}: {str(exc)[:200]}"
-            self.requests.refuse(sender, req, Refusal(nfp.ST_ERROR, Word.FAILED, why))
+            self.requests.failed(sender, req, exc)
 
     def post(self, sender: bytes, req: nfp.ClientRequest) -> None:
         """Idempotent by uuid: a job waiting, in flight or finished lately is not run twice, and its

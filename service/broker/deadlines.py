@@ -36,10 +36,15 @@ class Deadlines:
         self.counts = counts
 
     def tend(self, now: float) -> None:
-        """A timer pass: expiries, delays that ended, notices that came due."""
-        self.expire(now)
-        self.due(now)
-        self.tell_waiting(now)
+        """A timer pass (every turn of the loop): expiries, delays that ended, notices that came due,
+        each looked at only when the top of its heap is due."""
+        d = self.d
+        if (d.expiry and d.expiry[0][0] <= now) or (d.route_expiry and d.route_expiry[0][0] <= now):
+            self.expire(now)
+        if (d.delays and d.delays[0][0] <= now) or d.limits.timers:
+            self.due(now)
+        if d.notices and d.notices[0][0] <= now:
+            self.tell_waiting(now)
 
     def tell_waiting(self, now: float) -> None:
         """Notices that came due: jobs still waiting are told "queued"."""

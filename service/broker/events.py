@@ -36,12 +36,11 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from ..core import protocol as nfp
+from ..core.logbudget import LogBudget
 from ..core.states import State
 from ..transport.waker import Waker
 from .eventbody import (
-    EVENT_TEXT_MAX,
     RETRYING,
-    TOPIC_PART_MAX,
     event_body,
     job_body,
     queue_body,
@@ -58,8 +57,6 @@ from .subscriptions import SubscriptionSlots
 if TYPE_CHECKING:
     from .jobqueue import QueuedJob
     from .registry import ServiceRecord, WorkerRecord
-
-__all__ = ["EVENT_TEXT_MAX", "TOPIC_PART_MAX", "EventPublisher", "result_state", "topic_part"]
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +144,7 @@ class EventPublisher(Hook):
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
         self._error: BaseException | None = None
+        self._log = LogBudget(burst=3, per_second=0.1)  # thread only: lines about failed turns
 
     # ---- any thread ---------------------------------------------------------------
 
@@ -327,7 +325,8 @@ class EventPublisher(Hook):
                         self._read_subscriptions(sock)
                 except Exception:  # nothing a peer sends ends the publisher
                     self._sleeping = False
-                    log.exception("broker event publisher: a turn failed")
+                    if (held := self._log.take()) is not None:  # a peer's doing must not flood the log
+                        log.exception("broker event publisher: a turn failed (%d such lines held back)", held)
                     time.sleep(0.01)
         finally:
             sock.close(0)

@@ -93,11 +93,11 @@ class TrimMemory(Hook):
     """Gives the OS back what a burst of messages used, once it has passed (memory.py, issue 31)."""
 
     def __init__(self, keeper: MemoryKeeper, loop: Transport) -> None:
-        self.keeper = keeper
-        self.loop = loop
+        self.look = keeper.tend
+        self.stats = loop.stats  # (its frames received: a burst is what makes a trim worth it)
 
     def tend(self, now: float) -> float | None:
-        return self.keeper.tend(now, self.loop.stats.received)
+        return self.look(now, self.stats.received)
 
 
 Traced = Callable[[bytes, bytes, bytes, bytes], None]  # uuid, service, worker name, the trace frame

@@ -10,6 +10,7 @@ Runs on the broker's owner thread; raises Refusal for the broker to answer.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import time
 from collections import Counter
@@ -18,6 +19,7 @@ from typing import Any
 from ..core import payloads, sizes
 from ..core import protocol as nfp
 from ..core.keepalive import Clock, KeepAlive
+from ..core.logbudget import LogBudget
 from ..core.payloads import Word
 from ..settings import Settings
 from ..transport.base import Frames
@@ -31,6 +33,8 @@ from .outbox import Outbox
 from .registry import Registry, Route, ServiceRecord, WorkerRecord
 
 CLIENT_CONTROL = frozenset({nfp.KEEPALIVE, nfp.OPEN, nfp.DISCONNECT})  # a client's frames that route nothing
+log = logging.getLogger(__name__)
+
 ALL_SERVICE = b"all"  # NorFab's pseudo-service: workers of every service (Requests.across)
 
 
@@ -65,6 +69,7 @@ class Requests:
         self.started_at = time.time()
         self.grace_until: float | None = clock() + grace  # None once the startup grace is over
         self._seq = itertools.count()
+        self.log = LogBudget(burst=3, per_second=0.1, clock=clock)  # failures a peer can cause: a few lines
         self.boot = boot  # this broker's incarnation and shared-memory host id: in its keepalive answers
         self.host = host
 
@@ -227,6 +232,15 @@ class Requests:
             # NorFab's NFPClient.mmi() reads only MMI frames: a refused MMI request is answered in
             # both, as every MMI answer is, or it waits out its whole timeout.
             self.out.send(nfp.broker_reply(sender, nfp.MMI, req.service, req.uuid, r.status, nfp.dumps(body)))
+
+    def failed(self, sender: bytes, req: nfp.ClientRequest, exc: Exception) -> None:
+        """The broker failed on a request (a bug, or a RecursionError, MemoryError...): it is answered
+        500 with the error named, counted and logged within a budget, and the loop goes on."""
+        self.counts["handler_errors"] += 1
+        if (held := self.log.take()) is not None:
+            log.exception("broker failed on a %s (%d lines held back)", nfp.COMMAND_NAMES[req.command], held)
+        why = f"the broker could not handle this request: {type(exc).__name__}: {str(exc)[:200]}"
+        self.refuse(sender, req, Refusal(nfp.ST_ERROR, Word.FAILED, why))
 
     def refuse_oversize(self, sender: bytes, body: Frames) -> None:
         """A client's request over the message limit (its own limit was larger, or it is no zfab

@@ -15,6 +15,7 @@ import zmq
 from test_broker_handlers import finish, make_broker, post, ready, stub
 
 from zfab import Broker
+from zfab.broker import eventbody
 from zfab.broker import events as ev
 from zfab.broker.events import EventPublisher, result_state, topic_part
 from zfab.broker.queueevents import QUEUE_INTERVAL
@@ -126,7 +127,7 @@ def test_the_hand_off_queue_is_bounded_and_its_drops_counted(clock: FakeClock) -
 
 def test_topic_parts_are_safe_and_bounded() -> None:
     assert topic_part("demo") == "demo" and topic_part("a.b c") == "a_b_c" and topic_part("") == "_"
-    assert len(topic_part("x" * 10_000)) == ev.TOPIC_PART_MAX
+    assert len(topic_part("x" * 10_000)) == eventbody.TOPIC_PART_MAX
     assert topic_part("é\n*>") == "____"
     assert result_state(None) == "completed" and result_state(b"not json") == "completed"
     assert result_state(b'{"w": {"failed": true}}') == "failed"
@@ -222,7 +223,7 @@ def test_a_jobs_progress_events_are_published_under_event_service_worker_bounded
         "INFO",
         0.5,
     )
-    assert len(first["message"]) == ev.EVENT_TEXT_MAX and "extras" not in first
+    assert len(first["message"]) == eventbody.EVENT_TEXT_MAX and "extras" not in first
     assert big["oversize"] is True and "message" not in big and bad["malformed"] is True
     assert [first["tseq"], big["tseq"], bad["tseq"]] == [1, 2, 3] and p.queue_bytes() == 0
     p.active = False  # nobody subscribed: nothing handed over

@@ -83,7 +83,7 @@ class Broker:
         self.hooks = hooks = cross_cutting(s, clock, self.loop, self.memory, self.events, changed, reg, self.paused)
         self.out = out = Outbox(self.loop, hooks, self.counts)
         self.dispatch = d = Dispatch(
-            reg, s, out=out, counts=self.counts, clock=clock, paused=self.paused, queue_changed=changed,
+            reg, s, out=out, counts=self.counts, clock=clock, paused=self.paused.names, queue_changed=changed,
             shm=ShmBodies(self.shm, max_bytes=s.max_message_bytes, counts=self.counts, clock=clock),
             limits=Limiter(Path(s.data_dir) / "broker"),
         )  # fmt: skip

@@ -325,7 +325,7 @@ class Dispatch:
             for parked in list(svc.queue.parked.values()):
                 self.unpark(svc, parked, now)
         q = svc.queue
-        opened = self._open_buckets(svc.name, now)
+        opened = self._open_buckets(svc.name, now) if self.limits.buckets else []
         while len(self.reg.routes) < self.reg.max_routes:
             job = q.peek_ready()
             b = None

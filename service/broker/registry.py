@@ -50,10 +50,10 @@ class WorkerRecord:
     host: str | None = None  # its shared-memory host id (READY announce): a client's handle may go to it
     origin: str = "another connection"  # where it runs, as its READY said (host name, pid): for refusals
     rivals: int = 0  # READYs under its name the broker refused while it held the name
+    label: str = field(init=False, default="")  # its name as text (logs, answers), decoded once
 
-    @property
-    def label(self) -> str:
-        return self.name.decode(errors="replace")
+    def __post_init__(self) -> None:
+        self.label = self.name.decode(errors="replace")
 
     @property
     def draining(self) -> bool:
@@ -262,10 +262,13 @@ class Registry:
 
     def set_level(self, svc: ServiceRecord, w: WorkerRecord) -> None:
         """File the worker under its current load, or out of the free levels when it has no credit."""
-        level = len(w.inflight) if w.free > 0 and not w.draining and w.ident in svc.workers else -1
+        n = len(w.inflight)  # (w.free and w.draining inlined: this runs twice per job)
+        level = n if w.credits - w.throttle - n > 0 and w.ident in svc.workers and not w.stats.get("draining") else -1
         if level == w.level:
             return
-        self._unlevel(svc, w)
+        if w.level >= 0:
+            svc.levels[w.level].pop(w.ident, None)
+            w.level = -1
         if level >= 0:
             while len(svc.levels) <= level:
                 svc.levels.append({})

@@ -445,8 +445,8 @@ class JobRunner:
         wire: bytes = payload
         if len(payload) >= self.shm_threshold and job.shm_reply and self.shm is not None and not entry["failed"]:
             # Same host as the client: a handle instead of the bytes (the bytes if the block fails).
-            # Only a completed result: the broker's events tell completed from failed by the bytes,
-            # which a handle does not carry (a failed entry's result is null: seldom this large).
+            # Only a completed result (a failed entry's result is null: seldom this large); the broker
+            # learns the outcome from the trace frame's outcome byte either way, not from these bytes.
             wire = self.shm.put(payload, ttl=RESULT_LINGER, worker=self.name) or payload
         frames = nfp.worker_reply(nfp.RESPONSE, job.client, job.uuid.encode(), code, wire)
         if job.traced:

@@ -70,15 +70,17 @@ def read_job(sender: bytes, req: nfp.ClientRequest, *, now: float, seq: int, def
             raise bad("bad target: an empty list of workers")
     timeout = _number(flags, "timeout", 1e-3, MAX_TIMEOUT) or default_timeout
     priority = flags.get("priority", DEFAULT_PRIORITY)
-    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= MAX_PRIORITY:
+    if type(priority) is not int or not 0 <= priority <= MAX_PRIORITY:  # (a bool is no priority either)
         raise bad(f"priority must be a whole number from 0 to {MAX_PRIORITY}, not {priority!r}")
-    delay = _number(flags, "delay", 0.0, MAX_DELAY) or 0.0
-    not_before = _number(flags, "not_before", 0.0, 1e11)
-    if not_before is not None:
+    # The flags a plain job leaves out are looked up once here, not read through _number each.
+    delay = (_number(flags, "delay", 0.0, MAX_DELAY) or 0.0) if "delay" in flags else 0.0
+    if "not_before" in flags:
         # An epoch time from the client: how far ahead it is, on our monotonic clock.
-        delay = max(delay, min(MAX_DELAY, not_before - time.time()))
+        not_before = _number(flags, "not_before", 0.0, 1e11)
+        if not_before is not None:
+            delay = max(delay, min(MAX_DELAY, not_before - time.time()))
     task = flags.get("task")
-    notice = _number(flags, "notice", 0.0, MAX_NOTICE) or 0.0
+    notice = (_number(flags, "notice", 0.0, MAX_NOTICE) or 0.0) if "notice" in flags else 0.0
     try:
         # W3C trace context: passed on to the worker untouched (service/tracing.py)
         trace = payloads.trace_context(flags) if "traceparent" in flags else None

@@ -1,4 +1,4 @@
-"""The broker's management interface, service `mmi.service.broker`.
+"""The broker's management interface, service `mmi.service.broker`: it reads a view, acts through a control.
 
 Task names and reply shapes follow NorFab 0.25 where NorFab has them (`show_workers`, `get_stats`,
 `get_status`, `show_broker_version`, `show_broker_inventory`); zfab adds `show_broker`,
@@ -8,14 +8,8 @@ Task names and reply shapes follow NorFab 0.25 where NorFab has them (`show_work
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
-import os
-import sys
-import threading
 import time
-from collections import Counter, OrderedDict
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from ..core import protocol as nfp
@@ -23,63 +17,63 @@ from ..core.errors import ProtocolError
 from ..core.keepalive import Clock
 from ..core.limits import read_rule
 from ..settings import Settings
-from ..transport.base import Transport
-from ..transport.shm import ShmArena
-from .dispatcher import MAX_NOTICES, Dispatcher
-from .events import EventPublisher
+from . import norfab
+from .control import BrokerControl
+from .dispatch import MAX_NOTICES, Dispatch
 from .inventory import Inventory, InventoryError
-from .memory import MemoryKeeper
+from .outbox import Outbox
 from .paused import PausedServices
 from .registry import Registry
+from .workers import Workers
 
 log = logging.getLogger(__name__)
 
 SID_SERVICE = b"sid.service.broker"  # NorFab's inventory service, answered by the broker itself
-# The versions NorFab's broker reports. NorFab's tools and tests read "norfab" and expect a version:
-# the installed NorFab's, else the NorFab release whose NFP this broker speaks (docs/protocol.md).
-NORFAB_VERSION_KEYS = ("norfab", "pyyaml", "pyzmq", "psutil", "pydantic", "tornado", "jinja2")
-NFP_OF_NORFAB = "0.25.0"
 
 
-def _version(pkg: str) -> str:
-    try:
-        return importlib.metadata.version(pkg)
-    except importlib.metadata.PackageNotFoundError:
-        return ""
+class BrokerView(Protocol):
+    """What MMI reads of the broker (the Broker satisfies it): its tables, read and never written
+    through, and its own figures. What MMI may change goes through a BrokerControl (control.py)."""
 
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def registry(self) -> Registry: ...
+    @property
+    def dispatch(self) -> Dispatch: ...
+    @property
+    def workers(self) -> Workers: ...
+    @property
+    def paused(self) -> PausedServices: ...
+    @property
+    def inventory(self) -> Inventory | None: ...
+    @property
+    def clock(self) -> Clock: ...
 
-class BrokerFacts(Protocol):
-    """The narrow view of the broker that MMI answers from (the Broker satisfies it)."""
-
-    settings: Settings
-    registry: Registry
-    dispatch: Dispatcher
-    loop: Transport
-    bound_endpoint: str
-    started_at: float
-    boot: str
-    grace_until: float | None
-    clock: Clock
-    rejected: Counter[str]
-    counts: Counter[str]
-    told_to_leave: OrderedDict[bytes, tuple[float, str | None]]
-    gone: OrderedDict[bytes, dict[str, Any]]
-    keys: OrderedDict[bytes, bytes]
-    memory: MemoryKeeper
-    paused: PausedServices
-    events: EventPublisher | None
-    shm: ShmArena
-    inventory: Inventory | None
-    TOLD_TO_LEAVE_MAX: int
-    GONE_MAX: int
-    KEYS_MAX: int
-
-    def queue_facts(self, name: bytes) -> tuple[int, int, int, bool]: ...
+    def figures(self) -> dict[str, Any]:
+        """The broker's own figures (show_broker's: endpoint, uptime, boot, loop, memory, tables...)."""
+        ...
 
 
 class MmiService:
-    def __init__(self, broker: BrokerFacts) -> None:
-        self.broker = broker
+    def __init__(self, view: BrokerView, control: BrokerControl, out: Outbox) -> None:
+        self.view = view
+        self.out = out
+        self.controls = control
+
+    def serve(self, sender: bytes, req: nfp.ClientRequest) -> ProtocolError | None:
+        """Answer an MMI request (its malformed body answered 400, and returned to be counted)."""
+        error = None
+        try:
+            status, answer = self.answer(req.body, req.service)
+        except ProtocolError as exc:
+            error, status, answer = exc, nfp.ST_BAD_REQUEST, nfp.dumps({"errors": [exc.detail]})
+        self.controls.count("mmi")
+        # NorFab's broker answers MMI twice, as RESPONSE and as MMI; its clients read either
+        # (NFPClient.mmi() only the MMI copy), refusals included.
+        for cmd in (nfp.RESPONSE, nfp.MMI):
+            self.out.send(nfp.broker_reply(sender, cmd, req.service, req.uuid, status, answer))
+        return error
 
     def answer(self, body: nfp.Frame, service: bytes = nfp.MMI_SERVICE) -> tuple[bytes, bytes]:
         """(status, JSON payload) for an MMI request body to `mmi.service.broker` or
@@ -113,16 +107,16 @@ class MmiService:
         if task != "get_inventory":
             return nfp.ST_BAD_REQUEST, nfp.dumps(f"Unsupported task '{task}'")
         name = kwargs.get("name")
-        inv = self.broker.inventory
+        inv = self.view.inventory
         if not isinstance(name, str) or inv is None:
             return nfp.ST_OK, nfp.dumps(None)
         try:
             data = inv.worker(name)
         except InventoryError as exc:
-            self.broker.counts["inventory_errors"] += 1
+            self.controls.count("inventory_errors")
             log.error("inventory of worker %r cannot be read: %s", name[:64], exc)
             return nfp.ST_OK, nfp.dumps(None)
-        self.broker.counts["inventory_served"] += 1
+        self.controls.count("inventory_served")
         return nfp.ST_OK, nfp.dumps(data)
 
     CONTROLS = ("pause_service", "resume_service", "set_limit", "clear_limit")
@@ -130,7 +124,7 @@ class MmiService:
     def control(self, task: str, kwargs: dict[str, Any]) -> tuple[bytes, bytes]:
         """pause_service / resume_service {"service": name}: (status, JSON payload). A paused
         service's jobs are admitted and queued, and none is sent until it resumes (paused.py)."""
-        b = self.broker
+        b = self.view
         name = kwargs.get("service")
         raw = name.encode() if isinstance(name, str) else b""
         if not raw or len(raw) > nfp.MAX_NAME_BYTES:
@@ -142,14 +136,10 @@ class MmiService:
         if task in ("set_limit", "clear_limit"):
             return self.limit(task, raw, kwargs)
         try:
-            changed = b.paused.pause(raw) if task == "pause_service" else b.paused.resume(raw)
+            changed = self.controls.pause(raw) if task == "pause_service" else self.controls.resume(raw)
         except ValueError as exc:
-            return nfp.ST_BAD_REQUEST, nfp.dumps({"error": "too-many", "detail": str(exc)})
-        if task == "resume_service" and changed:
-            b.dispatch.resumed(raw)
-        if changed and b.events is not None:  # at the moment it changes, not at the queue's next turn
-            b.events.queue(raw, *b.queue_facts(raw))
-        b.counts[task] += 1
+            return nfp.ST_BAD_REQUEST, nfp.dumps({"error": "bad-request", "detail": str(exc)})
+        self.controls.count(task)
         svc = b.registry.services.get(raw)
         depth = svc.queue.depth if svc is not None else 0
         return nfp.ST_OK, nfp.dumps(
@@ -185,11 +175,11 @@ class MmiService:
         if task == "get_status":
             return self.get_status()
         if task == "show_broker_version":
-            return self.show_broker_version()
+            return norfab.broker_versions()
         if task == "get_stats":
-            return self.get_stats()
+            return norfab.get_stats(self.view)
         if task == "show_broker_inventory":
-            inv = self.broker.inventory
+            inv = self.view.inventory
             return inv.as_dict() if inv is not None else {}
         raise ValueError(f"unsupported MMI task '{task}'")
 
@@ -198,7 +188,7 @@ class MmiService:
     ) -> list[dict[str, Any]]:
         """Registered workers; with `gone`, also those that left lately (state "gone", for metrics)."""
         out = []
-        for w in self.broker.registry.workers.values():
+        for w in self.view.registry.workers.values():
             ka = w.keepalive
             alive = ka.is_alive()
             out.append(
@@ -227,8 +217,8 @@ class MmiService:
                 }
             )
         if gone:
-            now = self.broker.clock()
-            for name, info in self.broker.gone.items():
+            now = self.view.clock()
+            for name, info in self.view.workers.gone.items():
                 out.append(
                     {
                         "name": name.decode(errors="replace"),
@@ -249,7 +239,7 @@ class MmiService:
         return out
 
     def show_services(self) -> list[dict[str, Any]]:
-        b = self.broker
+        b = self.view
         now = b.clock()
         out = []
         limited = b.dispatch.limits.facts()
@@ -290,8 +280,7 @@ class MmiService:
     def limit(self, task: str, service: bytes, kwargs: dict[str, Any]) -> tuple[bytes, bytes]:
         """set_limit {service, task_name, rate_limit, concurrency, limit_key} / clear_limit {service, task_name}:
         a task's limit set at run time (it replaces the declaration until cleared; limits.py)."""
-        d = self.broker.dispatch
-        svc = self.broker.registry.services.get(service)
+        svc = self.view.registry.services.get(service)
         name = kwargs.get("task_name")  # not "task": that names the MMI request itself
         tasks = svc.tasks if svc is not None else None
         if not isinstance(name, str) or tasks is None or name not in tasks:
@@ -299,26 +288,25 @@ class MmiService:
             why = f"{task} needs the name of a task its workers announced in kwargs 'task_name' (its tasks: {known})"
             return nfp.ST_NOT_FOUND, nfp.dumps({"error": "unknown-task", "detail": why})
         if task == "clear_limit":
-            changed = d.limits.clear_rule(service, name)
+            changed = self.controls.clear_limit(service, name)
         else:
             try:
                 rule = read_rule({k: kwargs.get(k) for k in ("rate_limit", "concurrency", "limit_key")})
                 schema = tasks[name] if isinstance(tasks[name], dict) else {}
                 if rule is not None and rule.key is not None and rule.key not in (schema.get("properties") or {}):
                     raise ValueError(f"limit_key {rule.key!r} is not an argument of task {name!r}")
-                d.limits.set_rule(service, name, rule)
             except ValueError as exc:
                 return nfp.ST_BAD_REQUEST, nfp.dumps({"error": "bad-request", "detail": str(exc)})
+            self.controls.set_limit(service, name, rule)
             changed = True
-        d.relimit(service, name)
-        self.broker.counts[task] += 1
+        self.controls.count(task)
         return nfp.ST_OK, nfp.dumps(
             {"service": service.decode(), "task": name, "changed": changed, **self._limit_of(service, name)}
         )
 
     def _limit_of(self, service: bytes, task: str) -> dict[str, Any]:
-        d = self.broker.dispatch
-        svc = self.broker.registry.services.get(service)
+        d = self.view.dispatch
+        svc = self.view.registry.services.get(service)
         rule = d.limits.rule(service, task, svc.tasks if svc is not None else None)
         row = d.limits.facts().get((service, task), {})
         return {
@@ -330,7 +318,7 @@ class MmiService:
 
     def show_limits(self) -> list[dict[str, Any]]:
         """Every limited task: its rule and where it comes from, jobs running and waiting on it."""
-        b = self.broker
+        b = self.view
         rows = []
         facts = b.dispatch.limits.facts()
         names = set(facts)
@@ -345,13 +333,13 @@ class MmiService:
     def show_tasks(self, service: str) -> dict[str, Any] | None:
         """The tasks a service's workers announced, with the JSON schema of their arguments (None:
         the service is unknown or its workers announce none, as NorFab's do)."""
-        svc = self.broker.registry.services.get(service.encode())
+        svc = self.view.registry.services.get(service.encode())
         if svc is None or svc.tasks is None:
             return None
         return {"service": svc.label, "tasks": svc.tasks}
 
     def show_clients(self) -> list[dict[str, Any]]:
-        reg = self.broker.registry
+        reg = self.view.registry
         per_client = reg.inflight_by_client()
         now = time.time()
         return [
@@ -365,14 +353,13 @@ class MmiService:
         ][:1000]
 
     def show_broker(self) -> dict[str, Any]:
-        b = self.broker
+        b = self.view
         reg = b.registry
         s = b.settings
-        st = b.loop.stats
+        d = b.dispatch
         return {
-            "endpoint": b.bound_endpoint,
-            "version": _version("zfab"),
-            "uptime_s": round(time.time() - b.started_at, 3),
+            **b.figures(),
+            "version": norfab.version("zfab"),
             "keepalive_interval_s": s.keepalive_interval,
             "keepalive_multiplier": s.keepalive_multiplier,
             "workers": len(reg.workers),
@@ -383,106 +370,29 @@ class MmiService:
             "jobs_in_flight_capacity": reg.max_routes,
             "jobs_finished_remembered": len(reg.finished),
             "jobs_finished_capacity": reg.max_finished,
-            "unknown_workers_remembered": len(b.told_to_leave),
-            "unknown_workers_capacity": b.TOLD_TO_LEAVE_MAX,
-            "gone_workers_remembered": len(b.gone),
-            "gone_workers_capacity": b.GONE_MAX,
-            "identities_bound": len(b.keys),
-            "identities_capacity": b.KEYS_MAX,
+            "unknown_workers_remembered": len(b.workers.told_to_leave),
+            "unknown_workers_capacity": b.workers.TOLD_TO_LEAVE_MAX,
+            "gone_workers_remembered": len(b.workers.gone),
+            "gone_workers_capacity": b.workers.GONE_MAX,
             "client_keepalives": len(reg.client_keepalives),
             "client_keepalives_capacity": reg.max_clients,
-            "queued_notices": len(b.dispatch.notices),
+            "queued_notices": len(d.notices),
             "queued_notices_capacity": MAX_NOTICES,
-            "limit_buckets": len(b.dispatch.limits.buckets),
-            "limit_buckets_capacity": b.dispatch.limits.max_buckets,
+            "limit_buckets": len(d.limits.buckets),
+            "limit_buckets_capacity": d.limits.max_buckets,
             "services_capacity": reg.max_services,
-            "jobs_queued": len(b.dispatch.queued),
-            "queue_bytes": b.dispatch.queued_bytes,
+            "jobs_queued": len(d.queued),
+            "queue_bytes": d.queued_bytes,
             "dispatched_bytes": reg.held_bytes,
             "queue_bytes_capacity": s.broker_queue_bytes,
             "service_queue_capacity": s.service_queue_size,
-            "boot": b.boot,
-            "starting": b.grace_until is not None,
             "max_inflight_per_worker": reg.max_inflight_per_worker,
-            "outbound_queue_depth": b.loop.queue_depth(),
-            "outbound_queue_capacity": b.loop.outbound_size,
-            "frames_received": st.received,
-            "frames_sent": st.sent,
-            "frames_send_dropped": st.send_dropped,
-            "handler_errors": st.handler_errors,
-            "frames_rejected": dict(b.rejected),
-            "counts": dict(b.counts),
             "workers_purged": {svc.label: svc.purged for svc in reg.services.values() if svc.purged},
             "paused_services": b.paused.labels(),
             "paused_services_capacity": b.paused.capacity,
             "paused_write_errors": b.paused.write_errors,
-            **b.memory.facts(b.clock()),
-            "shm_host": b.shm.host,
-            "shm_threshold": b.shm.threshold if b.shm.enabled else None,
-            "shm_reclaimed": b.shm.counts["reclaimed"],
         }
 
     def get_status(self) -> dict[str, Any]:
-        b = self.broker
-        return {"name": "broker", "endpoint": b.bound_endpoint, "security": "NULL", "status": "running"}
-
-    def get_stats(self) -> dict[str, Any]:
-        """NorFab's `get_stats` (its BrokerMonitoringStats, schema 1.0): the process, its messages
-        and each worker's keepalives, which nfcli and NorFab's monitoring read."""
-        b = self.broker
-        st = b.loop.stats
-        uptime = max(1e-9, time.time() - b.started_at)
-        t = os.times()
-        try:
-            fds: int | None = len(os.listdir("/proc/self/fd"))
-        except OSError:
-            fds = None
-        rss = b.memory.facts(b.clock()).get("rss_bytes") or 0
-        workers = [
-            {
-                "name": w.label,
-                "service": w.service.decode(errors="replace"),
-                "status": "alive" if w.keepalive.is_alive() else "dead",
-                "holdtime_seconds": round(w.keepalive.hold_time_left(), 3),
-                "uptime_seconds": int(w.keepalive.alive_for()),
-                "keepalives_sent": w.keepalive.sent,
-                "keepalives_received": w.keepalive.received,
-            }
-            for w in b.registry.workers.values()
-        ]
-        return {
-            "schema_version": "1.0",
-            "collected_at": datetime.now(UTC).isoformat(),
-            "name": "zfab-broker",
-            "role": "broker",
-            "status": "active",
-            "process": {
-                "cpu_percent": round(100.0 * (t.user + t.system) / uptime, 2),  # the average since start
-                "memory_rss_mbyte": round(rss / 2**20, 3),
-                "uptime_seconds": int(uptime),
-                "open_file_descriptors": fds,
-                "tcp_sockets": None,
-                "threads": threading.active_count(),
-            },
-            "messaging": {
-                "sent": st.sent,
-                "received": st.received,
-                "events_received": 0,
-                "send_failures": st.send_dropped,
-                "receive_failures": sum(b.rejected.values()),
-            },
-            "endpoint": b.bound_endpoint,
-            "worker_count": len(b.registry.workers),
-            "service_count": len(b.registry.services),
-            "keepalive_interval_ms": int(b.settings.keepalive_interval * 1000),
-            "keepalive_multiplier": b.settings.keepalive_multiplier,
-            "workers": workers,
-        }
-
-    def show_broker_version(self) -> dict[str, str]:
-        names = ("zfab", *NORFAB_VERSION_KEYS, "fastapi", "prometheus-client")
-        out = {pkg: _version(pkg) for pkg in dict.fromkeys(names)}
-        out["norfab"] = out["norfab"] or NFP_OF_NORFAB
-        out["python"] = sys.version.split(" ")[0]
-        out["platform"] = sys.platform
-        return out
+        endpoint = self.view.figures()["endpoint"]
+        return {"name": "broker", "endpoint": endpoint, "security": "NULL", "status": "running"}

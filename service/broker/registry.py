@@ -12,11 +12,15 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.histogram import Histogram
 from ..core.keepalive import Clock, KeepAlive
+from ..settings import Settings
 from .jobqueue import QueuedJob, ServiceQueue
+
+if TYPE_CHECKING:
+    from .limits import Bucket
 
 PROTOCOL_V2 = 2  # a worker whose READY says {"v": 2} speaks zfab's extensions (meta frame, reasons)
 # A live worker is never silent for more than 1.2 keepalive intervals (core/keepalive.py ANSWER_DELAY):
@@ -46,10 +50,10 @@ class WorkerRecord:
     host: str | None = None  # its shared-memory host id (READY announce): a client's handle may go to it
     origin: str = "another connection"  # where it runs, as its READY said (host name, pid): for refusals
     rivals: int = 0  # READYs under its name the broker refused while it held the name
+    label: str = field(init=False, default="")  # its name as text (logs, answers), decoded once
 
-    @property
-    def label(self) -> str:
-        return self.name.decode(errors="replace")
+    def __post_init__(self) -> None:
+        self.label = self.name.decode(errors="replace")
 
     @property
     def draining(self) -> bool:
@@ -145,7 +149,9 @@ class Registry:
         # they get the workers' keepalive wave and answer it. Bounded like the clients table.
         self.client_keepalives: OrderedDict[bytes, KeepAlive] = OrderedDict()
         self.routes: dict[bytes, Route] = {}
-        self.on_drop: Callable[[Route], None] | None = None  # a route ended (the dispatcher's limits)
+        # Limit slots of routes that ended, returned as data for the dispatcher to free (Dispatch.free_limits,
+        # before its next admission or pump): at most the routes dropped since then.
+        self.freed: list[Bucket] = []
         # Bytes of the request bodies the routes keep (for a busy answer's requeue), counted with
         # the queued ones against ZFAB_BROKER_QUEUE_BYTES: always changed by add_route, let_go and
         # drop_route, never by a bare `del routes[...]`.
@@ -154,6 +160,20 @@ class Registry:
         # was missed goes back to that worker instead of running again (LRU-bounded).
         self.finished: OrderedDict[bytes, bytes] = OrderedDict()
         self.max_finished = max_routes
+
+    @classmethod
+    def from_settings(cls, s: Settings, clock: Clock) -> Registry:
+        """The tables bounded as the settings say."""
+        return cls(
+            interval=s.keepalive_interval,
+            multiplier=s.keepalive_multiplier,
+            max_inflight_per_worker=s.max_inflight_per_worker,
+            max_routes=s.max_routes,
+            max_clients=s.max_clients,
+            max_services=s.max_services,
+            service_memory=s.service_memory_seconds,
+            clock=clock,
+        )
 
     # ---- services ------------------------------------------------------------
 
@@ -242,10 +262,13 @@ class Registry:
 
     def set_level(self, svc: ServiceRecord, w: WorkerRecord) -> None:
         """File the worker under its current load, or out of the free levels when it has no credit."""
-        level = len(w.inflight) if w.free > 0 and not w.draining and w.ident in svc.workers else -1
+        n = len(w.inflight)  # (w.free and w.draining inlined: this runs twice per job)
+        level = n if w.credits - w.throttle - n > 0 and w.ident in svc.workers and not w.stats.get("draining") else -1
         if level == w.level:
             return
-        self._unlevel(svc, w)
+        if w.level >= 0:
+            svc.levels[w.level].pop(w.ident, None)
+            w.level = -1
         if level >= 0:
             while len(svc.levels) <= level:
                 svc.levels.append({})
@@ -355,8 +378,9 @@ class Registry:
         if route is not None:
             self.held_bytes -= route.held
             route.held = 0
-            if self.on_drop is not None:
-                self.on_drop(route)
+            job = route.job
+            if job is not None and job.limit is not None:
+                self.freed.append(job.limit)
         return route
 
     def let_go(self, route: Route) -> None:

@@ -11,7 +11,7 @@ little-endian IEEE 754 doubles, seconds, in a fixed order. The worker sends its 
 asked for pushed results, so it never reads the worker's. Binary, not text: formatting and parsing
 five decimal numbers cost more per job than the rest of the trace together.
 
-    worker → broker   24 bytes: worker_queue, run, worker_result
+    worker → broker   24 bytes: worker_queue, run, worker_result; a 25th, the task's outcome (below)
     broker → client   40 bytes: the worker's 24, then broker_queue, broker_wait
                       16 bytes: broker_queue, broker_wait (the worker sent none, or not 24 bytes)
 
@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import struct
 from typing import Final
+
+from .states import State
 
 # The hops of a job, in the order it passes them (closed: the metric's label values).
 API: Final = "api"  # the API: request read, checked and recorded, until its client submits it
@@ -36,24 +38,51 @@ HOPS: Final = (API, CLIENT_BROKER, BROKER_QUEUE, BROKER_WORKER, WORKER_QUEUE, RU
 _WORKER = struct.Struct("<3d")
 _BROKER = struct.Struct("<2d")
 _BOTH = struct.Struct("<5d")
+_FORWARD = struct.Struct("<24s2d")  # the worker's 24 bytes as they are, then the broker's two
 WORKER_BYTES: Final = _WORKER.size  # 24
 BROKER_BYTES: Final = _BROKER.size  # 16
 MAX_SECONDS: Final = 30 * 86_400.0  # past any job's deadline: a larger figure is not a measurement
 
+# The outcome of a final answer, as data: the one byte a zfab worker appends to its 24 (docs/protocol.md,
+# "Hop traces"), so the broker knows completed from failed without reading the result. The words are
+# core/states.py's, and `retrying`: a failed attempt its worker runs again (not the job's end).
+OUTCOME_COMPLETED: Final = b"c"
+OUTCOME_FAILED: Final = b"f"
+OUTCOME_RETRYING: Final = b"r"
+OUTCOMES: Final = {
+    OUTCOME_COMPLETED[0]: State.COMPLETED.value,
+    OUTCOME_FAILED[0]: State.FAILED.value,
+    OUTCOME_RETRYING[0]: "retrying",
+}
 
-def worker_frame(received: float, started: float | None, completed: float, queued_to_send: float) -> bytes:
-    """The worker's three durations. `started` is None for a job that ended before it ran (cancelled,
-    expired, bad arguments): its time waiting counts as queue time and it ran for 0 s."""
+
+def worker_frame(
+    received: float, started: float | None, completed: float, queued_to_send: float, outcome: bytes = b""
+) -> bytes:
+    """The worker's three durations, and its `outcome` byte (OUTCOME_*) when given. `started` is None for
+    a job that ended before it ran (cancelled, expired, bad arguments): its time waiting counts as queue
+    time and it ran for 0 s."""
     began = completed if started is None else started
-    return _WORKER.pack(max(0.0, began - received), max(0.0, completed - began), max(0.0, queued_to_send - completed))
+    figures = _WORKER.pack(
+        max(0.0, began - received), max(0.0, completed - began), max(0.0, queued_to_send - completed)
+    )
+    return figures + outcome if outcome else figures
+
+
+def outcome_of(worker_trace: bytes | memoryview | None) -> str | None:
+    """The outcome a worker's frame tells (completed, failed, retrying), or None: it tells none."""
+    if worker_trace is None or len(worker_trace) != WORKER_BYTES + 1:
+        return None
+    return OUTCOMES.get(worker_trace[WORKER_BYTES])
 
 
 def broker_frame(worker_trace: bytes | None, received: float, sent: float, answered: float) -> bytes:
-    """The frame the broker forwards: the worker's durations (when they are a worker frame) and its own."""
-    own = _BROKER.pack(max(0.0, sent - received), max(0.0, answered - sent))
-    if worker_trace is not None and len(worker_trace) == WORKER_BYTES:
-        return worker_trace + own
-    return own
+    """The frame the broker forwards: the worker's durations (when they are a worker frame, with or
+    without its outcome byte, which stays at the broker) and its own."""
+    queue, wait = max(0.0, sent - received), max(0.0, answered - sent)
+    if worker_trace is not None and WORKER_BYTES <= len(worker_trace) <= WORKER_BYTES + 1:
+        return _FORWARD.pack(worker_trace, queue, wait)  # "24s" takes the figures, not the outcome: one copy
+    return _BROKER.pack(queue, wait)
 
 
 def _ok(v: float) -> bool:

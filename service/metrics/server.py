@@ -89,7 +89,7 @@ def serve_metrics(
                 answers = True
             except Exception:
                 answers = False
-            return {"loop": answers, "bound": bool(b.bound_endpoint), "started": b.grace_until is None}
+            return {"loop": answers, "bound": bool(b.bound_endpoint), "started": b.requests.grace_until is None}
 
     elif worker is not None:
         w = worker

@@ -399,12 +399,16 @@ class JobRunner:
         wire: bytes = payload
         if len(payload) >= self.shm_threshold and job.shm_reply and self.shm is not None and not entry["failed"]:
             # Same host as the client: a handle instead of the bytes (the bytes if the block fails).
-            # Only a completed result: the broker's events tell completed from failed by the bytes,
-            # which a handle does not carry (a failed entry's result is null: seldom this large).
+            # Only a completed result (a failed entry's result is null: seldom this large); the broker
+            # learns the outcome from the trace frame's outcome byte either way, not from these bytes.
             wire = self.shm.put(payload, ttl=RESULT_LINGER, worker=self.name) or payload
         frames = nfp.worker_reply(nfp.RESPONSE, job.client, job.uuid.encode(), code, wire)
         if job.traced:
-            frames.append(hoptrace.worker_frame(job.received_mono, job.started_mono, completed, time.monotonic()))
+            # The outcome as data (core/hoptrace.py): the broker need not read the result to know it.
+            told = hoptrace.OUTCOME_FAILED if entry["failed"] else hoptrace.OUTCOME_COMPLETED
+            if entry["failed"] and retry is not None:
+                told = hoptrace.OUTCOME_RETRYING
+            frames.append(hoptrace.worker_frame(job.received_mono, job.started_mono, completed, time.monotonic(), told))
 
         def report() -> None:  # the writer thread, once the result is committed
             self.send(frames)

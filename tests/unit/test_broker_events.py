@@ -15,17 +15,19 @@ import zmq
 from test_broker_handlers import finish, make_broker, post, ready, stub
 
 from zfab import Broker
+from zfab.broker import eventbody
 from zfab.broker import events as ev
 from zfab.broker.events import EventPublisher, result_state, topic_part
+from zfab.broker.queueevents import QUEUE_INTERVAL
 from zfab.core import protocol as nfp
 from zfab.transport import FakeClock
 
 
 def with_events(clock: FakeClock, **kw: Any) -> tuple[Broker, EventPublisher]:
-    b = make_broker(clock)
-    b.events = EventPublisher("inproc://unused", **kw)
-    b.events.active = True  # as if someone subscribed
-    return b, b.events
+    p = EventPublisher("inproc://unused", **kw)
+    p.active = True  # as if someone subscribed
+    b = make_broker(clock, events=p)
+    return b, p
 
 
 def published(p: EventPublisher) -> list[tuple[str, str | None, bytes, bytes]]:
@@ -125,7 +127,7 @@ def test_the_hand_off_queue_is_bounded_and_its_drops_counted(clock: FakeClock) -
 
 def test_topic_parts_are_safe_and_bounded() -> None:
     assert topic_part("demo") == "demo" and topic_part("a.b c") == "a_b_c" and topic_part("") == "_"
-    assert len(topic_part("x" * 10_000)) == ev.TOPIC_PART_MAX
+    assert len(topic_part("x" * 10_000)) == eventbody.TOPIC_PART_MAX
     assert topic_part("é\n*>") == "____"
     assert result_state(None) == "completed" and result_state(b"not json") == "completed"
     assert result_state(b'{"w": {"failed": true}}') == "failed"
@@ -221,7 +223,7 @@ def test_a_jobs_progress_events_are_published_under_event_service_worker_bounded
         "INFO",
         0.5,
     )
-    assert len(first["message"]) == ev.EVENT_TEXT_MAX and "extras" not in first
+    assert len(first["message"]) == eventbody.EVENT_TEXT_MAX and "extras" not in first
     assert big["oversize"] is True and "message" not in big and bad["malformed"] is True
     assert [first["tseq"], big["tseq"], bad["tseq"]] == [1, 2, 3] and p.queue_bytes() == 0
     p.active = False  # nobody subscribed: nothing handed over
@@ -244,15 +246,15 @@ def test_queue_changes_are_coalesced_to_one_event_per_interval_per_service(clock
     first = sent(p, "queue")
     # The first change of each published at once, the other 398 changes wait for their turn
     assert sorted((t, e["depth"]) for t, e in first) == [("queue.demo", 1), ("queue.other", 1)]
-    assert stub(b).tick() == pytest.approx(clock() + ev.QUEUE_INTERVAL)  # the loop wakes for them
-    clock.advance(ev.QUEUE_INTERVAL)
+    assert stub(b).tick() == pytest.approx(clock() + QUEUE_INTERVAL)  # the loop wakes for them
+    clock.advance(QUEUE_INTERVAL)
     stub(b).tick()
     second = {t: e for t, e in sent(p, "queue")}
     assert set(second) == {"queue.demo", "queue.other"}
     q = second["queue.demo"]
     assert (q["depth"], q["capacity"], q["paused"], q["tseq"]) == (199, 1000, False, 2) and q["bytes"] > 0
     assert not b.dispatch.queue_changed  # nothing waits: the loop does not wake for queues
-    clock.advance(ev.QUEUE_INTERVAL)
+    clock.advance(QUEUE_INTERVAL)
     stub(b).tick()
     assert sent(p, "queue") == []  # unchanged: nothing published
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from zfab import Broker, Settings
+from zfab.broker.events import EventPublisher
 from zfab.core import protocol as nfp
 from zfab.transport import FakeClock, StubLoop, StubTransport
 
@@ -22,7 +23,7 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-def make_broker(clock: FakeClock, **settings: Any) -> Broker:
+def make_broker(clock: FakeClock, events: EventPublisher | None = None, **settings: Any) -> Broker:
     base: dict[str, Any] = {
         "keepalive_interval": INTERVAL,
         "keepalive_multiplier": MULTIPLIER,
@@ -31,7 +32,7 @@ def make_broker(clock: FakeClock, **settings: Any) -> Broker:
         "service_queue_size": 5,
     }
     s = Settings(**{**base, **settings})
-    b = Broker(s, endpoint="tcp://127.0.0.1:1", transport=StubTransport(clock), clock=clock)
+    b = Broker(s, endpoint="tcp://127.0.0.1:1", transport=StubTransport(clock), clock=clock, events=events)
     b.loop.start()
     stub(b).tick()  # the startup grace (0 s) ends
     return b
@@ -554,7 +555,7 @@ def test_a_rival_that_keeps_trying_is_refused_each_time_and_logged_once_per_hund
 ) -> None:
     announce_ready(broker, b"w1~aaaa", "w1")
     stub(broker).take()
-    with caplog.at_level("WARNING", logger="zfab.broker.workerside"):
+    with caplog.at_level("WARNING", logger="zfab.broker.workers"):
         for i in range(150):
             announce_ready(broker, f"w1~{i:04x}".encode(), "w1")
     assert broker.counts["worker_name_taken"] == 150
@@ -604,7 +605,7 @@ def test_a_worker_that_reconnects_names_its_previous_connection_and_takes_its_na
 
 def test_under_curve_only_the_holders_key_may_say_it_was_the_previous_connection(clock: FakeClock) -> None:
     b = make_broker(clock)
-    b.zap = type("Zap", (), {"may_register": staticmethod(lambda name, user: True)})()  # every key may be w1
+    b.identities.zap = type("Zap", (), {"may_register": staticmethod(lambda name, user: True)})()  # every key may be w1
     ann = nfp.dumps({"v": 2, "name": "w1", "credits": 2, "tasks": TASKS})
     stub(b).feed([b"w1~aaaa", b"", nfp.WORKER, nfp.READY, b"demo", ann], user_id=b"key-a")
     other = nfp.dumps({"v": 2, "name": "w1", "credits": 2, "tasks": TASKS, "previous": "w1~aaaa"})

@@ -8,6 +8,7 @@ imports under `if TYPE_CHECKING:` are left out: they never run.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -257,3 +258,27 @@ UNDER_450 = (
 def test_a_module_stays_under_450_lines(path: str) -> None:
     lines = len((ROOT / path).read_text().splitlines())
     assert lines <= 450, f"{path} has {lines} lines: look for the second concept hiding in it"
+# ---- the broker as a mediator of composed parts (issue 40) ----------------------------------------
+
+BROKER = ROOT / "service" / "broker"
+
+
+def test_the_broker_module_is_a_mediator_of_about_300_lines_and_its_parts_stay_small() -> None:
+    """Majordomo's broker is ~300 lines around one mediate(); ours keeps that shape (broker.py), and
+    each part holds one concept: a module past ~450 lines has a second one hiding in it."""
+    assert len((BROKER / "broker.py").read_text().splitlines()) <= 300
+    sizes = {p.name: len(p.read_text().splitlines()) for p in BROKER.glob("*.py")}
+    assert not {name: n for name, n in sizes.items() if n > 450}, sizes
+
+
+def test_nothing_in_the_broker_is_guarded_per_concern_or_called_back_after_construction() -> None:
+    """Cross-cutting concerns are hooks (hooks.py), one tuple per point: no `events is not None`-style
+    guard on the broker's paths; and no part gets its owner's methods injected after construction."""
+    guard = re.compile(r"\bif\s+(not\s+)?self\.(events|tracer|publisher|memory)\b(\s+is\s+(not\s+)?None)?\s*:")
+    found = []
+    for path in BROKER.glob("*.py"):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if guard.search(line) or "events is not None" in line or re.search(r"\.on_\w+\s*=\s*self\.", line):
+                found.append(f"{path.name}:{n}: {line.strip()}")
+    assert not found, found
+    assert not (BROKER / "workerside.py").exists()  # the Broker is one class, composed (no mixin)

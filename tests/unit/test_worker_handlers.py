@@ -452,8 +452,9 @@ def test_a_job_from_a_zfab_broker_ends_with_its_hop_trace_and_one_from_norfab_wi
             break
         time.sleep(0.01)
     assert len(finals[b"j1"]) == 9 and len(finals[b"j2"]) == 8
-    assert len(finals[b"j1"][8]) == hoptrace.WORKER_BYTES
-    worker_queue, run, worker_result = struct.unpack("<3d", finals[b"j1"][8])
+    # its three durations, then its outcome as data (one byte: the broker need not read the result)
+    assert len(finals[b"j1"][8]) == hoptrace.WORKER_BYTES + 1 and hoptrace.outcome_of(finals[b"j1"][8]) == "completed"
+    worker_queue, run, worker_result = struct.unpack_from("<3d", finals[b"j1"][8])
     # The task slept 0.05 s; its hops are no more than the whole the test saw (an order, not a time window)
     took = time.monotonic() - t0
     assert run >= 0.05 and worker_queue >= 0 and worker_result >= 0 and worker_queue + run + worker_result <= took

@@ -1,8 +1,9 @@
-"""Credit-based dispatch: the broker's job queue and what leaves it.
+"""Credit-based dispatch: the broker's job queue and what leaves it (admit, pump, fan-out, busy).
 
 A worker holds at most its credits in jobs (pool size + prefetch, announced in READY); what no
 worker can take now waits in its service's queue (jobqueue.py) until a credit frees, its delay
-ends, or its deadline passes. Runs on the broker's owner thread; sends through the broker.
+ends, or its deadline passes (deadlines.py reads the heaps kept here). Runs on the broker's owner
+thread; sends through the Outbox it is given (outbox.py), never through its owner.
 """
 
 from __future__ import annotations
@@ -10,20 +11,19 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Callable, Container
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core import payloads, shmhandle
+from ..core import payloads
 from ..core import protocol as nfp
 from ..core.histogram import Histogram
 from ..core.payloads import Word
-from ..core.shmhandle import HandleError
 from ..settings import Settings
-from ..transport.shm import ShmArena
-from .admission import Refusal, answer, bad
+from .admission import Refusal, answer
 from .jobqueue import ANY, QueuedJob, Spot
 from .limits import OVERFLOW, Bucket, Limiter
+from .outbox import Outbox
 from .registry import Registry, Route, ServiceRecord, WorkerRecord
+from .shmbody import ShmBodies
 
 MAX_NOTICES = 100_000  # "queued" notices held for later; beyond it a client is told at once
 
@@ -34,27 +34,28 @@ log = logging.getLogger(__name__)
 
 QUEUED_BUCKETS = (0.001, 0.01, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800, 3600)
 
-Reply = Callable[[bytes, bytes, bytes, bytes, Any], None]  # client, service, uuid, status, payload
 
-
-class Dispatcher:
-    """Queues, sends and expires jobs. `reply(client, service, uuid, status, payload)` answers
-    a client; `send(frames)` sends raw frames (both owner-direct)."""
+class Dispatch:
+    """Admits, queues and sends jobs as credits allow. What it sends goes through `out` (owner-direct)."""
 
     def __init__(
         self,
         registry: Registry,
         settings: Settings,
         *,
-        reply: Reply,
-        send: Callable[[list[nfp.Frame]], None],
+        out: Outbox,
         counts: Counter[str],
         clock: Callable[[], float],
+        paused: Container[bytes],
+        shm: ShmBodies,
+        limits: Limiter,
+        queue_changed: set[bytes],
     ) -> None:
         self.reg = registry
         self.s = settings
-        self.reply = reply
-        self.send = send
+        self.out = out
+        self.reply = out.reply
+        self.send = out.send
         self.counts = counts
         self.clock = clock
         self.queued: dict[bytes, QueuedJob] = {}  # every waiting job by wire uuid (dedupe, cancel)
@@ -64,24 +65,19 @@ class Dispatcher:
         self.delays: list[tuple[float, int, QueuedJob]] = []  # ends of delays, across services
         self.directed: set[bytes] = set()  # identities of workers with parts waiting for their credits
         self.dirty: set[bytes] = set()  # services whose queue may move (a credit freed, a worker came)
-        # Services whose queue's depth or bytes changed: the broker's loop publishes them, coalesced
-        # (events.py tend_queues; emptied there, or it holds at most every service once).
-        self.queue_changed: set[bytes] = set()
+        self.queue_changed = queue_changed  # services whose queue changed (queueevents.py publishes them)
         # "queued" notices a client asked to have only if its job still waits by then: (due, seq,
         # job). Entries of jobs dispatched meanwhile go when due; past MAX_NOTICES, told at once.
         self.notices: list[tuple[float, int, QueuedJob]] = []
-        # Services whose queue is paused (paused.py): their jobs are admitted and queued, never sent.
-        self.paused: Container[bytes] = frozenset()
-        self.shm: ShmArena | None = None  # reads a client's block for a worker that cannot map it
-        # Tasks' rate and concurrency limits (limits.py); a route's end frees its job's slot.
-        self.limits = Limiter(Path(settings.data_dir) / "broker")
-        registry.on_drop = self._route_ended
-
-    # ---- admission ---------------------------------------------------------------
+        self.paused = paused  # services whose jobs are admitted and queued, never sent (paused.py)
+        self.shm = shm  # reads a client's block for a worker that cannot map it (shmbody.py)
+        self.limits = limits  # tasks' rate and concurrency limits: a route's end frees a slot (free_limits)
 
     def admit(self, svc: ServiceRecord, job: QueuedJob, *, announce_now: bool = True) -> None:
         """Send the job now if a worker can take it and nothing waits ahead of it; else queue it."""
         now = self.clock()
+        if self.reg.freed:
+            self.free_limits()
         if self.queued_bytes + self.reg.held_bytes + job.size > self.s.broker_queue_bytes:
             # A job sent at once is held too (until it starts, or ends): the bound is on both.
             raise Refusal(
@@ -120,7 +116,7 @@ class Dispatcher:
                 # false, no 202 either): under a pipelined load nearly every job queues briefly.
                 heapq.heappush(self.notices, (now + job.notice, job.seq, job))
             else:
-                self._tell_queued(job)
+                self.tell_queued(job)
 
     def _check_room(self, svc: ServiceRecord, job: QueuedJob) -> None:
         if svc.queue.depth >= self.s.service_queue_size:
@@ -150,7 +146,7 @@ class Dispatcher:
             heapq.heappush(self.delays, (job.not_before, job.seq, job))
         self.counts["queued"] += 1
 
-    def _leave(self, svc: ServiceRecord, job: QueuedJob) -> None:
+    def leave(self, svc: ServiceRecord, job: QueuedJob) -> None:
         if self.queued.pop(job.uuid, None) is not None:
             self.queued_bytes -= job.size
             if job.limit is not None:
@@ -158,32 +154,23 @@ class Dispatcher:
         svc.queue.leave(job)
         self.queue_changed.add(svc.name)
 
-    def _tell_queued(self, job: QueuedJob) -> None:
+    def tell_queued(self, job: QueuedJob) -> None:
         job.told_queued = True
         depth = self.reg.services[job.service].queue.depth if job.service in self.reg.services else 0
         self.reply(job.client, job.service, job.uuid, nfp.ST_QUEUED, answer(job, Word.QUEUED, depth=depth))
-
-    def tell_waiting(self, now: float) -> None:
-        """Notices that came due: jobs still waiting are told "queued"."""
-        while self.notices and self.notices[0][0] <= now:
-            job = heapq.heappop(self.notices)[2]
-            if not job.told_queued and job.spot is not Spot.GONE and self.queued.get(job.uuid) is job:
-                self._tell_queued(job)
 
     def requeued(self, job: QueuedJob) -> None:
         """A POST repeated for a job that waits: the same answer again (none yet for a job whose
         service no worker has confirmed while the broker starts)."""
         self.counts["post_retried"] += 1
         if job.announce and job.told_queued:
-            self._tell_queued(job)
-
-    # ---- sending -----------------------------------------------------------------
+            self.tell_queued(job)
 
     def _post(self, w: WorkerRecord, job: QueuedJob, now: float, body: nfp.Frame | None = None) -> None:
         if body is None:
             body = job.body
             if job.shm and w.host != job.host:
-                read = self._shm_bytes(job)  # a part for a worker on another host (or a NorFab one): bytes
+                read = self.shm.read(job)  # a part for a worker on another host (or a NorFab one): bytes
                 if not isinstance(read, str):  # (unreadable: the handle, which its worker refuses with a reason)
                     body = read
         frames = nfp.broker_job(w.ident, nfp.POST, job.client, job.uuid, body)
@@ -206,38 +193,6 @@ class Dispatcher:
             frames.append(nfp.dumps(meta))
         self.send(frames)
 
-    def check_handle(self, job: QueuedJob) -> None:
-        """A POST whose body is a handle: refused (400, counted `shm_refused`) when it is malformed or
-        claims more than a message may carry, before anything is read. The broker forwards handles
-        unread; it reads one only for a worker that cannot take it (_shm_bytes), within this bound."""
-        try:
-            shmhandle.check_claim(job.body, self.s.max_message_bytes)
-        except HandleError as exc:
-            self.counts["shm_refused"] += 1
-            raise bad(exc.detail) from None
-
-    def _shm_bytes(self, job: QueuedJob) -> nfp.Frame | str:
-        """The body a client's handle names, read here (the broker is on the client's host, or the
-        client would not have sent one) for a worker that cannot take a handle: copied with pread
-        (transport/shm.py), so a block cut meanwhile reads short instead of faulting, and only a
-        block of the broker's own user, within ZFAB_MAX_MESSAGE_BYTES. For an unreadable block, why
-        (counted `shm_unreadable`)."""
-        if self.shm is None:
-            return job.body
-        try:
-            body: nfp.Frame = self.shm.read(job.body)
-            attempt = shmhandle.decode_handle(job.body).attempt
-            if attempt > 1:  # a retried job: its block's body says attempt 1
-                body = payloads.with_attempt(bytes(body), attempt)
-        except HandleError as exc:
-            self.counts["shm_unreadable"] += 1
-            n = self.counts["shm_unreadable"]
-            if n <= 3 or n % 1000 == 0:  # a peer sending bad handles cannot flood the log
-                log.warning("broker: the body of job %r cannot be read from shared memory: %s", job.uuid[:64], exc)
-            return exc.detail
-        self.counts["shm_materialized"] += 1
-        return body
-
     def _dispatched(self, job: QueuedJob, workers: list[WorkerRecord]) -> None:
         body = payloads.dispatched(job.uuid, job.target, job.service, [w.label for w in workers])
         self.reply(job.client, job.service, job.uuid, nfp.ST_DISPATCHED, body)
@@ -256,7 +211,7 @@ class Dispatcher:
     def _send_any(self, svc: ServiceRecord, job: QueuedJob, w: WorkerRecord, now: float) -> None:
         body: nfp.Frame | None = None
         if job.shm and w.host != job.host:
-            read = self._shm_bytes(job)  # a worker on another host (or a NorFab one) gets the bytes
+            read = self.shm.read(job)  # a worker on another host (or a NorFab one) gets the bytes
             if isinstance(read, str):
                 self._unreadable(svc, job, w, read)
                 return
@@ -283,7 +238,7 @@ class Dispatcher:
         (gone, cut, another user's): it fails here, before any part is sent, with the reason, rather
         than reach a worker as a handle it cannot take."""
         if job.uuid in self.queued:
-            self._leave(svc, job)
+            self.leave(svc, job)
         job.spot = Spot.GONE
         why = f"the broker could not read the job's body from shared memory for worker {w.label}: {why}"
         self.reply(job.client, job.service, job.uuid, nfp.ST_BAD_REQUEST, answer(job, Word.FAILED, why))
@@ -292,7 +247,7 @@ class Dispatcher:
         """A job for `all`, a name or a list: every worker gets its part, now or when it has a credit."""
         body: nfp.Frame | None = None  # bytes for the workers that take no handle, read once
         if job.shm and (other := next((w for w in workers if w.host != job.host and w.free > 0), None)):
-            read = self._shm_bytes(job)
+            read = self.shm.read(job)
             if isinstance(read, str):
                 self._unreadable(svc, job, other, read)
                 return
@@ -316,7 +271,7 @@ class Dispatcher:
             job.parts_waiting = waiting
             self._hold(svc, job)
         elif job.uuid in self.queued:
-            self._leave(svc, job)
+            self.leave(svc, job)
 
     def send_across(self, job: QueuedJob, workers: list[WorkerRecord]) -> None:
         """A job of NorFab's `all` pseudo-service: every worker picked gets it now, credits or not,
@@ -341,10 +296,10 @@ class Dispatcher:
         svc.queue.hold(job)
         self.queue_changed.add(svc.name)
 
-    # ---- moving the queue ----------------------------------------------------------
-
     def pump(self) -> None:
         """Send what the freed credits allow, for every service marked dirty."""
+        if self.reg.freed:
+            self.free_limits()
         dirty, self.dirty = self.dirty, set()
         now = self.clock()
         for name in dirty:
@@ -370,7 +325,7 @@ class Dispatcher:
             for parked in list(svc.queue.parked.values()):
                 self.unpark(svc, parked, now)
         q = svc.queue
-        opened = self._open_buckets(svc.name, now)
+        opened = self._open_buckets(svc.name, now) if self.limits.buckets else []
         while len(self.reg.routes) < self.reg.max_routes:
             job = q.peek_ready()
             b = None
@@ -393,7 +348,7 @@ class Dispatcher:
                 q.pop_ready()
             else:
                 b.pop()
-            self._leave(svc, job)
+            self.leave(svc, job)
             self._send_any(svc, job, w, now)
             if b is not None:
                 top = b.top()
@@ -419,51 +374,14 @@ class Dispatcher:
         heapq.heapify(out)
         return out
 
-    def _route_ended(self, route: Route) -> None:
-        """A dispatched job ended (or went back to the queue): its limit's slot is free again."""
-        job = route.job
-        if job is not None and job.limit is not None:
-            self.limits.finished(job.limit)
-            if job.limit.top() is not None:
-                self.dirty.add(job.service)
-
-    def relimit(self, service: bytes, task: str) -> None:
-        """A task's limit was set or cleared: buckets with the same key take the new numbers; the
-        jobs waiting in others are placed again, under the new rule or none."""
-        svc = self.reg.services.get(service)
-        rule = self.limits.rule(service, task, svc.tasks if svc is not None else None)
-        waiting: list[QueuedJob] = []
-        stale: set[Bucket] = set()
-        for b in self.limits.of_task(service, task):
-            if rule is not None and rule.key == b.rule.key:
-                b.rule = rule
-                continue
-            stale.add(b)
-            while (job := b.pop()) is not None:
-                waiting.append(job)
-        now = self.clock()
-        # Delayed jobs hold their bucket too: they enter the new one when their delay ends.
-        delayed = [j for j in svc.queue.waiting.values() if j.spot is Spot.DELAYED and j.limit in stale] if svc else []
-        schema = (svc.tasks or {}).get(task) if svc else None
-        for job in waiting + delayed:
-            if job.uuid in self.queued:
-                job.limit.queued -= 1
-            job.limit = None
-            if rule is not None:
-                job.limit = self.limits.bucket_for(job, rule, schema, now)
-                if job.uuid in self.queued:
-                    job.limit.queued += 1
-            if svc is not None and job.spot is not Spot.DELAYED:
-                svc.queue.place(job, now)
-        if svc is not None:
-            self.dirty.add(service)
-
-    def resumed(self, name: bytes) -> None:
-        """A paused queue resumes: its jobs go as credits allow, from the next pump."""
-        svc = self.reg.services.get(name)
-        if svc is not None:
-            svc.roster_changed = True  # jobs parked for named workers (or `all`) are looked at again
-            self.dirty.add(name)
+    def free_limits(self) -> None:
+        """Dispatched jobs ended (or went back to the queue): the limit slots the registry says their
+        routes held are free again (Registry.drop_route returns them as data, in `freed`)."""
+        freed, self.reg.freed = self.reg.freed, []
+        for b in freed:
+            self.limits.finished(b)
+            if b.top() is not None:
+                self.dirty.add(b.service)
 
     def unpark(self, svc: ServiceRecord, job: QueuedJob, now: float) -> None:
         workers = self.reg.resolve(svc, job.names)
@@ -478,7 +396,7 @@ class Dispatcher:
         self._post(w, job, now)
         job.parts_waiting -= 1
         if job.parts_waiting <= 0:
-            self._leave(svc, job)
+            self.leave(svc, job)
 
     def busy(self, svc: ServiceRecord, w: WorkerRecord, uuid: bytes) -> bool:
         """The worker answered 503 for a job it was sent: it had no room after all. Hold back its
@@ -515,153 +433,3 @@ class Dispatcher:
         if job is not None and job.kind == ANY and w.name in route.workers:
             job.body = b""
             self.reg.let_go(route)
-
-    def worker_lost(self, svc: ServiceRecord | None, w: WorkerRecord) -> dict[bytes, bytes]:
-        """The worker is gone: its parts that never left the queue end with it (they named it).
-        Returns them as uuid -> client, like the jobs it had in flight."""
-        lost: dict[bytes, bytes] = {}
-        self.directed.discard(w.ident)
-        while w.directed:
-            job = heapq.heappop(w.directed)[2]
-            if job.spot is not Spot.DIRECTED:
-                continue
-            job.parts_waiting -= 1
-            if job.parts_waiting <= 0 and svc is not None:
-                self._leave(svc, job)
-            route = self.reg.routes.get(job.uuid)
-            if route is not None:
-                route.workers.discard(w.name)
-                if not route.workers:
-                    self.reg.drop_route(job.uuid)
-            lost[job.uuid] = job.client
-        return lost
-
-    # ---- cancel and expiry ------------------------------------------------------------
-
-    def cancel(self, job: QueuedJob) -> None:
-        """DELETE of a waiting job: it leaves the queue now and never runs."""
-        svc = self.reg.services.get(job.service)
-        if svc is not None:
-            self._leave(svc, job)
-        job.spot = Spot.GONE
-        self.counts["cancelled_in_queue"] += 1
-        self.reply(
-            job.client, job.service, job.uuid, nfp.ST_CANCELLED, answer(job, Word.CANCELLED, "cancelled while queued")
-        )
-
-    def cancel_quietly(self, job: QueuedJob) -> None:
-        """The job leaves the queue; the caller answers the client."""
-        svc = self.reg.services.get(job.service)
-        if svc is not None:
-            self._leave(svc, job)
-        job.spot = Spot.GONE
-
-    def cancel_parts(self, job: QueuedJob) -> None:
-        """DELETE of a fanned-out job: its parts still waiting never go out; the sent ones are
-        asked of their workers by the caller."""
-        route = self.reg.routes.get(job.uuid)
-        if route is not None:
-            for name in list(route.workers):
-                w = self.reg.by_name.get(name)
-                if w is not None and job.uuid in w.inflight:
-                    continue
-                route.workers.discard(name)
-                body = payloads.lost(
-                    name.decode(errors="replace"), job.uuid, job.service, "cancelled while queued", Word.CANCELLED
-                )
-                self.reply(job.client, job.service, job.uuid, nfp.ST_CANCELLED, body)
-            if not route.workers:
-                self.reg.drop_route(job.uuid)
-        self.cancel_quietly(job)
-
-    def announce_waiting(self, svc: ServiceRecord) -> None:
-        """A service a worker just confirmed: its jobs held without an answer are told "queued"."""
-        for job in list(svc.queue.waiting.values()):
-            if job.announce and not job.told_queued:
-                self._tell_queued(job)
-
-    def expire(self, now: float) -> None:
-        while self.expiry and self.expiry[0][0] <= now:
-            job = heapq.heappop(self.expiry)[2]
-            if job.spot is Spot.GONE or job.uuid not in self.queued:
-                continue
-            svc = self.reg.services.get(job.service)
-            if job.spot is Spot.DIRECTED:
-                self._expire_parts(job, now)
-            else:
-                why = f"deadline of {job.timeout:g} s passed while the job waited in the queue: no worker took it"
-                self.reply(job.client, job.service, job.uuid, nfp.ST_EXPIRED, answer(job, Word.EXPIRED, why))
-            if svc is not None:
-                svc.expired_queue += 1
-                self._leave(svc, job)
-            job.spot = Spot.GONE
-            self.counts["expired_in_queue"] += 1
-        while self.route_expiry and self.route_expiry[0][0] <= now:
-            deadline, uuid = heapq.heappop(self.route_expiry)
-            route = self.reg.routes.get(uuid)
-            if route is None or route.deadline != deadline:
-                continue
-            self._expire_route(route)
-
-    def _expire_parts(self, job: QueuedJob, now: float) -> None:
-        """A fanned-out job whose deadline passed with parts still waiting: those workers never got it."""
-        route = self.reg.routes.get(job.uuid)
-        if route is None:
-            return
-        for name in list(route.workers):
-            w = self.reg.by_name.get(name)
-            if w is not None and job.uuid in w.inflight:
-                continue  # that part was sent: its worker answers, or the route's own deadline ends it
-            route.workers.discard(name)
-            why = (
-                f"deadline of {job.timeout:g} s passed before worker '{name.decode(errors='replace')}' had room for it"
-            )
-            body = payloads.lost(name.decode(errors="replace"), job.uuid, job.service, why, Word.EXPIRED)
-            self.reply(job.client, job.service, job.uuid, nfp.ST_EXPIRED, body)
-        if not route.workers:
-            self.reg.drop_route(job.uuid)
-
-    def _expire_route(self, route: Route) -> None:
-        """No final answer within the deadline and the grace: free the slots; the outcome is unknown."""
-        svc = self.reg.services.get(route.service)
-        for name in list(route.workers):
-            w = self.reg.by_name.get(name)
-            if w is not None:
-                self.reg.release(w, route.uuid)
-            label = name.decode(errors="replace")
-            why = (
-                f"no answer from worker '{label}' within the job's deadline and a grace of {self.s.route_grace:g} s;"
-                " its outcome is unknown"
-            )
-            body = payloads.lost(label, route.uuid, route.service, why, Word.EXPIRED)
-            self.reply(route.client, route.service, route.uuid, nfp.ST_EXPIRED, body)
-        self.reg.drop_route(route.uuid)
-        if svc is not None:
-            svc.expired_worker += 1
-            self.dirty.add(svc.name)
-        self.counts["expired_in_flight"] += 1
-
-    def next_deadline(self) -> float | None:
-        """The earliest expiry or end of a delay (heap tops only: this runs on every loop turn)."""
-        out: float | None = None
-        for heap in (self.expiry, self.delays, self.notices):
-            while heap and heap[0][2].spot is Spot.GONE:
-                heapq.heappop(heap)
-            if heap:
-                out = heap[0][0] if out is None else min(out, heap[0][0])
-        if self.route_expiry:
-            out = self.route_expiry[0][0] if out is None else min(out, self.route_expiry[0][0])
-        if self.limits.timers:
-            opens = self.limits.next_deadline()
-            if opens is not None:
-                out = opens if out is None else min(out, opens)
-        return out
-
-    def due(self, now: float) -> None:
-        """Mark services whose delayed jobs are due, so the next pump moves them."""
-        while self.delays and self.delays[0][0] <= now:
-            job = heapq.heappop(self.delays)[2]
-            if job.spot is Spot.DELAYED:
-                self.dirty.add(job.service)
-        if self.limits.timers:
-            self.dirty |= self.limits.due(now)

@@ -1,0 +1,57 @@
+"""What cuts across the broker, assembled once into its hooks (hooks.py): the broker's default middleware.
+
+In the order each hook point calls them: memory trimming (when glibc can), the event publisher and
+its queue events (when ZFAB_BROKER_EVENTS is set, or a publisher is given), hop traces (unless
+ZFAB_HOP_TRACES=false). None of them is there when unused: a point without hooks costs one read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container
+
+import zmq
+
+from ..core.keepalive import Clock
+from ..settings import Settings
+from ..transport.base import Transport
+from .events import EventPublisher
+from .hooks import Hook, Hooks, HopTraces, TrimMemory
+from .memory import MemoryKeeper
+from .queueevents import QueueEvents
+from .registry import Registry
+
+
+def cross_cutting(
+    s: Settings,
+    clock: Clock,
+    loop: Transport,
+    memory: MemoryKeeper,
+    events: EventPublisher | None,
+    changed: set[bytes],
+    registry: Registry,
+    paused: Container[bytes],
+) -> Hooks:
+    """The broker's hooks. `changed`: the dispatcher's set of services whose queue changed."""
+    hooks: list[Hook] = []
+    if memory.enabled:
+        hooks.append(TrimMemory(memory, loop))
+    publishers = [events] if events else []
+    for p in publishers:
+        hooks += [p, QueueEvents(p, changed, registry=registry, paused=paused, settings=s)]
+    if s.hop_traces:
+        hooks.append(HopTraces(clock, [p.traced for p in publishers]))
+    return Hooks(hooks)
+
+
+def publisher_for(s: Settings, context: zmq.Context[zmq.Socket[bytes]]) -> EventPublisher | None:
+    """The publisher ZFAB_BROKER_EVENTS asks for, in the broker's `context` (its ZAP handler's), or None."""
+    if not s.broker_events:
+        return None
+    return EventPublisher(
+        s.broker_events,
+        hwm=s.broker_events_hwm,
+        queue_size=s.broker_events_queue,
+        max_subscriptions=s.broker_events_subscriptions,
+        curve_secret=s.curve_secret,
+        context=context,
+    )

@@ -1,0 +1,66 @@
+"""Who a frame comes from under CURVE: an identity belongs to the key that first used it.
+
+Without CURVE (no ZAP handler) every check passes: there is no key to bind to. Under CURVE the
+ROUTER identity of each frame is bound to the ZAP user id (the key) of the first frame that used it
+(bounded, least recently used forgotten), a job's answers follow only the key that submitted it,
+and a worker name registers only with a key issued for it (transport/security.py).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from ..transport.base import Transport
+from ..transport.security import ZapHandler
+
+
+class Identities:
+    """The CURVE bindings of identities, job owners and worker names (all pass without CURVE)."""
+
+    KEYS_MAX = 100_000  # identities bound to the CURVE key that first used them
+
+    def __init__(self, loop: Transport, zap: ZapHandler | None) -> None:
+        self.loop = loop
+        self.zap = zap
+        self.keys: OrderedDict[bytes, bytes] = OrderedDict()  # identity -> ZAP user id of its first frame
+
+    def start_zap(self, secret: str | None, clients: Any) -> None:
+        """Under CURVE (a secret): the ZAP handler that names each connection's key (transport/security.py)."""
+        if secret:
+            self.zap = ZapHandler(self.loop.context, clients)
+            self.zap.start()
+
+    def stop_zap(self) -> None:
+        if self.zap is not None:
+            self.zap.stop()
+
+    def same_key(self, sender: bytes) -> bool:
+        """The frame's key is the one its identity was first used with (True without CURVE)."""
+        if self.zap is None:
+            return True
+        user = self.loop.user_id or b""
+        bound = self.keys.get(sender)
+        if bound is None:
+            self.keys[sender] = user
+            if len(self.keys) > self.KEYS_MAX:
+                self.keys.popitem(last=False)
+            return True
+        self.keys.move_to_end(sender)
+        return bound == user
+
+    def owns(self, job: Any) -> bool:
+        """May the sender of this frame take over the job's answers? Under CURVE only with the key
+        that submitted it (another key could otherwise divert a job's results)."""
+        return self.zap is None or job.client_key == self.loop.user_id
+
+    def sent_by_key_of(self, ident: bytes) -> bool:
+        """This frame comes with the key that `ident` was bound to (True without CURVE)."""
+        return self.zap is None or self.keys.get(ident) == self.loop.user_id
+
+    def may_register(self, name: bytes) -> bool:
+        """A READY under `name` comes with a key issued for that worker name (True without CURVE)."""
+        return self.zap is None or self.zap.may_register(name, self.loop.user_id)
+
+    def figures(self) -> dict[str, Any]:
+        return {"identities_bound": len(self.keys), "identities_capacity": self.KEYS_MAX}

@@ -74,7 +74,7 @@ class BrokerControl:
         stale: set[Bucket] = set()
         for b in self.dispatch.limits.of_task(service, task):
             if rule is not None and rule.key == b.rule.key:
-                b.rule = rule
+                b.retune(rule)
                 continue
             stale.add(b)
             while (job := b.pop()) is not None:

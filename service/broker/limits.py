@@ -103,6 +103,14 @@ class Bucket:
             base = self.next_at if self.next_at > now - interval else now
             self.next_at = base + interval
 
+    def retune(self, rule: Rule) -> None:
+        """Take `rule`'s numbers. The next start its rate allows counts from the last start at the new
+        interval: a rate relaxed from 1/h to 5/s must not hold its jobs for the rest of the old hour."""
+        old = self.rule.interval
+        if rule is not self.rule and old and self.next_at:
+            self.next_at = self.next_at - old + rule.interval
+        self.rule = rule
+
     def idle(self, now: float) -> bool:
         """Nothing needs this bucket: no job of it runs or waits (delayed ones included), and its
         rate would let the next one start now. Only then may it be forgotten: a bucket made again
@@ -180,7 +188,7 @@ class Limiter:
                 # (The overflow bucket itself may take the table one past its bound: one per task.)
                 b = self.buckets[ident] = Bucket(job.service, job.task, ident[2], rule)
                 self.by_service.setdefault(job.service, {})[ident] = b
-        b.rule = rule
+        b.retune(rule)
         return b
 
     def of_service(self, service: bytes) -> Iterator[Bucket]:

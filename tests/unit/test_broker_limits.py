@@ -278,3 +278,33 @@ def test_delayed_jobs_follow_a_limit_changed_while_they_wait(broker: Broker, clo
     assert set(counts.values()) <= {(0, 0)}  # the per-site buckets hold nothing: the housekeeping forgets them
     broker.dispatch.limits.sweep(clock())
     assert list(broker.dispatch.limits.buckets) == [(b"demo", "per_site", None)]
+
+
+def test_a_rate_relaxed_at_run_time_lets_held_jobs_start_at_the_new_rate(clock: FakeClock) -> None:
+    """Relaxed from 1/h to 10/s, the held job may start 0.1 s after the last start, not an hour after."""
+    b = make_broker(clock)
+    ready(b, b"w1")
+    mmi(b, "set_limit", service="demo", task_name="echo", rate_limit="1/h")
+    post(b, b"e1", "echo")
+    post(b, b"e2", "echo")
+    assert [u for _, u in sent(b)] == [b"e1"]
+    mmi(b, "set_limit", service="demo", task_name="echo", rate_limit="10/s")
+    clock.advance(0.2)
+    stub(b).tick()
+    assert [u for _, u in sent(b)] == [b"e2"]
+
+
+def test_a_rate_tightened_at_run_time_counts_from_the_last_start(clock: FakeClock) -> None:
+    b = make_broker(clock)
+    ready(b, b"w1")
+    mmi(b, "set_limit", service="demo", task_name="echo", rate_limit="10/s")
+    post(b, b"e1", "echo")
+    post(b, b"e2", "echo")
+    assert [u for _, u in sent(b)] == [b"e1"]
+    mmi(b, "set_limit", service="demo", task_name="echo", rate_limit="1/s")
+    clock.advance(0.5)
+    stub(b).tick()
+    assert sent(b) == []  # 10/s would have let it go at 0.1 s
+    clock.advance(0.6)
+    stub(b).tick()
+    assert [u for _, u in sent(b)] == [b"e2"]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from zfab import Client, Settings
-from zfab.client.clientjob import decoded_size
+from zfab.client.future import decoded_size
 from zfab.core import payloads
 from zfab.core import protocol as nfp
 from zfab.errors import (

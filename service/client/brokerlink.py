@@ -10,6 +10,7 @@ from ..core import protocol as nfp
 from ..core import shmhandle, sizes
 from ..core.keepalive import Clock, KeepAlive
 from ..settings import Settings
+from .clientjob import object_of
 
 
 class News(IntEnum):
@@ -44,7 +45,7 @@ class BrokerLink:
             self.keepalive.heard(keepalive=False)
             return News.RETURNED if back else News.NONE
         self.keepalive.heard(keepalive=True)
-        said = _object_of(reply.payload)
+        said = object_of(reply.payload)
         boot = said.get("boot")
         if not isinstance(boot, str):
             return News.RETURNED if back else News.NONE  # a NorFab broker's answers carry nothing
@@ -63,13 +64,3 @@ class BrokerLink:
             self.reconnect_at = now + ka.hold_time
             return True
         return False
-
-
-def _object_of(payload: nfp.Frame) -> dict[str, object]:
-    if not payload:
-        return {}
-    try:
-        said = nfp.loads(payload)
-    except ValueError:
-        return {}
-    return said if isinstance(said, dict) else {}

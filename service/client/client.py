@@ -27,7 +27,7 @@ from ..transport.base import LoopFactory, Transport
 from ..transport.loop import OwnerLoop
 from ..transport.shm import ShmArena
 from . import submission
-from .clientjob import ClientJob, EventCallback
+from .clientjob import ClientJob, EventCallback, ignore_event
 from .filestream import FileStream, download, resume_offset, stream_request
 from .future import JobFuture
 from .inflight import InFlight
@@ -87,6 +87,7 @@ class Client:
         # this host (its keepalive answers say), and results may come back as one.
         self.shm = ShmArena(s, clock=clock)
         self.jobs = InFlight(s, self.shm)
+        self._how = (push, acks, queued_notice, self.shm.host)  # how its jobs are answered (their flags)
         # The owner-loop side: the Role its transport runs, and the loop itself.
         self.session = Session(
             name=name,
@@ -201,18 +202,7 @@ class Client:
             task, args, kwargs, timeout=timeout, push=self.push, ack=self.acks, retries=retries, backoff=schedule
         )
         target = (json.dumps(workers) if isinstance(workers, list) else workers).encode()
-        fields = submission.job_fields(
-            task,
-            timeout,
-            push=self.push,
-            ack=self.acks,
-            queued_notice=self.queued_notice,
-            priority=priority,
-            delay=delay,
-            not_before=not_before,
-            known=resubmit,
-            host=self.shm.host,
-        )
+        fields = submission.job_fields(task, timeout, self._how, priority, delay, not_before, known=resubmit)
         if (traced := tracing.produce(service, task, uuid)) is not None:
             uuid, context = traced  # a PRODUCER span; each attempt's CONSUMER span continues its trace
             fields.update(context)  # W3C traceparent/tracestate, in the flags frame (never the arguments)
@@ -222,7 +212,7 @@ class Client:
             body,
             timeout,
             uuid=uuid,
-            on_event=on_event,
+            on_event=on_event or ignore_event,
             retries=retries or 0,
             fields=fields,
             follow_task=retries is None,
@@ -372,7 +362,7 @@ class Client:
         timeout: float,
         *,
         uuid: str | None = None,
-        on_event: EventCallback | None = None,
+        on_event: EventCallback = ignore_event,
         mmi: bool = False,
         stream_window: int = 0,
         retries: int = 0,

@@ -1,8 +1,6 @@
-"""A job as its client tracks it: pure state, built whole when it is submitted and fed the broker's replies.
-
-No sockets or threads: the client's owner loop (session.py) calls `apply` for each reply, which reads
-as the kinds of message a job hears (a table of one small method per status), and `outcome` says how
-a finished job ended. Its states are core/states.py's, kept on its JobFuture.
+"""A job as its client tracks it: pure state, built whole when it is submitted, fed the broker's replies
+by the owner loop (session.py) through `apply`, which reads as the kinds of message a job hears (a table
+of one small method per status); `outcome` says how it ended. Its states (core/states.py) are its future's.
 """
 
 from __future__ import annotations
@@ -33,9 +31,13 @@ from .future import Encoded, JobFuture
 
 EventCallback = Callable[[dict[str, Any]], None]
 
-# A job submitted without `retries` keeps a body this small after its dispatch, so that a failed
-# attempt its task declares retries for can be sent again; a larger one is let go of (a 10 MB
-# argument need not wait out its job twice), and submit(retries=N) keeps any.
+
+def ignore_event(event: dict[str, Any]) -> None:
+    """The event callback of a job submitted without one."""
+
+
+# A job submitted without `retries` keeps a body this small after its dispatch, so that a failed attempt
+# its task declares retries for can be sent again; a larger one is let go of, unless retries were asked.
 KEEP_BODY_BYTES = 64 * 1024
 _REFUSAL_ERRORS: dict[bytes, type[JobError]] = {
     nfp.ST_NOT_FOUND: NoWorkersError,
@@ -67,7 +69,7 @@ class ClientJob:
     resubmitted: bool = False  # POSTed again after the broker came back: the job may have run before
     keep_raw: bool = False  # its client keeps results encoded: the answer that is its whole result is kept
     sent: float = 0.0  # monotonic: this attempt was submitted (its hop trace's start)
-    on_event: EventCallback | None = None  # called with each event, on the client's owner
+    on_event: EventCallback = ignore_event  # called with each event, on the client's owner
     shm_handle: bytes | None = None  # its body's shared-memory block, given back when the job ends
     # What the replies make of it:
     size: int = field(init=False)  # bytes this client holds for it (body, results): the client's byte bound
@@ -102,16 +104,11 @@ class ClientJob:
 
     @property
     def pending(self) -> set[str]:
-        if self.expected is None:
-            return set()
-        return self.expected - set(self.statuses) - self.lost
+        return set() if self.expected is None else self.expected - set(self.statuses) - self.lost
 
     def _done(self) -> bool:
-        expected = self.expected
-        if expected is None:
-            return False
-        statuses, lost = self.statuses, self.lost
-        return all(w in statuses or w in lost for w in expected)
+        expected, statuses, lost = self.expected, self.statuses, self.lost
+        return expected is not None and all(w in statuses or w in lost for w in expected)
 
     # ---- replies -----------------------------------------------------------------------------
 
@@ -125,7 +122,7 @@ class ClientJob:
         if step is not None:
             step(self, reply)
             return False
-        payload = _object_of(reply.payload)
+        payload = object_of(reply.payload)
         if payloads.is_refusal(status, payload):
             return self._refused(status, payload)
         part = _PARTS.get(status)  # the broker (or a worker) ends one worker's part of it
@@ -159,7 +156,7 @@ class ClientJob:
 
     def _pending(self, reply: nfp.BrokerReply) -> None:
         """300: a worker's answer to GET: queued there, or running."""
-        started = _object_of(reply.payload).get("status") == Word.STARTED
+        started = object_of(reply.payload).get("status") == Word.STARTED
         self.future.move(State.RUNNING if started else State.QUEUED)
 
     def _queued(self, reply: nfp.BrokerReply) -> None:
@@ -170,7 +167,7 @@ class ClientJob:
     def _dispatched(self, reply: nfp.BrokerReply) -> None:
         """202: the broker sent it to the workers it names."""
         fut = self.future
-        workers = _object_of(reply.payload).get("workers")
+        workers = object_of(reply.payload).get("workers")
         if isinstance(workers, list) and self.expected is None:
             self.expected = {str(w) for w in workers}
             fut.timings.setdefault("dispatched", time.time())
@@ -441,8 +438,8 @@ _PARTS: dict[bytes, Callable[[ClientJob, bytes, dict[str, Any]], bool | None]] =
 }
 
 
-def _object_of(raw: nfp.Frame) -> dict[str, Any]:
-    """A reply's payload as a JSON object; {} for none, or for one that is no object."""
+def object_of(raw: nfp.Frame) -> dict[str, Any]:
+    """A reply's payload as a JSON object; {} for none, or for one that is not JSON or no object."""
     if not raw:
         return {}
     try:

@@ -217,11 +217,10 @@ class Session:
             # A worker that does not push results (a NorFab worker) says it has one: GET it now.
             self._get(job, [worker])
         fut.add_event(payload, decoded_size(payload, len(reply.payload)))
-        if job.on_event is not None:
-            try:
-                job.on_event(payload)
-            except Exception:
-                self._throttled(self.hooks_log, "event callback failed", exc_info=True)
+        try:
+            job.on_event(payload)
+        except Exception:
+            self._throttled(self.hooks_log, "event callback failed", exc_info=True)
 
     def _chunk(self, job: ClientJob, reply: nfp.BrokerReply) -> None:
         job.last_heard = self.clock()

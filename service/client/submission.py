@@ -29,19 +29,17 @@ def check(timeout: float, priority: int | None, delay: float | None, retries: in
 def job_fields(
     task: str,
     timeout: float,
-    *,
-    push: bool,
-    ack: bool,
-    queued_notice: float,
+    how: tuple[bool, bool, float, str | None],
     priority: int | None,
     delay: float | None,
     not_before: float | None,
+    *,
     known: bool,
-    host: str | None,
 ) -> dict[str, Any]:
-    """The flags frame of a job: how it is answered, its task and timeout, when the broker says it is
-    queued, its priority, the epoch time it is held until, whether its service is known already (a
-    resubmission), and this client's shared-memory host (None: none)."""
+    """The flags frame of a job: how it is answered (`how`: its client's push, ack, queued notice and
+    shared-memory host), its task and timeout, when the broker says it is queued, its priority, the
+    epoch time it is held until, whether its service is known already (a resubmission)."""
+    push, ack, queued_notice, host = how
     fields: dict[str, Any] = {"push": push, "ack": ack, "task": task, "timeout": timeout}
     if queued_notice > 0:
         # Well before the deadline: a job that expires in the queue is known to have been queued.

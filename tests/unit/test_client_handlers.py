@@ -596,3 +596,47 @@ def test_add_event_needs_the_size_of_what_it_keeps() -> None:
     from zfab.client.future import JobFuture
 
     assert inspect.signature(JobFuture.add_event).parameters["size"].default is inspect.Parameter.empty
+
+
+def test_completion_hooks_are_given_when_the_client_is_made_and_a_failing_one_loses_no_job(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a client made with two completion hooks, the first of which raises
+    seen: list[tuple[str, str, str]] = []
+
+    def broken(fut: Any, service: str, state: str, results: Any) -> None:
+        raise RuntimeError("hook bug")
+
+    def record(fut: Any, service: str, state: str, results: Any) -> None:
+        seen.append((fut.uuid, service, state))
+
+    s = Settings(keepalive_interval=INTERVAL, keepalive_multiplier=MULTIPLIER)
+    c = Client(settings=s, transport=StubTransport(clock), clock=clock, on_complete=(broken, record)).start()
+    try:
+        ok = c.submit("demo", "echo", timeout=5)
+        bad = c.submit("demo", "fail", timeout=5)
+        mmi = c.mmi_future("show_broker")
+        # When they end (and the MMI request answers)
+        from_broker(c, ok.uuid, nfp.ST_OK, {"w1": {"result": 1, "failed": False}})
+        from_broker(c, bad.uuid, nfp.ST_OK, {"w1": {"result": None, "failed": True, "status": "error"}})
+        from_broker(c, mmi.uuid, nfp.ST_OK, {"workers": 0})
+        # Then every job's end reached the hooks after the broken one, an MMI request's did not, and each
+        # job was settled all the same; the failure was logged, once each
+        assert seen == [(ok.uuid, "demo", "completed"), (bad.uuid, "demo", "failed")]
+        assert ok.result(0)["w1"]["result"] == 1 and bad.state == "failed"
+        assert mmi.result(0) == {"result": {"workers": 0}}
+        assert sum("completion hook failed" in r.getMessage() for r in caplog.records) == 2
+    finally:
+        c.close()
+
+
+def test_a_storm_of_malformed_replies_is_counted_whole_and_logged_within_its_budget(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    # When a peer sends 1,000 malformed messages at once
+    for _ in range(1000):
+        stub(client).feed([b"x"])
+    # Then each is counted, and the log holds a burst of lines, not a thousand (core/logbudget.py)
+    assert client.counts["rejected_frames"] == 1000
+    lines = [r.getMessage() for r in caplog.records if "malformed" in r.getMessage()]
+    assert 1 <= len(lines) <= client.session.frames_log.burst

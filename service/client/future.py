@@ -83,36 +83,40 @@ class JobFuture(Future[Any]):
     before the next), for a job that was retried.
     """
 
+    # What most jobs never change, read from the class until a job sets its own (a job's construction
+    # is on the submit path: a store less each).
+    reason: str | None = None
+    _admission: Future[str] | None = None  # made when asked for: most callers never ask
+    _admitted: str | None = None
+    _refusal: BaseException | None = None
+    # Made on first use, as `changed` is: most jobs never have an event.
+    _events: deque[dict[str, Any]] | None = None
+    _event_sizes: deque[int] | None = None  # each held event's size, in step with `events`
+    events_bytes = 0
+    events_dropped = 0
+    result_bytes = 0
+    _changed: threading.Condition | None = None  # made on first use: most jobs never need it
+    chunks: queue.Queue[bytes] | None = None  # a streaming job's, bounded by its credit window
+    worker: str | None = None  # the one worker running it, once known (202 or first event)
+    dispatched: list[str] | None = None  # every worker the broker sent it to (from 202)
+    attempt = 1  # the attempt that runs (or ran last): 2, 3... once retried
+    # Where the (last) attempt's time went, hop by hop (core/hoptrace.py), once it ended with
+    # traced answers: {"total": s, "hops": {hop: s}}, and "workers" for a job sent to several.
+    _trace: dict[str, Any] | None = None
+    _trace_from: dict[str, tuple[float, bytes]] | None = None  # what it is built from, once ended
+    trace_rejected = 0  # figures of its trace that were no duration (counted when it is built)
+    held_before = 0.0  # seconds its submitter held the job before submit() (the API's hop), set by it
+    answered: list[str] | None = None  # the workers whose answers make its result, once it ended
+
     def __init__(self, uuid: str, stream_window: int = 0, max_events: int = MAX_EVENTS_PER_JOB) -> None:
         super().__init__()
         self.uuid = uuid
         self.state = State.QUEUED
-        self.reason: str | None = None
-        self._admission: Future[str] | None = None  # made when asked for: most callers never ask
-        self._admitted: str | None = None
-        self._refusal: BaseException | None = None
         self.max_events = max_events
-        # Made on first use, as `changed` is: most jobs never have an event.
-        self._events: deque[dict[str, Any]] | None = None
-        self._event_sizes: deque[int] | None = None  # each held event's size, in step with `events`
-        self.events_bytes = 0
-        self.events_dropped = 0
-        self.result_bytes = 0
         self.timings: dict[str, float] = {}
-        self._changed: threading.Condition | None = None  # made on first use: most jobs never need it
-        self.chunks: queue.Queue[bytes] | None = queue.Queue(maxsize=stream_window + 1) if stream_window else None
-        self.worker: str | None = None  # the one worker running it, once known (202 or first event)
-        self.dispatched: list[str] | None = None  # every worker the broker sent it to (from 202)
-        self.attempt = 1  # the attempt that runs (or ran last): 2, 3... once retried
         self.attempts: list[dict[str, Any]] = []  # each earlier attempt: its worker, error, times, wait
-        # Where the (last) attempt's time went, hop by hop (core/hoptrace.py), once it ended with
-        # traced answers: {"total": s, "hops": {hop: s}}, and "workers" for a job sent to several.
-        self._trace: dict[str, Any] | None = None
-        self._trace_from: dict[str, tuple[float, bytes]] | None = None  # what it is built from, once ended
-        self.trace_rejected = 0  # figures of its trace that were no duration (counted when it is built)
-        # Seconds its submitter held the job before submit() (the API's hop), set by the submitter.
-        self.held_before = 0.0
-        self.answered: list[str] | None = None  # the workers whose answers make its result, once it ended
+        if stream_window:
+            self.chunks = queue.Queue(maxsize=stream_window + 1)
 
     def result(self, timeout: float | None = None) -> Any:
         """The result dictionary keyed by worker name (decoded anew at each call when its client keeps

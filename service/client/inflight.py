@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import heapq
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ..errors import BusyError
 from ..settings import Settings
@@ -29,12 +29,12 @@ class InFlight:
         self._jobs: dict[str, ClientJob] = {}
         self._timers: list[tuple[float, str]] = []  # (monotonic due, uuid)
         self.bytes = 0  # bytes of bodies and results held for the jobs (ClientJob.size)
+        # The job tracked under a uuid, or None: the dict's own lookup, with no call of ours around it
+        # (the owner makes one for every reply).
+        self.get: Callable[[str], ClientJob | None] = self._jobs.get
 
     def __len__(self) -> int:
         return len(self._jobs)
-
-    def get(self, uuid: str) -> ClientJob | None:
-        return self._jobs.get(uuid)
 
     def add(self, job: ClientJob, check_at: float) -> JobFuture:
         """Track `job`, its first timer at `check_at`, and return its future; or the future of the job

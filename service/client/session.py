@@ -145,11 +145,14 @@ class Session:
             if self.link.keepalive.answers():  # the broker's wave: answered at once, not on our own clock
                 self._send_keepalive()
             return
-        uuid, attempt = payloads.split_wire_uuid(reply.uuid.decode(errors="replace"))
-        job = self.jobs.get(uuid)
-        if job is None or attempt != job.attempt:
-            self.counts["late"] += 1  # a finished job, or an earlier attempt of a retried one
-            return
+        wire = reply.uuid.decode(errors="replace")
+        job = self.jobs.get(wire)  # a first attempt travels under its job's own uuid: no split to make
+        if job is None or job.attempt != 1:
+            uuid, attempt = payloads.split_wire_uuid(wire)
+            job = self.jobs.get(uuid)
+            if job is None or attempt != job.attempt:
+                self.counts["late"] += 1  # a finished job, or an earlier attempt of a retried one
+                return
         command = reply.command
         if command == nfp.EVENT:
             self._event(job, reply)

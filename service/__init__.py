@@ -8,8 +8,8 @@ with Client(broker="tcp://127.0.0.1:5555") as c:
 from . import errors
 from .broker.broker import Broker
 from .client.client import Client
-from .client.clientjob import JobFuture, decoded_size
 from .client.filestream import FileStream
+from .client.future import JobFuture, decoded_size
 from .client.subscriber import Subscriber, SubscriptionError
 from .core.ids import new_uuid as new_job_uuid
 from .core.lru import BoundedLRU

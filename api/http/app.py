@@ -15,7 +15,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from zfab import AioTransport, Client
-from zfab.metrics import ClientMetrics, FabricCollector, version
+from zfab.metrics import ClientMetrics, FabricCollector, JobMetrics, version
 
 from ..fabric import FabricView
 from ..jobs.admission import TaskSchemas
@@ -112,6 +112,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         # read here, so no thread is handed over to and no future bridged between threads.
         # encoded_results: a finished job's result is held as the JSON it came as (the table counts what it
         # holds: decoded, a nested result is many times its bytes) and decoded when read.
+        job_metrics = JobMetrics(registry)  # the client's finished jobs feed its histograms
         client = Client(
             broker=s.broker,
             name="api",
@@ -119,10 +120,11 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             queued_notice=0,
             transport=AioTransport(),
             encoded_results=True,
+            on_complete=(job_metrics.observe,),
         )
         client.start()
         # Merged with the fabric's families: both export zfab_queue_depth, and a family may appear once.
-        client_metrics = ClientMetrics(client, registry, register=False)
+        client_metrics = ClientMetrics(client, registry, jobs=job_metrics, register=False)
         view = FabricView(client, s.mmi_cache_seconds)
         shares = CallerShares(s.max_client_jobs, s.client_inflight_bytes, s.api_caller_share)
         merged = MergedCollector(
@@ -169,7 +171,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         finally:
             recovering.cancel()
             app.state.zfab = None
-            for collector in (merged, client_metrics.duration, client_metrics.hop):
+            for collector in (merged, job_metrics.duration, job_metrics.hop):
                 registry.unregister(collector)
             if persister is not None:
                 # Before the client closes: closing fails its pending jobs, which must stay pending on disk.

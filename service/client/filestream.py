@@ -12,7 +12,7 @@ from ..core import payloads
 from ..core import protocol as nfp
 from ..errors import BadRequestError, ChecksumError
 from ..transport.base import Transport
-from .clientjob import JobFuture
+from .future import JobFuture
 
 
 class FileStream:

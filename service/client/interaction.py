@@ -11,7 +11,7 @@ from ..core import payloads, sizes
 from ..core import protocol as nfp
 from ..errors import BadRequestError, JobTimeoutError, PayloadTooLargeError
 from ..transport.base import Transport
-from .clientjob import JobFuture
+from .future import JobFuture
 
 
 def _has_news(fut: JobFuture, seen: int) -> bool:

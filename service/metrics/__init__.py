@@ -8,7 +8,7 @@ fabric registered: anything else counts as `other`.
 """
 
 from .base import CONTENT_TYPE, HOPS, LATENCY_BUCKETS, OTHER, build_info, version
-from .client import ClientMetrics
+from .client import ClientMetrics, JobMetrics
 from .fabric import FabricCollector, broker_collector, fabric_families
 from .server import health, serve_metrics
 from .worker import WorkerCollector
@@ -20,6 +20,7 @@ __all__ = [
     "OTHER",
     "ClientMetrics",
     "FabricCollector",
+    "JobMetrics",
     "WorkerCollector",
     "broker_collector",
     "build_info",

@@ -14,7 +14,7 @@ from .base import LATENCY_BUCKETS, OTHER, shm_families
 
 if TYPE_CHECKING:
     from ..client.client import Client
-    from ..client.clientjob import JobFuture
+    from ..client.future import JobFuture
 
 MAX_SERVICE_LABELS = 1000
 
@@ -22,11 +22,11 @@ MAX_SERVICE_LABELS = 1000
 HOPS = hoptrace.HOPS  # a closed label set: a trace names only these (core/hoptrace.py)
 
 
-class ClientMetrics(Collector):
-    def __init__(self, client: Client, registry: CollectorRegistry, *, register: bool = True) -> None:
-        """`register=False` leaves this collector out of `registry` (the histograms still go in), for a
-        caller that merges its families with another collector's, as the API does with the fabric's."""
-        self.client = client
+class JobMetrics:
+    """Job latency histograms, fed by a client's finished jobs: `Client(on_complete=(m.observe,))`
+    (its completion hook, given when the client is made), then `ClientMetrics(client, registry, jobs=m)`."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
         self.duration = Histogram(
             "zfab_job_duration_seconds",
             "Submit to result, as the client sees it",
@@ -48,9 +48,7 @@ class ClientMetrics(Collector):
         # call, five to six times per finished job. Bounded like the label values themselves.
         self._hops = {h: self.hop.labels(h) for h in HOPS}
         self._durations: dict[tuple[str, str], Any] = {}
-        if register:
-            registry.register(self)
-        client.on_complete = self.observe
+        self.trace_rejected = 0  # hop-trace figures that were no duration, in the traces observed
 
     def service_label(self, fut: JobFuture, service: str) -> str:
         if service in self.services:
@@ -70,13 +68,25 @@ class ClientMetrics(Collector):
                 child = self._durations[key] = self.duration.labels(*key)
             child.observe(max(0.0, t["completed"] - t["submitted"]))
         trace = fut.trace  # built here, on its first read
-        if fut.trace_rejected:
-            self.client.counts["trace_rejected"] += fut.trace_rejected
+        self.trace_rejected += fut.trace_rejected
         if trace is not None:
             hops = self._hops
             for view in trace["workers"].values() if "workers" in trace else (trace,):
                 for hop, seconds in view["hops"].items():
                     hops[hop].observe(seconds)
+
+
+class ClientMetrics(Collector):
+    def __init__(
+        self, client: Client, registry: CollectorRegistry, *, jobs: JobMetrics | None = None, register: bool = True
+    ) -> None:
+        """`jobs`: the JobMetrics the client's completion hook feeds (made here, and fed by nothing, when
+        not given). `register=False` leaves this collector out of `registry` (the histograms still go in),
+        for a caller that merges its families with another collector's, as the API does with the fabric's."""
+        self.client = client
+        self.jobs = jobs if jobs is not None else JobMetrics(registry)
+        if register:
+            registry.register(self)
 
     def collect(self) -> Iterator[Metric]:
         c = self.client
@@ -111,7 +121,7 @@ class ClientMetrics(Collector):
             "zfab_client_trace_rejected_total",
             "Hop-trace figures that were no duration, and trace frames of a wrong length",
         )
-        tr.add_metric([], c.counts["trace_rejected"])
+        tr.add_metric([], self.jobs.trace_rejected)
         yield tr
         big = CounterMetricFamily(
             "zfab_client_oversize_total",

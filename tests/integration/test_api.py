@@ -28,7 +28,7 @@ from zfab.api.http.auth import TokenSet
 from zfab.api.http.routes.jobs import prefer_wait, wait_bound
 from zfab.api.jobs.table import JobRecord, JobTable
 from zfab.api.settings import ApiSettings
-from zfab.client.clientjob import JobFuture
+from zfab.client.future import JobFuture
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -17,7 +17,7 @@ from zfab.api.jobs.table import JobRecord
 from zfab.api.models import JobState
 from zfab.api.server import GRACEFUL_SHUTDOWN_SECONDS
 from zfab.api.store.sqlite import JobDB, row_of
-from zfab.client.clientjob import JobFuture
+from zfab.client.future import JobFuture
 from zfab.errors import ClosedError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

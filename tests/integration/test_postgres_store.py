@@ -18,7 +18,7 @@ from zfab.api.store.pgschedules import PgSchedules
 from zfab.api.store.postgres import EVENT_BYTES_PER_JOB, EVENTS_PER_JOB, PgDatabase, PgJobStore
 from zfab.api.store.schedules import ScheduleRecord
 from zfab.api.store.schema import MIGRATIONS, SCHEMA_VERSION, migrate
-from zfab.client.clientjob import JobFuture
+from zfab.client.future import JobFuture
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -55,7 +55,7 @@ def client_of(f: Fabric, shm_dir: Path, **kw: Any) -> Client:
         broker=f.endpoint, keepalive_interval=f.interval, keepalive_multiplier=f.multiplier, shm_dir=str(shm_dir), **kw
     )
     c = Client(settings=s, name="shm").start()
-    wait_for(lambda: c.broker_alive and c._broker_host is not None, 20, what="the broker's keepalive answer")
+    wait_for(lambda: c.broker_alive and c.session.link.host is not None, 20, what="the broker's keepalive answer")
     return c
 
 

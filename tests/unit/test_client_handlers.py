@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from zfab import Client, Settings
-from zfab.client.clientjob import decoded_size
+from zfab.client.future import decoded_size
 from zfab.core import payloads
 from zfab.core import protocol as nfp
 from zfab.errors import (
@@ -551,3 +551,92 @@ def test_an_encoded_results_client_holds_the_answer_as_it_came_and_decodes_it_at
         assert both.result(0) == {"w1": {"result": 1, "failed": False}, "w2": {"result": 2, "failed": False}}
     finally:
         c.close()
+
+
+def test_a_thousand_events_of_100_bytes_count_exactly_what_their_objects_hold(client: Client) -> None:
+    """JobFuture.add_event's byte count (issue 40): the bytes a job's events hold are the sum of each held
+    event's own objects (its dict and values; the keys the decoder shares between events, small ints,
+    None and booleans are no event's), exactly, and that is what decoding them takes in memory: about
+    400 kB for 1,000 events of 100 B, not 600 kB (keys counted once per event) nor the 500 kB reported."""
+    import sys
+    import tracemalloc
+
+    # Given a job and 1,000 events of 100 B each, as its worker sends them
+    fut = client.submit("demo", "progress", timeout=60)
+    from_broker(client, fut.uuid, nfp.ST_DISPATCHED, {"workers": ["w1"]})
+    raws = [nfp.dumps(_event_of(n, 100)) for n in range(1000)]
+    for raw in raws:
+        stub(client).feed([b"", nfp.BROKER, nfp.EVENT, b"demo", fut.uuid.encode(), nfp.ST_OK, raw])
+
+    # Then it holds all of them, and counts each at its dict and its values, to the byte
+    def own(e: dict[str, Any]) -> int:
+        n = e["n"]
+        values = sys.getsizeof(e["event_type"]) + sys.getsizeof(e["worker"]) + sys.getsizeof(e["message"])
+        return sys.getsizeof(e) + values + (sys.getsizeof(n) if n > 256 else 0)
+
+    assert len(fut.events) == 1000 and fut.events_dropped == 0
+    assert fut.events_bytes == sum(own(e) for e in fut.events) == fut.size
+    # And that is what decoding them takes (keys warm, as in a running client), nowhere near 5x the wire
+    tracemalloc.start()
+    held = [nfp.loads(raw) for raw in raws]
+    taken = tracemalloc.get_traced_memory()[0] - sys.getsizeof(held)
+    tracemalloc.stop()
+    assert 0.8 * taken <= fut.events_bytes <= 1.25 * taken, (fut.events_bytes, taken)
+    assert fut.events_bytes < 5 * sum(map(len, raws))
+    # And the shared keys are no event's bytes: two events with the same keys hold them once, in the decoder
+    one, two = (nfp.loads(raws[0]), nfp.loads(raws[1]))
+    assert all(a is b for a, b in zip(one, two, strict=True))
+    assert decoded_size(one) == own(one)
+
+
+def test_add_event_needs_the_size_of_what_it_keeps() -> None:
+    # A caller cannot forget the size (it was 0 by default, a job's events then counted as nothing)
+    import inspect
+
+    from zfab.client.future import JobFuture
+
+    assert inspect.signature(JobFuture.add_event).parameters["size"].default is inspect.Parameter.empty
+
+
+def test_completion_hooks_are_given_when_the_client_is_made_and_a_failing_one_loses_no_job(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a client made with two completion hooks, the first of which raises
+    seen: list[tuple[str, str, str]] = []
+
+    def broken(fut: Any, service: str, state: str, results: Any) -> None:
+        raise RuntimeError("hook bug")
+
+    def record(fut: Any, service: str, state: str, results: Any) -> None:
+        seen.append((fut.uuid, service, state))
+
+    s = Settings(keepalive_interval=INTERVAL, keepalive_multiplier=MULTIPLIER)
+    c = Client(settings=s, transport=StubTransport(clock), clock=clock, on_complete=(broken, record)).start()
+    try:
+        ok = c.submit("demo", "echo", timeout=5)
+        bad = c.submit("demo", "fail", timeout=5)
+        mmi = c.mmi_future("show_broker")
+        # When they end (and the MMI request answers)
+        from_broker(c, ok.uuid, nfp.ST_OK, {"w1": {"result": 1, "failed": False}})
+        from_broker(c, bad.uuid, nfp.ST_OK, {"w1": {"result": None, "failed": True, "status": "error"}})
+        from_broker(c, mmi.uuid, nfp.ST_OK, {"workers": 0})
+        # Then every job's end reached the hooks after the broken one, an MMI request's did not, and each
+        # job was settled all the same; the failure was logged, once each
+        assert seen == [(ok.uuid, "demo", "completed"), (bad.uuid, "demo", "failed")]
+        assert ok.result(0)["w1"]["result"] == 1 and bad.state == "failed"
+        assert mmi.result(0) == {"result": {"workers": 0}}
+        assert sum("completion hook failed" in r.getMessage() for r in caplog.records) == 2
+    finally:
+        c.close()
+
+
+def test_a_storm_of_malformed_replies_is_counted_whole_and_logged_within_its_budget(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    # When a peer sends 1,000 malformed messages at once
+    for _ in range(1000):
+        stub(client).feed([b"x"])
+    # Then each is counted, and the log holds a burst of lines, not a thousand (core/logbudget.py)
+    assert client.counts["rejected_frames"] == 1000
+    lines = [r.getMessage() for r in caplog.records if "malformed" in r.getMessage()]
+    assert 1 <= len(lines) <= client.session.frames_log.burst

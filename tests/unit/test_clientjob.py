@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from zfab.client.clientjob import ClientJob, JobFuture
+from zfab.client.clientjob import ClientJob
+from zfab.client.future import JobFuture
 from zfab.core import protocol as nfp
 from zfab.errors import (
     BadRequestError,

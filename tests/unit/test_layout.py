@@ -282,3 +282,59 @@ def test_nothing_in_the_broker_is_guarded_per_concern_or_called_back_after_const
                 found.append(f"{path.name}:{n}: {line.strip()}")
     assert not found, found
     assert not (BROKER / "workerside.py").exists()  # the Broker is one class, composed (no mixin)
+# ---- the client's layout (issue 40) -----------------------------------------------------------
+
+CLIENT = ROOT / "service" / "client"
+MAX_MODULE_LINES = 450
+# What runs for every job, on the submitting thread and the owner loop: an optional part is a tuple
+# (empty when unused), never a `self.x is not None` test per job.
+CLIENT_HOT_PATH = {
+    "client.py": {"submit", "_submit"},
+    "session.py": {"on_frames", "on_batch_end", "_apply", "finish"},
+}
+
+
+def test_every_client_module_stays_under_its_size() -> None:
+    sizes = {p.name: len(p.read_text().splitlines()) for p in CLIENT.glob("*.py")}
+    assert {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES} == {}
+
+
+def test_the_client_is_no_mixin_and_its_session_no_callback_wired_after_construction() -> None:
+    tree = ast.parse((CLIENT / "client.py").read_text())
+    (client,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Client"]
+    assert client.bases == [], "Client holds its Session; it inherits from nothing"
+    # No object hands one of its own methods to another by setting that one's attribute (as the metrics once
+    # did with `client.on_complete = self.observe`): what a part calls is given to it when it is made.
+    for path in [*CLIENT.glob("*.py"), ROOT / "service" / "metrics" / "client.py"]:
+        tree = ast.parse(path.read_text())
+        methods = {
+            f.name
+            for c in ast.walk(tree)
+            if isinstance(c, ast.ClassDef)
+            for f in c.body
+            if isinstance(f, ast.FunctionDef)
+        }
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Attribute):
+                continue
+            handed = ast.unparse(node.value.value) == "self" and node.value.attr in methods
+            for target in node.targets:
+                elsewhere = isinstance(target, ast.Attribute) and ast.unparse(target.value) != "self"
+                assert not (handed and elsewhere), f"{path.name}: {ast.unparse(node)}"
+
+
+def test_no_optional_part_is_tested_for_on_the_clients_hot_path() -> None:
+    found = []
+    for name, functions in CLIENT_HOT_PATH.items():
+        for node in ast.walk(ast.parse((CLIENT / name).read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name in functions:
+                for test in ast.walk(node):
+                    if (
+                        isinstance(test, ast.Compare)
+                        and isinstance(test.ops[0], ast.Is | ast.IsNot)
+                        and isinstance(test.left, ast.Attribute)
+                        and isinstance(test.left.value, ast.Name)
+                        and test.left.value.id == "self"
+                    ):
+                        found.append(f"{name} {node.name}: {ast.unparse(test)}")
+    assert found == []

@@ -8,7 +8,7 @@ import time
 from zfab.api.jobs.table import JobRecord
 from zfab.api.store.base import is_postgres_url, redacted
 from zfab.api.store.postgres import NOTIFY_BYTES, notify_payloads, written
-from zfab.client.clientjob import JobFuture
+from zfab.client.future import JobFuture
 
 
 def test_postgres_urls_and_paths() -> None:

@@ -16,12 +16,9 @@ from typing import Any
 
 from zfab import JobFuture
 from zfab.errors import (
-    BackpressureError,
     BadRequestError,
-    BusyError,
     JobNotFoundError,
     JobTimeoutError,
-    NoWorkersError,
     ZfabError,
 )
 
@@ -33,16 +30,13 @@ from .admission import check_job
 from .recovery import ensure_live
 from .shares import CallerShares
 from .submit import submit_record
-from .table import JobRecord, encode_request, refused_at_admission
+from .table import JobRecord, encode_request, refused_at_once
 
 # How long POST /jobs waits for the broker to admit a job. A broker that just started holds a POST
 # for a service none of its workers confirmed yet for its startup grace (a few seconds).
 ADMISSION_TIMEOUT = 10.0
 RECORD_TIMEOUT = 2.0  # POST waits this long at most for its job's row (SQLite)
 INPUT_TIMEOUT = 10.0
-# The broker's refusals of a POST (admission_problem: 404 no such service or worker, 400 no such task,
-# 503 a full queue), as the API's client raises them.
-AT_ONCE = (NoWorkersError, BadRequestError, BusyError, BackpressureError)
 
 
 async def submit(
@@ -149,17 +143,12 @@ def held(shares: CallerShares, caller: str, fut: JobFuture, size: int) -> None:
     fut.add_done_callback(lambda _: shares.release(caller, size))
 
 
-def refused_at_once(fut: JobFuture) -> bool:
-    """The broker turned the job away when it was posted: no such service or worker, no such task, a
-    full queue. (Not a client that gave up waiting: that job's outcome is not known.)"""
-    return refused_at_admission(fut) and isinstance(fut.admission.exception(), AT_ONCE)
-
-
 def _persist_once_taken(st: ApiState, rec: JobRecord) -> None:
     """Write a new job when the broker takes it, not before: one it refuses at once is no row."""
     uuid, fut = rec.uuid, rec.live
     if fut is None:
         return
+    rec.row_once_taken = True  # and a write the future's end asked for skips it if refused (JobRecord.writable)
 
     def taken(admission: Future[Any]) -> None:
         if admission.cancelled() or admission.exception() is None:

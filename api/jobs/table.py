@@ -21,7 +21,15 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 from zfab import DEAD_ENDS, BoundedLRU, JobFuture, decoded_size, final_state
-from zfab.errors import BackpressureError, BrokerUnavailableError, BusyError, ClosedError, JobError, NoWorkersError
+from zfab.errors import (
+    BackpressureError,
+    BadRequestError,
+    BrokerUnavailableError,
+    BusyError,
+    ClosedError,
+    JobError,
+    NoWorkersError,
+)
 
 from ..models import Attempt, HistoryStep, Job, JobErrorInfo, JobRequest, JobState
 from .history import Step, history, input_steps
@@ -118,6 +126,7 @@ class JobRecord:
     retry_of: str | None = None  # the dead job this one submitted again
     retried_as: str | None = None  # the job that submitted this one again
     retrying: bool = False  # POST /jobs/{uuid}/retry is submitting it again right now
+    row_once_taken: bool = False  # a POST's job: no row until the broker takes it (see `writable`)
     unconfirmed: bool = False  # its POST found the broker silent: sent (or queued to be), never confirmed
     _input: tuple[int, dict[str, Any] | None] = (0, None)  # (events scanned, pending request)
     _inputs: tuple[int, list[Step]] = (0, [])  # (events scanned, their input steps: jobs/history.py)
@@ -162,6 +171,13 @@ class JobRecord:
         if fut is None:
             return self.stored is not None and self.stored.state.final
         return fut.done()
+
+    @property
+    def writable(self) -> bool:
+        """May a row of it be written? Not for a POST's job the broker refused at once: its caller has the
+        refusal and nothing ran, and a write its end asked for may still be queued when POST drops it."""
+        fut = self.live
+        return not (self.row_once_taken and fut is not None and refused_at_once(fut))
 
     def refused(self) -> bool:
         """True when the fabric turned the job away before it ran. Never for a later attempt: a refused
@@ -295,6 +311,17 @@ class JobRecord:
 
 
 DEAD_STATES = frozenset(DEAD_ENDS)
+
+
+# The broker's refusals of a POST (admission_problem: 404 no such service or worker, 400 no such task,
+# 503 a full queue), as the API's client raises them.
+AT_ONCE = (NoWorkersError, BadRequestError, BusyError, BackpressureError)
+
+
+def refused_at_once(fut: JobFuture) -> bool:
+    """The broker turned the job away when it was posted: no such service or worker, no such task, a
+    full queue. (Not a client that gave up waiting: that job's outcome is not known.)"""
+    return refused_at_admission(fut) and isinstance(fut.admission.exception(), AT_ONCE)
 
 
 def refused_at_admission(fut: JobFuture) -> bool:

@@ -86,7 +86,7 @@ class Persister:
         uuids: dict[str, None] = {}
         while dirty:
             uuids[dirty.popleft()] = None
-        records = [rec for uuid in uuids if (rec := self.table.record(uuid)) is not None]
+        records = [rec for uuid in uuids if (rec := self.table.record(uuid)) is not None and rec.writable]
         if not records:
             return True
         finished = {rec.uuid for rec in records if rec.done}  # before the rows are made: these are written final

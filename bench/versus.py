@@ -283,7 +283,12 @@ def rounds(n: int, count: int, latency_ms: float = 0.0, tmp: str | None = None) 
 
 
 def _round_line(r: int, f: dict[str, float]) -> None:
-    zj, zp, nj, np_ = (f["zfab_pipelined_jobs_per_s"], f["zfab_seq_p50_ms"], f["nfp_pipelined_jobs_per_s"], f["nfp_seq_p50_ms"])
+    zj, zp, nj, np_ = (
+        f["zfab_pipelined_jobs_per_s"],
+        f["zfab_seq_p50_ms"],
+        f["nfp_pipelined_jobs_per_s"],
+        f["nfp_seq_p50_ms"],
+    )
     line = (
         f"   round {r}: zfab {zj:,.0f} jobs/s p50 {zp:.3f} ms | nfp_floor {nj:,.0f} jobs/s p50 {np_:.3f} ms"
         f" | pipelined {zj / nj:.2f}x nfp_floor, p50 {zp / np_:.2f}x nfp_floor's"
@@ -309,7 +314,13 @@ def summarize(rs: list[dict[str, float]], label: str = "") -> dict[str, float]:
     if "throughput_msgs_per_s" in best:
         report(f"floor.py pipelined{tag}", best["throughput_msgs_per_s"], "/s")
         report(f"floor.py RTT p50{tag}", best["rtt_p50_us"] / 1000, "ms")
-        report(f"zfab pipelined{tag}", best["zfab_pipelined_jobs_per_s"], "/s", best["throughput_msgs_per_s"], vs="floor.py")
+        report(
+            f"zfab pipelined{tag}",
+            best["zfab_pipelined_jobs_per_s"],
+            "/s",
+            best["throughput_msgs_per_s"],
+            vs="floor.py",
+        )
     ratios = [f["zfab_pipelined_jobs_per_s"] / f["nfp_pipelined_jobs_per_s"] for f in rs]
     p50s = [f["zfab_seq_p50_ms"] / f["nfp_seq_p50_ms"] for f in rs]
     print(
@@ -323,14 +334,14 @@ def summarize(rs: list[dict[str, float]], label: str = "") -> dict[str, float]:
 
 def run(quick: bool = False, n_rounds: int | None = None, n: int | None = None) -> dict[str, Any]:
     """bench.run's section: interleaved rounds, a burn-down and a 1 ms injected-latency run."""
-    count = n_rounds or (2 if quick else 3)
+    count = n_rounds or (1 if quick else 3)
     jobs = n or (10_000 if quick else 20_000)
     print(f"   {count} interleaved rounds, {jobs:,} pipelined jobs each (floor.py {5 * jobs:,} msgs)", flush=True)
     out: dict[str, Any] = {"rounds": summarize(rounds(jobs, count))}
-    burn = 20_000 if quick else 100_000
+    burn = 10_000 if quick else 100_000
     out["burndown"] = burndown(burn)
     print("== 1 ms injected latency (bench/delay.py on every connection, one way; no netem here)", flush=True)
-    out["latency"] = summarize(rounds(jobs // 2, 1, latency_ms=1.0), "1 ms")
+    out["latency"] = summarize(rounds(2_000 if quick else 10_000, 1, latency_ms=1.0), "1 ms")
     return out
 
 
@@ -356,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         zburndown(argv[1], int(argv[2]))
         return 0
     p = argparse.ArgumentParser(prog="python -m bench.versus", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="2 rounds of 10,000 jobs, a burn-down of 20,000")
+    p.add_argument("--quick", action="store_true", help="1 round of 10,000 jobs, a burn-down of 10,000")
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3)")
     p.add_argument("--n", type=int, default=None, help="pipelined jobs per round (default 20,000)")
     p.add_argument("--latency", type=float, default=None, help="only rounds with MS of one-way delay")

@@ -172,16 +172,25 @@ class BrokerReply:
 
 
 _FRAME_TYPES = (bytes, bytearray, memoryview)  # a tuple: `bytes | ...` would build a UnionType per frame
+_FRAME_TYPE_SET = frozenset(_FRAME_TYPES)
+
+# The decoders run once per message in every role (the broker twice or three times per job), so
+# the checks of a well-formed message are each one C-level pass or one comparison: the frames'
+# types against a set, their sizes summed by sum(map(len)), the command against the set of
+# commands the role may send with the frame count in range. Only a message that fails one takes
+# the slow path, which finds the first check it fails in the order the spec lists them.
 
 
-def _check_sizes(frames: list[Frame], max_bytes: int) -> None:
-    total = 0
-    for f in frames:
-        if not isinstance(f, _FRAME_TYPES):
-            raise ProtocolError("type", f"frame of type {type(f).__name__}")
-        total += len(f)
+def _check_sizes(frames: list[Frame], max_bytes: int) -> bool:
+    """True, or it raises (so a fast path's condition can hold it)."""
+    if not _FRAME_TYPE_SET.issuperset(map(type, frames)):  # a subclass of bytes is a frame too
+        for f in frames:
+            if not isinstance(f, _FRAME_TYPES):
+                raise ProtocolError("type", f"frame of type {type(f).__name__}")
+    total = sum(map(len, frames))
     if total > max_bytes:
         raise ProtocolError("oversize", f"{total} bytes > limit {max_bytes}")
+    return True
 
 
 def _check_head(frames: list[Frame], header: bytes, min_len: int, max_len: int, max_bytes: int) -> bytes:
@@ -208,28 +217,70 @@ def _check_name(value: Frame, what: str, limit: int = MAX_NAME_BYTES) -> None:
 
 def _json_object(raw: Frame, what: str) -> dict[str, Any]:
     try:
-        obj = loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # loads: nested too deep is a ValueError
-        raise ProtocolError("json", f"{what} is not JSON: {exc}") from None
-    if not isinstance(obj, dict):
+        obj = _decode(raw)
+    except (msgspec.DecodeError, TypeError, RecursionError, UnicodeDecodeError) as exc:
+        raise ProtocolError("json", f"{what} is not JSON: {_json_why(exc)}") from None
+    if type(obj) is not dict:
         raise ProtocolError("json", f"{what} must be a JSON object, got {type(obj).__name__}")
     return obj
 
 
+def _json_why(exc: Exception) -> str:
+    """loads()'s sentence for what the decoder refused (a UnicodeDecodeError it lets through)."""
+    if isinstance(exc, UnicodeDecodeError):
+        return str(exc)
+    return "invalid JSON: nested too deep" if isinstance(exc, RecursionError) else f"invalid JSON: {exc}"
+
+
 def decode_client(frames: list[Frame], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> ClientRequest:
     """Decode what a client sent, without the ROUTER identity frame."""
-    command = _check_head(frames, CLIENT, 7, 8, max_bytes)
-    if command not in CLIENT_COMMANDS:
-        raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not a client command")
-    service, target, uuid, body = frames[3], frames[4], frames[5], frames[6]
-    _check_name(service, "service")
-    _check_name(uuid, "uuid", MAX_UUID_BYTES)
-    flags = _json_object(frames[7], "flags frame") if len(frames) == 8 else {}
-    return ClientRequest(command, bytes(service), bytes(target), bytes(uuid), body, flags)
+    n = len(frames)
+    command: Any = frames[2] if n >= 3 else b""  # bytes once the fast path's checks hold
+    if not (
+        (n == 7 or n == 8)
+        and _check_sizes(frames, max_bytes)
+        and frames[0] == b""
+        and frames[1] == CLIENT
+        and type(command) is bytes
+        and command in CLIENT_COMMANDS
+    ):
+        command = _check_head(frames, CLIENT, 7, 8, max_bytes)
+        if command not in CLIENT_COMMANDS:
+            raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not a client command")
+    service, uuid = frames[3], frames[5]
+    if len(service) > MAX_NAME_BYTES:
+        raise ProtocolError("field", f"service longer than {MAX_NAME_BYTES} bytes")
+    if len(uuid) > MAX_UUID_BYTES:
+        raise ProtocolError("field", f"uuid longer than {MAX_UUID_BYTES} bytes")
+    flags = _json_object(frames[7], "flags frame") if n == 8 else {}
+    return ClientRequest(command, bytes(service), bytes(frames[4]), bytes(uuid), frames[6], flags)
 
 
 def decode_worker(frames: list[Frame], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> WorkerControl | WorkerReply:
     """Decode what a worker sent, without the ROUTER identity frame."""
+    n = len(frames)
+    command: Any = frames[2] if n >= 3 else b""  # bytes once the fast path's checks hold
+    if n == 8 or n == 9:  # a job's reply: RESPONSE, EVENT, STREAM or MMI; only a RESPONSE carries a trace
+        _check_sizes(frames, max_bytes)
+        if (
+            frames[0] != b""
+            or frames[1] != WORKER
+            or type(command) is not bytes
+            or command not in WORKER_REPLY_COMMANDS
+            or (n == 9 and command != RESPONSE)
+        ):
+            return _decode_worker_slow(frames, max_bytes)
+        if frames[4] != b"":
+            raise ProtocolError("delimiter", "frame 4 must be empty")
+        uuid = frames[5]
+        if len(uuid) > MAX_UUID_BYTES:
+            raise ProtocolError("field", f"uuid longer than {MAX_UUID_BYTES} bytes")
+        trace = frames[8] if n == 9 else None
+        return WorkerReply(command, bytes(frames[3]), bytes(uuid), bytes(frames[6]), frames[7], trace)
+    return _decode_worker_slow(frames, max_bytes)
+
+
+def _decode_worker_slow(frames: list[Frame], max_bytes: int) -> WorkerControl | WorkerReply:
     command = _check_head(frames, WORKER, 4, 9, max_bytes)
     if command in WORKER_CONTROL_COMMANDS:
         if len(frames) > 5:
@@ -251,6 +302,19 @@ def decode_worker(frames: list[Frame], max_bytes: int = DEFAULT_MAX_FRAME_BYTES)
 
 def decode_broker_to_worker(frames: list[Frame], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> BrokerJob | BrokerControl:
     """Decode what the broker sent to a worker (the worker's DEALER strips nothing)."""
+    n = len(frames)
+    if n == 7 or n == 8:  # a job: POST, GET, DELETE, PUT or MMI, a POST with the broker's meta frame
+        _check_sizes(frames, max_bytes)
+        head: Any = frames[2]
+        if (
+            frames[0] == b""
+            and frames[1] == BROKER
+            and type(head) is bytes
+            and head in BROKER_JOB_COMMANDS
+            and frames[4] == b""
+        ):
+            meta = _json_object(frames[7], "job meta frame") if n == 8 else None
+            return BrokerJob(head, bytes(frames[3]), bytes(frames[5]), frames[6], meta)
     command = _check_head(frames, BROKER, 4, 8, max_bytes)
     if command in (KEEPALIVE, DISCONNECT):
         if len(frames) > 5:
@@ -278,6 +342,21 @@ def decode_broker_to_worker(frames: list[Frame], max_bytes: int = DEFAULT_MAX_FR
 
 def decode_broker_to_client(frames: list[Frame], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> BrokerReply:
     """Decode what the broker sent to a client."""
+    n = len(frames)
+    if n == 7 or n == 8:
+        _check_sizes(frames, max_bytes)
+        head: Any = frames[2]
+        code: Any = frames[5]
+        if (
+            frames[0] == b""
+            and frames[1] == BROKER
+            and type(head) is bytes
+            and type(code) is bytes
+            and head in BROKER_TO_CLIENT_COMMANDS
+            and (n == 7 or head == RESPONSE)
+            and (code in KNOWN_STATUSES or head == STREAM)
+        ):
+            return BrokerReply(head, bytes(frames[3]), bytes(frames[4]), code, frames[6], frames[7] if n == 8 else None)
     command = _check_head(frames, BROKER, 7, 8, max_bytes)
     if command not in BROKER_TO_CLIENT_COMMANDS:
         raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not sent by a broker to a client")
@@ -385,8 +464,14 @@ def loads(raw: Frame | str) -> Any:
         raise ValueError(f"invalid JSON: {exc}") from None
 
 
+_KEYWORDS: Final = {b"any": "any", b"all": "all"}
+
+
 def parse_target(target: bytes) -> str | list[str]:
     """`any`, `all`, one worker name, or a JSON list of names."""
+    word = _KEYWORDS.get(target)  # nearly every POST: no decode, the same str each time
+    if word is not None:
+        return word
     if target.startswith(b"["):
         try:
             names = json.loads(target)

@@ -25,7 +25,10 @@ Modes:
   (MMI pause_service), N echo jobs submitted and queued at the broker, resumed, and timed
   from the resume to the last result: jobs/s, beside zfab's and nfp_floor's pipelined rates.
 
-    python -m bench.versus [--quick] [--rounds 3] [--n 20000] [--latency 1] [--burndown 100000]
+- `--other BIN`: another checkout's zfab too (a venv's bin directory: its `zfab`, its `python`),
+  after this one's in each round, and this checkout's ratios to it (before/after a change).
+
+    python -m bench.versus [--quick] [--rounds 3] [--n 20000] [--latency 1] [--burndown 100000] [--other BIN]
 """
 
 from __future__ import annotations
@@ -75,10 +78,11 @@ def _kv(out: str) -> dict[str, float]:
     return figures
 
 
-def _child(args: list[str], env: dict[str, str] | None = None) -> dict[str, float]:
+def _child(args: list[str], env: dict[str, str] | None = None, python: str | None = None) -> dict[str, float]:
+    """A role of this module in a child process (`python`: another venv's, whose zfab it imports)."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     r = subprocess.run(
-        [sys.executable, "-m", "bench.versus", *args],
+        [python or sys.executable, "-m", "bench.versus", *args],
         capture_output=True,
         text=True,
         timeout=CHILD_TIMEOUT_S,
@@ -134,14 +138,19 @@ def run_nfp(path: Path, n: int, latency_ms: float) -> dict[str, float]:
         return _child(["lean", "nfp", str(path), str(n), str(port), str(d.ports[port])])
 
 
-def run_zfab(tmp: str, n: int, latency_ms: float) -> dict[str, float]:
-    with Fabric(tmp) as fab:
+def run_zfab(tmp: str, n: int, latency_ms: float, other: Path | None = None) -> dict[str, float]:
+    """This checkout's zfab, or (`other`: a venv's bin directory) another checkout's, as
+    bench/trust.py measures one: its `zfab` for broker and worker, its `python` for the client."""
+    with Fabric(tmp, zfab=str(other / "zfab") if other else None) as fab:
         port = int(fab.endpoint.rsplit(":", 1)[1])
         with Delay(latency_ms, [port]) as d:
             ep = f"tcp://127.0.0.1:{d.ports[port]}"
             fab.start_broker()
             fab.start_worker("sw1", ZFAB_BROKER=ep)
-            return _child(["zclient", ep, str(n)])
+            figures = _child(["zclient", ep, str(n)], python=str(other / "python") if other else None)
+    if other is None:
+        return figures
+    return {k.replace("zfab_", "other_"): v for k, v in figures.items()}
 
 
 def run_burndown(tmp: str, n: int) -> dict[str, float]:
@@ -264,8 +273,10 @@ def zburndown(endpoint: str, n: int) -> None:
 # ---------------------------------------------------------------- the measurement
 
 
-def rounds(n: int, count: int, latency_ms: float = 0.0, tmp: str | None = None) -> list[dict[str, float]]:
-    """`count` rounds of floor.py, nfp_floor.py and zfab, in that order each round."""
+def rounds(
+    n: int, count: int, latency_ms: float = 0.0, tmp: str | None = None, other: Path | None = None
+) -> list[dict[str, float]]:
+    """`count` rounds of floor.py, nfp_floor.py and zfab (and `other`'s zfab), in that order each round."""
     floor_py, nfp_py = shared_file("floor.py", "ZFAB_FLOOR_PY"), shared_file("nfp_floor.py", "ZFAB_NFP_FLOOR")
     if nfp_py is None:
         raise RuntimeError("nfp_floor.py not found beside the checkout (set ZFAB_NFP_FLOOR)")
@@ -277,6 +288,8 @@ def rounds(n: int, count: int, latency_ms: float = 0.0, tmp: str | None = None) 
                 fig.update(run_floor(floor_py, 5 * n, latency_ms))
             fig.update(run_nfp(nfp_py, n, latency_ms))
             fig.update(run_zfab(f"{base}/r{r}", n, latency_ms))
+            if other is not None:
+                fig.update(run_zfab(f"{base}/o{r}", n, latency_ms, other))
             out.append(fig)
             _round_line(r + 1, fig)
     return out
@@ -296,6 +309,9 @@ def _round_line(r: int, f: dict[str, float]) -> None:
     if "throughput_msgs_per_s" in f:
         fj, fp = f["throughput_msgs_per_s"], f["rtt_p50_us"] / 1000
         line += f" | floor.py {fj:,.0f} msgs/s RTT {fp:.3f} ms ({zj / fj:.3f}x, p50 {zp / fp:.1f}x)"
+    if "other_pipelined_jobs_per_s" in f:
+        oj, op = f["other_pipelined_jobs_per_s"], f["other_seq_p50_ms"]
+        line += f" | other {oj:,.0f} jobs/s p50 {op:.3f} ms ({oj / nj:.2f}x, p50 {op / np_:.2f}x nfp_floor's)"
     print(line, flush=True)
 
 
@@ -323,6 +339,15 @@ def summarize(rs: list[dict[str, float]], label: str = "") -> dict[str, float]:
         )
     ratios = [f["zfab_pipelined_jobs_per_s"] / f["nfp_pipelined_jobs_per_s"] for f in rs]
     p50s = [f["zfab_seq_p50_ms"] / f["nfp_seq_p50_ms"] for f in rs]
+    if all("other_pipelined_jobs_per_s" in f for f in rs):
+        mine = [f["zfab_pipelined_jobs_per_s"] / f["other_pipelined_jobs_per_s"] for f in rs]
+        p50o = [f["zfab_seq_p50_ms"] / f["other_seq_p50_ms"] for f in rs]
+        print(
+            f"   this checkout / other{tag}: pipelined {min(mine):.2f}-{max(mine):.2f} (median"
+            f" {statistics.median(mine):.2f}); p50 {min(p50o):.2f}-{max(p50o):.2f}"
+            f" (median {statistics.median(p50o):.2f})",
+            flush=True,
+        )
     print(
         f"   over {len(rs)} rounds{tag}: pipelined zfab/nfp_floor {min(ratios):.2f}-{max(ratios):.2f}"
         f" (median {statistics.median(ratios):.2f}); p50 zfab/nfp_floor {min(p50s):.2f}-{max(p50s):.2f}"
@@ -372,13 +397,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=None, help="pipelined jobs per round (default 20,000)")
     p.add_argument("--latency", type=float, default=None, help="only rounds with MS of one-way delay")
     p.add_argument("--burndown", type=int, default=None, help="only a burn-down of N jobs")
+    p.add_argument("--other", type=Path, default=None, help="also another checkout's zfab: its venv's bin directory")
     ns = p.parse_args(argv)
     if ns.burndown:
         burndown(ns.burndown)
     elif ns.latency is not None:
-        summarize(rounds(ns.n or 10_000, ns.rounds or 1, ns.latency), f"{ns.latency:g} ms")
-    elif ns.rounds or ns.n:
-        summarize(rounds(ns.n or 20_000, ns.rounds or 3))
+        summarize(rounds(ns.n or 10_000, ns.rounds or 1, ns.latency, other=ns.other), f"{ns.latency:g} ms")
+    elif ns.rounds or ns.n or ns.other:
+        summarize(rounds(ns.n or 20_000, ns.rounds or 3, other=ns.other))
     else:
         run(ns.quick)
     return 0

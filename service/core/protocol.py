@@ -14,6 +14,9 @@ from typing import Any, Final
 import msgspec
 
 from .errors import ProtocolError as ProtocolError  # re-exported: callers catch nfp.ProtocolError
+from .jsoncodec import decode
+from .jsoncodec import dumps as dumps  # re-exported: JSON as NFP carries it is nfp.dumps/nfp.loads everywhere
+from .jsoncodec import loads as loads
 
 # A frame. What a loop receives is bytes, except that a frame of 64 KiB or more (COPY_LIMIT in
 # transport/wire.py) comes as a memoryview onto ZeroMQ's own buffer, which the view keeps alive:
@@ -174,11 +177,9 @@ class BrokerReply:
 _FRAME_TYPES = (bytes, bytearray, memoryview)  # a tuple: `bytes | ...` would build a UnionType per frame
 _FRAME_TYPE_SET = frozenset(_FRAME_TYPES)
 
-# The decoders run once per message in every role (the broker twice or three times per job), so
-# the checks of a well-formed message are each one C-level pass or one comparison: the frames'
-# types against a set, their sizes summed by sum(map(len)), the command against the set of
-# commands the role may send with the frame count in range. Only a message that fails one takes
-# the slow path, which finds the first check it fails in the order the spec lists them.
+# Each decoder runs once per message in every role, so a well-formed message passes one condition
+# of C-level checks (types against a set, sizes by one sum, the command against the role's set);
+# any other takes _check_head and the rest in the spec's order, for the first reason it fails.
 
 
 def _check_sizes(frames: list[Frame], max_bytes: int) -> bool:
@@ -217,19 +218,14 @@ def _check_name(value: Frame, what: str, limit: int = MAX_NAME_BYTES) -> None:
 
 def _json_object(raw: Frame, what: str) -> dict[str, Any]:
     try:
-        obj = _decode(raw)
-    except (msgspec.DecodeError, TypeError, RecursionError, UnicodeDecodeError) as exc:
-        raise ProtocolError("json", f"{what} is not JSON: {_json_why(exc)}") from None
+        obj = decode(raw)  # not loads(): one call less, the same sentences
+    except (msgspec.DecodeError, TypeError, UnicodeDecodeError) as exc:
+        raise ProtocolError("json", f"{what} is not JSON: invalid JSON: {exc}") from None
+    except RecursionError:
+        raise ProtocolError("json", f"{what} is not JSON: invalid JSON: nested too deep") from None
     if type(obj) is not dict:
         raise ProtocolError("json", f"{what} must be a JSON object, got {type(obj).__name__}")
     return obj
-
-
-def _json_why(exc: Exception) -> str:
-    """loads()'s sentence for what the decoder refused (a UnicodeDecodeError it lets through)."""
-    if isinstance(exc, UnicodeDecodeError):
-        return str(exc)
-    return "invalid JSON: nested too deep" if isinstance(exc, RecursionError) else f"invalid JSON: {exc}"
 
 
 def decode_client(frames: list[Frame], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> ClientRequest:
@@ -248,10 +244,8 @@ def decode_client(frames: list[Frame], max_bytes: int = DEFAULT_MAX_FRAME_BYTES)
         if command not in CLIENT_COMMANDS:
             raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not a client command")
     service, uuid = frames[3], frames[5]
-    if len(service) > MAX_NAME_BYTES:
-        raise ProtocolError("field", f"service longer than {MAX_NAME_BYTES} bytes")
-    if len(uuid) > MAX_UUID_BYTES:
-        raise ProtocolError("field", f"uuid longer than {MAX_UUID_BYTES} bytes")
+    _check_name(service, "service")
+    _check_name(uuid, "uuid", MAX_UUID_BYTES)
     flags = _json_object(frames[7], "flags frame") if n == 8 else {}
     return ClientRequest(command, bytes(service), bytes(frames[4]), bytes(uuid), frames[6], flags)
 
@@ -260,112 +254,93 @@ def decode_worker(frames: list[Frame], max_bytes: int = DEFAULT_MAX_FRAME_BYTES)
     """Decode what a worker sent, without the ROUTER identity frame."""
     n = len(frames)
     command: Any = frames[2] if n >= 3 else b""  # bytes once the fast path's checks hold
-    if n == 8 or n == 9:  # a job's reply: RESPONSE, EVENT, STREAM or MMI; only a RESPONSE carries a trace
-        _check_sizes(frames, max_bytes)
-        if (
-            frames[0] != b""
-            or frames[1] != WORKER
-            or type(command) is not bytes
-            or command not in WORKER_REPLY_COMMANDS
-            or (n == 9 and command != RESPONSE)
-        ):
-            return _decode_worker_slow(frames, max_bytes)
-        if frames[4] != b"":
-            raise ProtocolError("delimiter", "frame 4 must be empty")
-        uuid = frames[5]
-        if len(uuid) > MAX_UUID_BYTES:
-            raise ProtocolError("field", f"uuid longer than {MAX_UUID_BYTES} bytes")
-        trace = frames[8] if n == 9 else None
-        return WorkerReply(command, bytes(frames[3]), bytes(uuid), bytes(frames[6]), frames[7], trace)
-    return _decode_worker_slow(frames, max_bytes)
-
-
-def _decode_worker_slow(frames: list[Frame], max_bytes: int) -> WorkerControl | WorkerReply:
-    command = _check_head(frames, WORKER, 4, 9, max_bytes)
-    if command in WORKER_CONTROL_COMMANDS:
-        if len(frames) > 5:
-            raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {len(frames)} frames")
-        _check_name(frames[3], "service")
-        stats = _json_object(frames[4], "keepalive stats") if len(frames) == 5 else None
-        return WorkerControl(command, bytes(frames[3]), stats)
-    if command in WORKER_REPLY_COMMANDS:
-        n = len(frames)
+    if not (  # a job's reply (RESPONSE, EVENT, STREAM, MMI); only a RESPONSE carries a trace
+        (n == 8 or (n == 9 and command == RESPONSE))
+        and _check_sizes(frames, max_bytes)
+        and frames[0] == b""
+        and frames[1] == WORKER
+        and type(command) is bytes
+        and command in WORKER_REPLY_COMMANDS
+    ):
+        command = _check_head(frames, WORKER, 4, 9, max_bytes)
+        if command in WORKER_CONTROL_COMMANDS:
+            if n > 5:
+                raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {n} frames")
+            _check_name(frames[3], "service")
+            stats = _json_object(frames[4], "keepalive stats") if n == 5 else None
+            return WorkerControl(command, bytes(frames[3]), stats)
+        if command not in WORKER_REPLY_COMMANDS:
+            raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not a worker command")
         if n != 8 and not (n == 9 and command == RESPONSE):
             raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {n} frames, need 8")
-        if frames[4] != b"":
-            raise ProtocolError("delimiter", "frame 4 must be empty")
-        _check_name(frames[5], "uuid", MAX_UUID_BYTES)
-        trace = frames[8] if n == 9 else None
-        return WorkerReply(command, bytes(frames[3]), bytes(frames[5]), bytes(frames[6]), frames[7], trace)
-    raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not a worker command")
+    if frames[4] != b"":
+        raise ProtocolError("delimiter", "frame 4 must be empty")
+    _check_name(frames[5], "uuid", MAX_UUID_BYTES)
+    trace = frames[8] if n == 9 else None
+    return WorkerReply(command, bytes(frames[3]), bytes(frames[5]), bytes(frames[6]), frames[7], trace)
 
 
 def decode_broker_to_worker(frames: list[Frame], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> BrokerJob | BrokerControl:
     """Decode what the broker sent to a worker (the worker's DEALER strips nothing)."""
     n = len(frames)
-    if n == 7 or n == 8:  # a job: POST, GET, DELETE, PUT or MMI, a POST with the broker's meta frame
-        _check_sizes(frames, max_bytes)
-        head: Any = frames[2]
-        if (
-            frames[0] == b""
-            and frames[1] == BROKER
-            and type(head) is bytes
-            and head in BROKER_JOB_COMMANDS
-            and frames[4] == b""
-        ):
-            meta = _json_object(frames[7], "job meta frame") if n == 8 else None
-            return BrokerJob(head, bytes(frames[3]), bytes(frames[5]), frames[6], meta)
-    command = _check_head(frames, BROKER, 4, 8, max_bytes)
-    if command in (KEEPALIVE, DISCONNECT):
-        if len(frames) > 5:
-            raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {len(frames)} frames, need 4 or 5")
-        if len(frames) < 5:
-            return BrokerControl(command, bytes(frames[3]))
-        why = _json_object(frames[4], "disconnect reason")
-        reason, detail, after = why.get("reason"), why.get("detail"), why.get("retry_after")
-        return BrokerControl(
-            command,
-            bytes(frames[3]),
-            reason if isinstance(reason, str) else None,
-            detail[:MAX_DETAIL] if isinstance(detail, str) else None,
-            float(after) if isinstance(after, int | float) and not isinstance(after, bool) and after >= 0 else None,
-        )
-    if command in BROKER_JOB_COMMANDS:
-        if len(frames) < 7:
-            raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {len(frames)} frames, need 7 or 8")
-        if frames[4] != b"":
-            raise ProtocolError("delimiter", "frame 4 must be empty")
-        meta = _json_object(frames[7], "job meta frame") if len(frames) == 8 else None
-        return BrokerJob(command, bytes(frames[3]), bytes(frames[5]), frames[6], meta)
-    raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not sent by a broker to a worker")
+    command: Any = frames[2] if n >= 3 else b""  # bytes once the fast path's checks hold
+    if not (  # a job: POST, GET, DELETE, PUT or MMI; a POST may carry the broker's meta frame
+        (n == 7 or n == 8)
+        and _check_sizes(frames, max_bytes)
+        and frames[0] == b""
+        and frames[1] == BROKER
+        and type(command) is bytes
+        and command in BROKER_JOB_COMMANDS
+    ):
+        command = _check_head(frames, BROKER, 4, 8, max_bytes)
+        if command in (KEEPALIVE, DISCONNECT):
+            if n > 5:
+                raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {n} frames, need 4 or 5")
+            if n < 5:
+                return BrokerControl(command, bytes(frames[3]))
+            why = _json_object(frames[4], "disconnect reason")
+            reason, detail, after = why.get("reason"), why.get("detail"), why.get("retry_after")
+            return BrokerControl(
+                command,
+                bytes(frames[3]),
+                reason if isinstance(reason, str) else None,
+                detail[:MAX_DETAIL] if isinstance(detail, str) else None,
+                float(after) if isinstance(after, int | float) and not isinstance(after, bool) and after >= 0 else None,
+            )
+        if command not in BROKER_JOB_COMMANDS:
+            raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not sent by a broker to a worker")
+        if n < 7:
+            raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {n} frames, need 7 or 8")
+    if frames[4] != b"":
+        raise ProtocolError("delimiter", "frame 4 must be empty")
+    meta = _json_object(frames[7], "job meta frame") if n == 8 else None
+    return BrokerJob(command, bytes(frames[3]), bytes(frames[5]), frames[6], meta)
 
 
 def decode_broker_to_client(frames: list[Frame], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> BrokerReply:
     """Decode what the broker sent to a client."""
     n = len(frames)
-    if n == 7 or n == 8:
-        _check_sizes(frames, max_bytes)
-        head: Any = frames[2]
-        code: Any = frames[5]
-        if (
-            frames[0] == b""
-            and frames[1] == BROKER
-            and type(head) is bytes
-            and type(code) is bytes
-            and head in BROKER_TO_CLIENT_COMMANDS
-            and (n == 7 or head == RESPONSE)
-            and (code in KNOWN_STATUSES or head == STREAM)
-        ):
-            return BrokerReply(head, bytes(frames[3]), bytes(frames[4]), code, frames[6], frames[7] if n == 8 else None)
-    command = _check_head(frames, BROKER, 7, 8, max_bytes)
-    if command not in BROKER_TO_CLIENT_COMMANDS:
-        raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not sent by a broker to a client")
-    if len(frames) == 8 and command != RESPONSE:
-        raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with 8 frames, need 7")
-    status = bytes(frames[5])
-    if command != STREAM and status not in KNOWN_STATUSES:
-        raise ProtocolError("status", f"unknown status {status[:8]!r}")
-    trace = frames[7] if len(frames) == 8 else None
+    command: Any = frames[2] if n >= 3 else b""  # bytes once the fast path's checks hold
+    status: Any = frames[5] if n >= 6 else b""
+    if not (
+        (n == 7 or (n == 8 and command == RESPONSE))
+        and _check_sizes(frames, max_bytes)
+        and frames[0] == b""
+        and frames[1] == BROKER
+        and type(command) is bytes
+        and type(status) is bytes
+        and command in BROKER_TO_CLIENT_COMMANDS
+        and (status in KNOWN_STATUSES or command == STREAM)
+    ):
+        command = _check_head(frames, BROKER, 7, 8, max_bytes)
+        if command not in BROKER_TO_CLIENT_COMMANDS:
+            raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not sent by a broker to a client")
+        if n == 8 and command != RESPONSE:
+            raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with 8 frames, need 7")
+        status = bytes(frames[5])
+        if command != STREAM and status not in KNOWN_STATUSES:
+            raise ProtocolError("status", f"unknown status {status[:8]!r}")
+    trace = frames[7] if n == 8 else None
     return BrokerReply(command, bytes(frames[3]), bytes(frames[4]), status, frames[6], trace)
 
 
@@ -405,63 +380,6 @@ def broker_reply(
     client: bytes, command: bytes, service: bytes, uuid: bytes, status: bytes, payload: Frame
 ) -> list[Frame]:
     return [client, b"", BROKER, command, service, uuid, status, payload]
-
-
-def _as_json(obj: Any) -> Any:
-    """What the encoder cannot write itself. A True, False or None dict key takes JSON's
-    spelling, as the stdlib and orjson write it (msgspec would give its str(), "True"); an int
-    or float subclass is its number; anything else is its str()."""
-    if obj is None:  # only ever a dict key here: msgspec writes None, True and False values itself
-        return "null"
-    if obj is True:
-        return "true"
-    if obj is False:
-        return "false"
-    if isinstance(obj, int):
-        return int(obj)
-    if isinstance(obj, float):
-        return float(obj)
-    return str(obj)
-
-
-_decode = msgspec.json.Decoder().decode
-_encode = msgspec.json.Encoder(enc_hook=_as_json).encode
-
-
-def dumps(obj: Any) -> bytes:
-    """JSON as NFP carries it: compact UTF-8; what neither JSON nor msgspec has a type for becomes its str().
-
-    msgspec writes it (C): 0.2-0.3 µs for a job's flags or result entry, and a 10 MB string in
-    4 ms, against orjson's 0.5-0.7 µs and 8.6 ms once its output was copied to size. That copy
-    is gone: orjson returned its whole growth buffer (133 MB of address space for a 10 MB
-    string), msgspec at most 1.5 times what it wrote, and the tail past len() is never
-    written. Its own types: a set is an array, bytes are base64, a UTC datetime ends in "Z".
-    What it refuses (a cycle, nesting past the interpreter's recursion limit) goes through the
-    stdlib, which names a cycle; what the stdlib refuses raises as it always did. One encoder
-    serves every thread (the worker's pool threads encode results at once)."""
-    try:
-        return _encode(obj)
-    except (TypeError, msgspec.EncodeError, RecursionError):
-        return json.dumps(obj, separators=(",", ":"), default=str).encode()
-
-
-def loads(raw: Frame | str) -> Any:
-    """Parse JSON (bytes in, no decode step). Raises ValueError, nested-too-deep included.
-
-    msgspec's decoder, not orjson's: the same answers for JSON, except that integers past
-    64 bits stay exact ints, as the stdlib reads them (up to its 4,300 digits, its guard
-    against quadratic parsing; orjson made them floats and refused past 1e308), and three
-    times faster on long strings: a 10 MB string in 4-6 ms against 15-19,
-    twice per 10 MB job in the worker and twice in its client. Small bodies are no slower
-    (0.26 against 0.63 µs for a job's kwargs)."""
-    try:
-        return _decode(raw)
-    except msgspec.DecodeError as exc:  # (its ValidationError, a number out of range, is one too)
-        raise ValueError(f"invalid JSON: {exc}") from None
-    except RecursionError:
-        raise ValueError("invalid JSON: nested too deep") from None
-    except TypeError as exc:  # not bytes or str: orjson said so with a ValueError too
-        raise ValueError(f"invalid JSON: {exc}") from None
 
 
 _KEYWORDS: Final = {b"any": "any", b"all": "all"}

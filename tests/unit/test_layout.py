@@ -197,3 +197,12 @@ def test_no_two_test_files_share_a_name() -> None:
     name in another folder stops the whole collection with "import file mismatch"."""
     names = [p.name for p in (ROOT / "tests").rglob("test_*.py") if "norfab_suite" not in p.parts]
     assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
+@pytest.mark.parametrize(
+    "module", ["core/protocol.py", "core/jsoncodec.py", "transport/wire.py", "transport/sending.py"]
+)
+def test_the_wire_modules_stay_under_450_lines(module: str) -> None:
+    """Issue 40's size fact, for the modules of its speed item (the other scopes add theirs)."""
+    lines = len((ROOT / "service" / module).read_text().splitlines())
+    assert lines <= 450, f"service/{module} has {lines} lines"

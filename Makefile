@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PORT   ?= 8000
 WORKERS ?= 2
 
-.PHONY: run test lint bench bench-quick chaos norfab-suite clean
+.PHONY: run test lint bench bench-quick bench-versus chaos norfab-suite clean
 
 $(BIN)/.installed-run: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,11 @@ bench: $(BIN)/.installed-dev
 
 bench-quick: $(BIN)/.installed-dev
 	$(BIN)/python -m bench.run --quick
+
+# zfab beside nfp_floor and floor.py only: three interleaved rounds, a burn-down of 100,000 queued
+# jobs and a 1 ms injected-latency round (bench/versus.py; `--rounds 5 --n 50000` etc. by hand)
+bench-versus: $(BIN)/.installed-dev
+	$(BIN)/python -m bench.versus
 
 # The soak of issue 39: jobs through the API with random worker kills and one broker and one API
 # kill, every job audited against the task's own count (bench/chaos.py; CHAOS_JOBS=2000 for a short one).

@@ -1,6 +1,9 @@
 """`make bench`: the raw pyzmq floor and zfab in one run, every figure with its ratio.
 
-After the floor, the fabric, the API and files sections come the scale sections (docs/benchmarks.md):
+First the versus section (bench/versus.py): floor.py, nfp_floor.py and zfab interleaved round by
+round, zfab's pipelined rate and sequential p50 as ratios to nfp_floor's of the same round, a
+burn-down (a paused queue drained) and a 1 ms injected-latency round. After the floor, the fabric,
+the API and files sections come the scale sections (docs/benchmarks.md):
 scale (1,000 workers), clients (100 clients), large (10 MB payloads), shm (the same on one host, shared
 memory vs sockets), aio (1,000 async tasks), wrk,
 idle, queue, console (the web console over 100,000 jobs). Each one runs on its own; one that fails prints
@@ -28,13 +31,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true", help="smaller counts, for a smoke run")
     p.add_argument("--json", help="also write the figures to this file")
-    p.add_argument("--only", help="comma-separated sections: " + ",".join(["floor", *BASE, *SECTIONS]))
+    p.add_argument("--only", help="comma-separated sections: " + ",".join(["versus", "floor", *BASE, *SECTIONS]))
     p.add_argument("--trust", action="store_true", help="also run bench/trust.py against this checkout")
     ns = p.parse_args(argv)
     q = ns.quick
     only = set(ns.only.split(",")) if ns.only else None
     failed: list[str] = []
     started = time.monotonic()
+    if only is None or "versus" in only:
+        from bench import versus
+
+        print("== zfab beside nfp_floor (the lean NFP fabric) and floor.py, interleaved (bench/versus.py)", flush=True)
+        _run_section("versus", lambda: versus.run(quick=q), failed)
     if only is None or "floor" in only or "fabric" in only:
         _run_section("floor+fabric", lambda: _floor_and_fabric(q), failed)
     for name in BASE:

@@ -14,6 +14,9 @@ from typing import Any, Final
 import msgspec
 
 from .errors import ProtocolError as ProtocolError  # re-exported: callers catch nfp.ProtocolError
+from .jsoncodec import decode
+from .jsoncodec import dumps as dumps  # re-exported: JSON as NFP carries it is nfp.dumps/nfp.loads everywhere
+from .jsoncodec import loads as loads
 
 # A frame. What a loop receives is bytes, except that a frame of 64 KiB or more (COPY_LIMIT in
 # transport/wire.py) comes as a memoryview onto ZeroMQ's own buffer, which the view keeps alive:
@@ -172,16 +175,23 @@ class BrokerReply:
 
 
 _FRAME_TYPES = (bytes, bytearray, memoryview)  # a tuple: `bytes | ...` would build a UnionType per frame
+_FRAME_TYPE_SET = frozenset(_FRAME_TYPES)
+
+# Each decoder runs once per message in every role, so a well-formed message passes one condition
+# of C-level checks (types against a set, sizes by one sum, the command against the role's set);
+# any other takes _check_head and the rest in the spec's order, for the first reason it fails.
 
 
-def _check_sizes(frames: list[Frame], max_bytes: int) -> None:
-    total = 0
-    for f in frames:
-        if not isinstance(f, _FRAME_TYPES):
-            raise ProtocolError("type", f"frame of type {type(f).__name__}")
-        total += len(f)
+def _check_sizes(frames: list[Frame], max_bytes: int) -> bool:
+    """True, or it raises (so a fast path's condition can hold it)."""
+    if not _FRAME_TYPE_SET.issuperset(map(type, frames)):  # a subclass of bytes is a frame too
+        for f in frames:
+            if not isinstance(f, _FRAME_TYPES):
+                raise ProtocolError("type", f"frame of type {type(f).__name__}")
+    total = sum(map(len, frames))
     if total > max_bytes:
         raise ProtocolError("oversize", f"{total} bytes > limit {max_bytes}")
+    return True
 
 
 def _check_head(frames: list[Frame], header: bytes, min_len: int, max_len: int, max_bytes: int) -> bytes:
@@ -208,85 +218,129 @@ def _check_name(value: Frame, what: str, limit: int = MAX_NAME_BYTES) -> None:
 
 def _json_object(raw: Frame, what: str) -> dict[str, Any]:
     try:
-        obj = loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # loads: nested too deep is a ValueError
-        raise ProtocolError("json", f"{what} is not JSON: {exc}") from None
-    if not isinstance(obj, dict):
+        obj = decode(raw)  # not loads(): one call less, the same sentences
+    except (msgspec.DecodeError, TypeError, UnicodeDecodeError) as exc:
+        raise ProtocolError("json", f"{what} is not JSON: invalid JSON: {exc}") from None
+    except RecursionError:
+        raise ProtocolError("json", f"{what} is not JSON: invalid JSON: nested too deep") from None
+    if type(obj) is not dict:
         raise ProtocolError("json", f"{what} must be a JSON object, got {type(obj).__name__}")
     return obj
 
 
 def decode_client(frames: list[Frame], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> ClientRequest:
     """Decode what a client sent, without the ROUTER identity frame."""
-    command = _check_head(frames, CLIENT, 7, 8, max_bytes)
-    if command not in CLIENT_COMMANDS:
-        raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not a client command")
-    service, target, uuid, body = frames[3], frames[4], frames[5], frames[6]
+    n = len(frames)
+    command: Any = frames[2] if n >= 3 else b""  # bytes once the fast path's checks hold
+    if not (
+        (n == 7 or n == 8)
+        and _check_sizes(frames, max_bytes)
+        and frames[0] == b""
+        and frames[1] == CLIENT
+        and type(command) is bytes
+        and command in CLIENT_COMMANDS
+    ):
+        command = _check_head(frames, CLIENT, 7, 8, max_bytes)
+        if command not in CLIENT_COMMANDS:
+            raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not a client command")
+    service, uuid = frames[3], frames[5]
     _check_name(service, "service")
     _check_name(uuid, "uuid", MAX_UUID_BYTES)
-    flags = _json_object(frames[7], "flags frame") if len(frames) == 8 else {}
-    return ClientRequest(command, bytes(service), bytes(target), bytes(uuid), body, flags)
+    flags = _json_object(frames[7], "flags frame") if n == 8 else {}
+    return ClientRequest(command, bytes(service), bytes(frames[4]), bytes(uuid), frames[6], flags)
 
 
 def decode_worker(frames: list[Frame], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> WorkerControl | WorkerReply:
     """Decode what a worker sent, without the ROUTER identity frame."""
-    command = _check_head(frames, WORKER, 4, 9, max_bytes)
-    if command in WORKER_CONTROL_COMMANDS:
-        if len(frames) > 5:
-            raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {len(frames)} frames")
-        _check_name(frames[3], "service")
-        stats = _json_object(frames[4], "keepalive stats") if len(frames) == 5 else None
-        return WorkerControl(command, bytes(frames[3]), stats)
-    if command in WORKER_REPLY_COMMANDS:
-        n = len(frames)
+    n = len(frames)
+    command: Any = frames[2] if n >= 3 else b""  # bytes once the fast path's checks hold
+    if not (  # a job's reply (RESPONSE, EVENT, STREAM, MMI); only a RESPONSE carries a trace
+        (n == 8 or (n == 9 and command == RESPONSE))
+        and _check_sizes(frames, max_bytes)
+        and frames[0] == b""
+        and frames[1] == WORKER
+        and type(command) is bytes
+        and command in WORKER_REPLY_COMMANDS
+    ):
+        command = _check_head(frames, WORKER, 4, 9, max_bytes)
+        if command in WORKER_CONTROL_COMMANDS:
+            if n > 5:
+                raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {n} frames")
+            _check_name(frames[3], "service")
+            stats = _json_object(frames[4], "keepalive stats") if n == 5 else None
+            return WorkerControl(command, bytes(frames[3]), stats)
+        if command not in WORKER_REPLY_COMMANDS:
+            raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not a worker command")
         if n != 8 and not (n == 9 and command == RESPONSE):
             raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {n} frames, need 8")
-        if frames[4] != b"":
-            raise ProtocolError("delimiter", "frame 4 must be empty")
-        _check_name(frames[5], "uuid", MAX_UUID_BYTES)
-        trace = frames[8] if n == 9 else None
-        return WorkerReply(command, bytes(frames[3]), bytes(frames[5]), bytes(frames[6]), frames[7], trace)
-    raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not a worker command")
+    if frames[4] != b"":
+        raise ProtocolError("delimiter", "frame 4 must be empty")
+    _check_name(frames[5], "uuid", MAX_UUID_BYTES)
+    trace = frames[8] if n == 9 else None
+    return WorkerReply(command, bytes(frames[3]), bytes(frames[5]), bytes(frames[6]), frames[7], trace)
 
 
 def decode_broker_to_worker(frames: list[Frame], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> BrokerJob | BrokerControl:
     """Decode what the broker sent to a worker (the worker's DEALER strips nothing)."""
-    command = _check_head(frames, BROKER, 4, 8, max_bytes)
-    if command in (KEEPALIVE, DISCONNECT):
-        if len(frames) > 5:
-            raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {len(frames)} frames, need 4 or 5")
-        if len(frames) < 5:
-            return BrokerControl(command, bytes(frames[3]))
-        why = _json_object(frames[4], "disconnect reason")
-        reason, detail, after = why.get("reason"), why.get("detail"), why.get("retry_after")
-        return BrokerControl(
-            command,
-            bytes(frames[3]),
-            reason if isinstance(reason, str) else None,
-            detail[:MAX_DETAIL] if isinstance(detail, str) else None,
-            float(after) if isinstance(after, int | float) and not isinstance(after, bool) and after >= 0 else None,
-        )
-    if command in BROKER_JOB_COMMANDS:
-        if len(frames) < 7:
-            raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {len(frames)} frames, need 7 or 8")
-        if frames[4] != b"":
-            raise ProtocolError("delimiter", "frame 4 must be empty")
-        meta = _json_object(frames[7], "job meta frame") if len(frames) == 8 else None
-        return BrokerJob(command, bytes(frames[3]), bytes(frames[5]), frames[6], meta)
-    raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not sent by a broker to a worker")
+    n = len(frames)
+    command: Any = frames[2] if n >= 3 else b""  # bytes once the fast path's checks hold
+    if not (  # a job: POST, GET, DELETE, PUT or MMI; a POST may carry the broker's meta frame
+        (n == 7 or n == 8)
+        and _check_sizes(frames, max_bytes)
+        and frames[0] == b""
+        and frames[1] == BROKER
+        and type(command) is bytes
+        and command in BROKER_JOB_COMMANDS
+    ):
+        command = _check_head(frames, BROKER, 4, 8, max_bytes)
+        if command in (KEEPALIVE, DISCONNECT):
+            if n > 5:
+                raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {n} frames, need 4 or 5")
+            if n < 5:
+                return BrokerControl(command, bytes(frames[3]))
+            why = _json_object(frames[4], "disconnect reason")
+            reason, detail, after = why.get("reason"), why.get("detail"), why.get("retry_after")
+            return BrokerControl(
+                command,
+                bytes(frames[3]),
+                reason if isinstance(reason, str) else None,
+                detail[:MAX_DETAIL] if isinstance(detail, str) else None,
+                float(after) if isinstance(after, int | float) and not isinstance(after, bool) and after >= 0 else None,
+            )
+        if command not in BROKER_JOB_COMMANDS:
+            raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not sent by a broker to a worker")
+        if n < 7:
+            raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with {n} frames, need 7 or 8")
+    if frames[4] != b"":
+        raise ProtocolError("delimiter", "frame 4 must be empty")
+    meta = _json_object(frames[7], "job meta frame") if n == 8 else None
+    return BrokerJob(command, bytes(frames[3]), bytes(frames[5]), frames[6], meta)
 
 
 def decode_broker_to_client(frames: list[Frame], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> BrokerReply:
     """Decode what the broker sent to a client."""
-    command = _check_head(frames, BROKER, 7, 8, max_bytes)
-    if command not in BROKER_TO_CLIENT_COMMANDS:
-        raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not sent by a broker to a client")
-    if len(frames) == 8 and command != RESPONSE:
-        raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with 8 frames, need 7")
-    status = bytes(frames[5])
-    if command != STREAM and status not in KNOWN_STATUSES:
-        raise ProtocolError("status", f"unknown status {status[:8]!r}")
-    trace = frames[7] if len(frames) == 8 else None
+    n = len(frames)
+    command: Any = frames[2] if n >= 3 else b""  # bytes once the fast path's checks hold
+    status: Any = frames[5] if n >= 6 else b""
+    if not (
+        (n == 7 or (n == 8 and command == RESPONSE))
+        and _check_sizes(frames, max_bytes)
+        and frames[0] == b""
+        and frames[1] == BROKER
+        and type(command) is bytes
+        and type(status) is bytes
+        and command in BROKER_TO_CLIENT_COMMANDS
+        and (status in KNOWN_STATUSES or command == STREAM)
+    ):
+        command = _check_head(frames, BROKER, 7, 8, max_bytes)
+        if command not in BROKER_TO_CLIENT_COMMANDS:
+            raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not sent by a broker to a client")
+        if n == 8 and command != RESPONSE:
+            raise ProtocolError("frame_count", f"{COMMAND_NAMES[command]} with 8 frames, need 7")
+        status = bytes(frames[5])
+        if command != STREAM and status not in KNOWN_STATUSES:
+            raise ProtocolError("status", f"unknown status {status[:8]!r}")
+    trace = frames[7] if n == 8 else None
     return BrokerReply(command, bytes(frames[3]), bytes(frames[4]), status, frames[6], trace)
 
 
@@ -328,65 +382,14 @@ def broker_reply(
     return [client, b"", BROKER, command, service, uuid, status, payload]
 
 
-def _as_json(obj: Any) -> Any:
-    """What the encoder cannot write itself. A True, False or None dict key takes JSON's
-    spelling, as the stdlib and orjson write it (msgspec would give its str(), "True"); an int
-    or float subclass is its number; anything else is its str()."""
-    if obj is None:  # only ever a dict key here: msgspec writes None, True and False values itself
-        return "null"
-    if obj is True:
-        return "true"
-    if obj is False:
-        return "false"
-    if isinstance(obj, int):
-        return int(obj)
-    if isinstance(obj, float):
-        return float(obj)
-    return str(obj)
-
-
-_decode = msgspec.json.Decoder().decode
-_encode = msgspec.json.Encoder(enc_hook=_as_json).encode
-
-
-def dumps(obj: Any) -> bytes:
-    """JSON as NFP carries it: compact UTF-8; what neither JSON nor msgspec has a type for becomes its str().
-
-    msgspec writes it (C): 0.2-0.3 µs for a job's flags or result entry, and a 10 MB string in
-    4 ms, against orjson's 0.5-0.7 µs and 8.6 ms once its output was copied to size. That copy
-    is gone: orjson returned its whole growth buffer (133 MB of address space for a 10 MB
-    string), msgspec at most 1.5 times what it wrote, and the tail past len() is never
-    written. Its own types: a set is an array, bytes are base64, a UTC datetime ends in "Z".
-    What it refuses (a cycle, nesting past the interpreter's recursion limit) goes through the
-    stdlib, which names a cycle; what the stdlib refuses raises as it always did. One encoder
-    serves every thread (the worker's pool threads encode results at once)."""
-    try:
-        return _encode(obj)
-    except (TypeError, msgspec.EncodeError, RecursionError):
-        return json.dumps(obj, separators=(",", ":"), default=str).encode()
-
-
-def loads(raw: Frame | str) -> Any:
-    """Parse JSON (bytes in, no decode step). Raises ValueError, nested-too-deep included.
-
-    msgspec's decoder, not orjson's: the same answers for JSON, except that integers past
-    64 bits stay exact ints, as the stdlib reads them (up to its 4,300 digits, its guard
-    against quadratic parsing; orjson made them floats and refused past 1e308), and three
-    times faster on long strings: a 10 MB string in 4-6 ms against 15-19,
-    twice per 10 MB job in the worker and twice in its client. Small bodies are no slower
-    (0.26 against 0.63 µs for a job's kwargs)."""
-    try:
-        return _decode(raw)
-    except msgspec.DecodeError as exc:  # (its ValidationError, a number out of range, is one too)
-        raise ValueError(f"invalid JSON: {exc}") from None
-    except RecursionError:
-        raise ValueError("invalid JSON: nested too deep") from None
-    except TypeError as exc:  # not bytes or str: orjson said so with a ValueError too
-        raise ValueError(f"invalid JSON: {exc}") from None
+_KEYWORDS: Final = {b"any": "any", b"all": "all"}
 
 
 def parse_target(target: bytes) -> str | list[str]:
     """`any`, `all`, one worker name, or a JSON list of names."""
+    word = _KEYWORDS.get(target)  # nearly every POST: no decode, the same str each time
+    if word is not None:
+        return word
     if target.startswith(b"["):
         try:
             names = json.loads(target)

@@ -214,7 +214,7 @@ class JobRecord:
     def input_request(self) -> dict[str, Any] | None:
         """The worker's open input request, if it waits for one (events are scanned once each)."""
         fut = self.live
-        if fut is None or fut.done() or not fut.events:
+        if fut is None or fut.done() or not fut.has_events:
             return None
         seen, request = self._input
         events = snapshot(fut.events)
@@ -226,7 +226,7 @@ class JobRecord:
     def input_steps(self) -> list[Step]:
         """The job's input requests and answers as history steps (events are scanned once each)."""
         fut = self.live
-        if fut is None or not fut.events:
+        if fut is None or not fut.has_events:
             return []
         seen, steps = self._inputs
         events = snapshot(fut.events)

@@ -145,6 +145,11 @@ class JobFuture(Future[Any]):
         """The job's events as they came, the oldest gone past the count or byte bound."""
         return lazy(self, "_events", self._new_events)
 
+    @property
+    def has_events(self) -> bool:
+        """Did any event come? (Asked per view of every job: without making the queue of one that had none.)"""
+        return bool(self._events)
+
     def _new_events(self) -> deque[dict[str, Any]]:
         return deque(maxlen=self.max_events)
 

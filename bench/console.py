@@ -40,7 +40,7 @@ def fill(app: Any, n: int) -> None:
             service="demo",
             task="fail" if failed else "echo",
             workers="any",
-            state=JobState.failed if failed else JobState.completed,
+            state=JobState.FAILED if failed else JobState.COMPLETED,
             reason="demo-1: RuntimeError: boom" if failed else None,
             results={"demo-1": {"result": i, "failed": failed, "errors": [], "messages": []}},
             error=None,

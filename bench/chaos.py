@@ -121,9 +121,19 @@ def marks(path: Path) -> Counter[str]:
 
 
 def soak(
-    tmp: Path, jobs: int, *, workers: int = 3, kill_every: float = 2.0, threads: int = 8, seed: int | None = None
+    tmp: Path,
+    jobs: int,
+    *,
+    workers: int = 3,
+    kill_every: float = 2.0,
+    threads: int = 8,
+    seed: int | None = None,
+    worker_kills: int = 0,
 ) -> dict[str, Any]:
-    """Run the soak in `tmp`; its figures and violations (an empty list when every promise held)."""
+    """Run the soak in `tmp`; its figures and violations (an empty list when every promise held).
+
+    A worker is killed every `kill_every` seconds and, with `worker_kills`, also at that many evenly
+    spaced points of the submissions: a run that got faster still sees at least that many kills."""
     rng = random.Random(seed)
     st = Stack(tmp, workers, history=max(10_000, jobs + 1000))
     sent = [Sent(f"t{i}") for i in range(jobs)]
@@ -139,10 +149,12 @@ def soak(
             raise RuntimeError("the API did not get ready in 40 s")
         wait_for(lambda: _alive(st) >= workers, 30, 0.1)
 
+        kill_at = [jobs * (k + 1) // (worker_kills + 1) for k in range(worker_kills)]
+
         def chaos() -> None:
             broker_at, api_at = jobs // 3, 2 * jobs // 3
             next_kill = time.monotonic() + kill_every
-            while not done.wait(0.05):
+            while not done.wait(0.05) or kill_at:
                 if broker_at is not None and progress[0] >= broker_at:
                     broker_at = None
                     st.kill("broker")
@@ -154,7 +166,10 @@ def soak(
                     st.kill("api")
                     kills["api"] += 1
                     st.api_up()
-                if time.monotonic() >= next_kill:
+                marked = bool(kill_at) and progress[0] >= kill_at[0]
+                if marked:
+                    kill_at.pop(0)
+                if marked or time.monotonic() >= next_kill:
                     next_kill = time.monotonic() + kill_every
                     n = rng.randrange(workers)
                     st.kill(f"w{n}")

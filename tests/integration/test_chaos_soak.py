@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
 def test_a_short_random_kill_soak_keeps_every_promise(tmp_path: Path) -> None:
-    figures = soak(tmp_path, 300, workers=3, kill_every=1.0, threads=6, seed=39)
+    figures = soak(tmp_path, 300, workers=3, kill_every=1.0, threads=6, seed=39, worker_kills=3)
     assert figures["violations"] == [], figures
     kills = figures["kills"]
     assert figures["accepted"] == 300 and kills["broker"] == 1 and kills["api"] == 1 and kills["worker"] >= 3

@@ -200,20 +200,25 @@ def lean(kind: str, path: str, n: int, bind: str, connect: str) -> None:
         p.terminate()
 
 
+def _answered(c: Any) -> None:
+    """The first job, sent until the path answers it (the fabric is starting): the last error past 20 s."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            c.run_job("demo", "echo", kwargs={"data": 0}, timeout=3)
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def zclient(endpoint: str, n: int) -> None:
     """speed.py's zfab client: the first job until the path answers, 2,000 sequential, n pipelined."""
     from zfab import Client
 
     with Client(broker=endpoint, name="speed") as c:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                c.run_job("demo", "echo", kwargs={"data": 0}, timeout=3)
-                break
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        _answered(c)
         lat = []
         for i in range(SEQ_N):
             t = time.perf_counter()
@@ -239,15 +244,7 @@ def zburndown(endpoint: str, n: int) -> None:
     from zfab import Client
 
     with Client(broker=endpoint, name="burndown") as c:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                c.run_job("demo", "echo", kwargs={"data": 0}, timeout=3)
-                break
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        _answered(c)
         c.mmi("pause_service", service="demo")
         t_sub = time.perf_counter()
         futs = [c.submit("demo", "echo", kwargs={"data": i}, timeout=600) for i in range(n)]

@@ -70,6 +70,7 @@ class Requests:
         self.grace_until: float | None = clock() + grace  # None once the startup grace is over
         self._seq = itertools.count()
         self.log = LogBudget(burst=3, per_second=0.1, clock=clock)  # failures a peer can cause: a few lines
+        self.epoch = 0  # the lease generation of this broker's term (term.py; 0: no lease)
         self.boot = boot  # this broker's incarnation and shared-memory host id: in its keepalive answers
         self.host = host
 
@@ -277,6 +278,8 @@ class Requests:
         facts: dict[str, Any] = {"boot": self.boot, "max": self.s.max_message_bytes}
         if self.host:
             facts["host"] = self.host
+        if self.epoch:  # its term's lease generation: a zfab client leaves a broker older than one it saw
+            facts["epoch"] = self.epoch
         ka.mark_sent()
         frames = nfp.broker_reply(client, nfp.KEEPALIVE, nfp.MMI_SERVICE, b"", nfp.ST_OK, nfp.dumps(facts))
         return self.out.send_now(frames)

@@ -144,6 +144,7 @@ class Term(Hook):
         startup grace again, as a restarted broker does (they are on their way from the old one)."""
         if self.role is ACTIVE:
             requests.grace_until = self.clock() + self.grace
+            requests.epoch = self.epoch
 
     def tend(self, now: float) -> float | None:
         if self.role is not ACTIVE:

@@ -26,6 +26,7 @@ from ..core.logbudget import LogBudget
 from ..core.payloads import Word
 from ..settings import Settings
 from ..transport.base import Frames, LoopFactory, Transport
+from ..transport.links import Links, several
 from ..transport.loop import OwnerLoop
 from ..transport.shm import ShmArena
 from ..transport.wire import dealer_socket
@@ -120,6 +121,7 @@ class Worker:
             outbound_size=s.outbound_queue_size,
             submit_timeout=s.submit_timeout,
         )
+        self.links = Links(self.loop, self._hello, lambda: None) if several(self.broker) else None  # docs/failover.md
         self.shm = ShmArena(s, clock=clock)
         self.runner = JobRunner(
             name=self.name,
@@ -225,7 +227,8 @@ class Worker:
         if self.loop.started.is_set():
             self._previous = self._identity.decode()  # READY says it: the broker lets our old one go
         self._identity = f"{self.name}~{secrets.token_hex(4)}".encode()
-        return dealer_socket(ctx, self._identity, self.settings, self.broker)
+        sock = dealer_socket(ctx, self._identity, self.settings, self.broker)
+        return sock if self.links is None else self.links.watch(sock)  # several brokers: READY once one is up
 
     def announce(self) -> bytes:
         """READY's extra frame: name, credits and tasks with their argument schemas (docs/protocol.md)."""
@@ -243,6 +246,10 @@ class Worker:
         return nfp.dumps(fields)
 
     def on_connected(self) -> None:
+        if self.links is None:  # several brokers: READY once a connection is up (transport/links.py)
+            self._hello()
+
+    def _hello(self) -> None:
         # READY goes first after every (re)connect, before any keepalive.
         self.loop.send_now(nfp.worker_control(nfp.READY, self._service_b, self.announce()))
         self.contact.connected()

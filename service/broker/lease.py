@@ -10,6 +10,7 @@ the broker's loop. `open_lease` imports a backend only when its scheme is used.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,19 +39,21 @@ class Lease(Protocol):
     def close(self) -> None: ...
 
 
-SCHEMES = ("postgresql://", "postgres://", "k8s://")
+# scheme: (module, class), imported only when used (importlib: the backends import this module's names)
+BACKENDS = {
+    "postgresql": (".lease_pg", "PgLease"),
+    "postgres": (".lease_pg", "PgLease"),
+    "k8s": (".lease_k8s", "K8sLease"),
+}
 
 
 def open_lease(url: str, *, timeout: float) -> Lease:
     """The backend `url` names: postgresql://... (lease_pg.py) or k8s://NAMESPACE/NAME (lease_k8s.py).
     ValueError for any other scheme (a setting's mistake, said at start)."""
-    if url.startswith(("postgresql://", "postgres://")):
-        from .lease_pg import PgLease
-
-        return PgLease(url, timeout=timeout)
-    if url.startswith("k8s://"):
-        from . import lease_k8s  # type: ignore[attr-defined, unused-ignore]
-
-        k8s: Lease = lease_k8s.K8sLease(url, timeout=timeout)  # type: ignore[attr-defined, unused-ignore]
-        return k8s
-    raise ValueError(f"ZFAB_BROKER_LEASE must start with one of {', '.join(SCHEMES)}; got {url.split('://')[0]!r}")
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    if scheme not in BACKENDS:
+        known = ", ".join(f"{k}://" for k in BACKENDS)
+        raise ValueError(f"ZFAB_BROKER_LEASE must start with one of {known}; got {scheme or url[:20]!r}")
+    module, name = BACKENDS[scheme]
+    backend: Lease = getattr(importlib.import_module(module, __package__), name)(url, timeout=timeout)
+    return backend

@@ -94,7 +94,8 @@ def serve_metrics(
                 "loop": answers,
                 "active": b.term.serving,
                 "bound": bool(b.bound_endpoint),
-                "started": b.requests.grace_until is None,
+                # a standby that took over serves at once: its startup grace only holds unknown services
+                "started": b.requests.grace_until is None or b.term.role == "active",
             }
 
     elif worker is not None:

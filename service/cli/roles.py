@@ -102,6 +102,8 @@ def cmd_broker(ns: argparse.Namespace) -> int:
     s = settings_of(ns)
     setup_logging(s.log_level)
     endpoint = ns.endpoint or s.bind_endpoint
+    if "," in endpoint:  # ZFAB_BROKER lists every broker for the peers: which one is this?
+        raise UsageError(f"ZFAB_BROKER lists several brokers ({endpoint}): give this one its own with --endpoint")
     try:
         broker = Broker(s, endpoint=ns.endpoint)
     except InventoryError as exc:

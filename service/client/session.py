@@ -338,7 +338,7 @@ class Session:
             log.warning("client %s: broker silent for %.1f s; reconnecting", self.name, ka.hold_time)
             self.counts["reconnects"] += 1
             self.loop.request_reconnect()
-        if ka.due():
+        if ka.due() and self.link.connected:  # (several brokers: none is up, nothing can go)
             self._send_keepalive()
         self.shm.sweep()  # idle pooled blocks, results given back
         nxt = ka.next_deadline() if not ka.expired() else ka.next_due

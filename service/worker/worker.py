@@ -281,7 +281,7 @@ class Worker:
                 self._drop_unstarted(CUT_OFF)
                 self.loop.request_reconnect()
             return until
-        if ka.due():
+        if ka.due() and (self.links is None or self.links.connected):  # several brokers: one must be up
             self._send_keepalive()
         notice = self.runner.send_due_notices(now)
         self.shm.sweep()

@@ -128,7 +128,7 @@ class Broker:
         return sock
 
     def on_connected(self) -> None:
-        self.term.bound(self.requests)  # a new term: the startup grace again (its workers are on their way)
+        self.term.bound(self.requests, self.workers, self.process_client)  # a new term: grace, epoch, settling
 
     def on_closing(self) -> None:
         for w in list(self.registry.workers.values()):

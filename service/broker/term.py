@@ -19,6 +19,7 @@ import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..core import protocol as nfp
 from ..core.keepalive import Clock
 from ..errors import ZfabError
 from ..settings import Settings
@@ -29,10 +30,14 @@ from .lease import LeaseState, open_lease
 
 if TYPE_CHECKING:
     from .requests import Requests
+    from .workers import Workers
 
 log = logging.getLogger(__name__)
 
 SINGLE, STANDBY, ACTIVE, DEPOSED = "single", "standby", "active", "deposed"
+# s after taking over during which resubmitted jobs wait: the workers reconnect as fast as the clients (at most
+# 0.5 s apart, transport/wire.py), and a job's worker says it holds it in READY (docs/failover.md)
+SETTLE = 1.0
 
 
 def fence_margin(duration: float) -> float:
@@ -74,6 +79,8 @@ class Term(Hook):
         self.failovers = 0  # times this broker took the lease over from another term
         self.lease_errors = 0  # round trips that found the engine unreachable
         self.on_deposed: Callable[[], None] | None = None  # `zfab broker` exits on it
+        self.requests: Requests | None = None  # while its resubmitted jobs settle (bound)
+        self.replay: Callable[[bytes, nfp.ClientRequest], None] = lambda sender, req: None
 
     @classmethod
     def from_settings(cls, s: Settings, loop: Transport, clock: Clock, endpoint: str) -> Term:
@@ -139,12 +146,15 @@ class Term(Hook):
         elif self.role is ACTIVE:
             self.depose(f"the lease is held by {state.holder or 'nobody'} (epoch {state.epoch})")
 
-    def bound(self, requests: Requests) -> None:
+    def bound(self, requests: Requests, workers: Workers, replay: Callable[[bytes, nfp.ClientRequest], None]) -> None:
         """The broker's ROUTER was opened: a standby that just became active gives the services' workers the
         startup grace again, as a restarted broker does (they are on their way from the old one)."""
         if self.role is ACTIVE:
             requests.grace_until = self.clock() + self.grace
             requests.epoch = self.epoch
+            requests.settle_until = self.clock() + SETTLE
+            self.requests, self.replay = requests, replay
+            workers.epoch_frame = nfp.dumps({"epoch": self.epoch})
 
     def tend(self, now: float) -> float | None:
         if self.role is not ACTIVE:
@@ -153,6 +163,12 @@ class Term(Hook):
             since = now - (self.valid_until - self.duration + self.margin)
             self.depose(f"no renewal of the lease for {since:.2f} s (it expires {self.margin:.2f} s from now)")
             return None
+        if (req := self.requests) is not None:  # settling: resubmitted jobs held until their workers said so
+            if now < req.settle_until:
+                return min(req.settle_until, self.valid_until)
+            held, req.settling, self.requests = req.settling, [], None
+            for sender, request in held:  # each as if it came now: to the worker that holds it, or admitted
+                self.replay(sender, request)
         return self.valid_until
 
     def depose(self, why: str) -> None:

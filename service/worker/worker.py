@@ -122,6 +122,7 @@ class Worker:
             submit_timeout=s.submit_timeout,
         )
         self.links = Links(self.loop, self._hello, lambda: None) if several(self.broker) else None  # docs/failover.md
+        self.epoch = 0  # the highest term a broker's keepalive said (docs/failover.md)
         self.shm = ShmArena(s, clock=clock)
         self.runner = JobRunner(
             name=self.name,
@@ -241,6 +242,8 @@ class Worker:
         fields.update(hostname=socket.gethostname(), pid=os.getpid())
         if self._previous is not None:
             fields["previous"] = self._previous
+        if held := self.jobs.uuids(1000):  # a broker that took over sends a retried POST of one here, not elsewhere
+            fields["holds"] = held
         if self.shm.host is not None:
             fields["host"] = self.shm.host  # clients on this host may send us handles, and get them back
         return nfp.dumps(fields)
@@ -337,6 +340,9 @@ class Worker:
         self._heard_since_ready = True
         if isinstance(msg, nfp.BrokerControl):
             if msg.command == nfp.KEEPALIVE:
+                if msg.epoch is not None and msg.epoch < self.epoch:  # a deposed broker (docs/failover.md): leave
+                    return self.loop.request_reconnect()
+                self.epoch = max(self.epoch, msg.epoch or 0)
                 self.keepalive.heard()
                 self.refusals.registered()
                 if self.keepalive.answers():  # with the broker's wave, not on a clock of our own

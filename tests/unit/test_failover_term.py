@@ -9,17 +9,18 @@ import time
 from typing import Any
 
 import pytest
-from test_broker_handlers import INTERVAL, MULTIPLIER, stub
+from test_broker_handlers import INTERVAL, MULTIPLIER, TASKS, jobs_sent, post, stub
 
 from zfab import Broker
 from zfab.broker import term as term_module
 from zfab.broker.keeper import EXPIRY_SLACK, LeaseKeeper, next_round
 from zfab.broker.lease import LeaseState, LeaseUnavailable, open_lease
-from zfab.broker.term import ACTIVE, DEPOSED, SINGLE, STANDBY, fence_margin
+from zfab.broker.term import ACTIVE, DEPOSED, SETTLE, SINGLE, STANDBY, fence_margin
 from zfab.client.brokerlink import BrokerLink, News
 from zfab.core import protocol as nfp
 from zfab.settings import Settings
 from zfab.transport import FakeClock, StubTransport
+from zfab.workers.demo import DemoWorker
 
 DURATION, RENEW = 1.5, 0.3
 ME = "tcp://127.0.0.1:1"
@@ -199,3 +200,61 @@ def test_a_standby_reads_the_lease_right_after_it_expires_and_no_more_often_than
 def test_a_lease_url_of_another_scheme_is_refused_with_its_reason() -> None:
     with pytest.raises(ValueError, match="ZFAB_BROKER_LEASE must start with"):
         open_lease("redis://x", timeout=1.0)
+
+
+def test_keepalives_to_zfab_workers_carry_the_epoch_and_a_worker_leaves_an_older_term(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    clock = FakeClock()
+    b = leased_broker(clock, monkeypatch)
+    b.term.heard(held(epoch=5), clock())
+    ann = nfp.dumps({"v": 2, "name": "w1", "credits": 1, "tasks": {}})
+    stub(b).feed([b"w1~1", b"", nfp.WORKER, nfp.READY, b"demo", ann])
+    stub(b).feed([b"nf", b"", nfp.WORKER, nfp.READY, b"demo"])  # a NorFab worker: NFP's frames only
+    stub(b).take()
+    clock.advance(INTERVAL)
+    b.on_timer(clock())
+    kas = {f[0]: f for f in stub(b).take() if f[3] == nfp.KEEPALIVE}
+    assert nfp.loads(kas[b"w1~1"][5]) == {"epoch": 5} and len(kas[b"nf"]) == 5
+
+    wclock = FakeClock()
+    s = Settings(data_dir=str(tmp_path), broker="tcp://127.0.0.1:1")
+    w = DemoWorker(name="w1", settings=s, transport=StubTransport(wclock), clock=wclock)
+    w.start()
+    try:
+        keepalive = [b"", nfp.BROKER, nfp.KEEPALIVE, b"demo"]
+        stub_w = w.loop
+        stub_w.feed([*keepalive, nfp.dumps({"epoch": 5})])  # type: ignore[attr-defined]
+        assert w.epoch == 5 and w.loop.stats.reconnects == 0
+        stub_w.feed([*keepalive])  # type: ignore[attr-defined]  # (a NorFab broker's: no epoch, nothing changes)
+        stub_w.feed([*keepalive, nfp.dumps({"epoch": 4})])  # type: ignore[attr-defined]  # a deposed broker
+        assert w.loop.stats.reconnects == 1 and w.epoch == 5
+    finally:
+        w.stop(drain=0)
+
+
+def ready_holding(b: Broker, ident: bytes, holds: list[str]) -> None:
+    ann = nfp.dumps({"v": 2, "name": ident.decode(), "credits": 2, "tasks": TASKS, "holds": holds})
+    stub(b).feed([ident, b"", nfp.WORKER, nfp.READY, b"demo", ann])
+
+
+def test_a_new_term_holds_resubmitted_jobs_until_their_workers_say_they_hold_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a failover the job's client may resubmit it before the worker that has it registers: the new
+    broker must not hand it to another worker (it would run twice), nor hold a new job."""
+    clock = FakeClock()
+    b = leased_broker(clock, monkeypatch)
+    b.term.heard(held(epoch=2), clock())
+    stub(b).take()
+    ready_holding(b, b"w2", [])  # a worker that does not have it registers first
+    post(b, b"old", known=True)  # resubmitted: held while the term settles
+    post(b, b"new")  # a new job goes at once
+    assert [u for _, _, u in jobs_sent(stub(b).take())] == [b"new"]
+    ready_holding(b, b"w1", ["old"])  # the worker that has it comes back, saying so
+    clock.advance(SETTLE)
+    b.on_timer(clock())
+    sent = stub(b).take()
+    assert jobs_sent(sent) == [(b"w1", nfp.POST, b"old")]  # to its holder, which answers without running it again
+    post(b, b"later", known=True)  # settled: a resubmission is admitted as any job
+    assert [u for _, _, u in jobs_sent(stub(b).take())] == [b"later"]

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -124,9 +125,27 @@ def test_a_kill_9_of_the_active_broker_under_load_loses_no_job_and_runs_none_twi
             for w in ("w1", "w2"):
                 env = {"ZFAB_BROKER": listing, "ZFAB_TEST_MARKS": str(marks_file)}
                 f.start(w, ["worker", "--worker", COUNTER, "--name", w], env=env)
+            api = f"http://127.0.0.1:{free_port()}"
+            f.start(
+                "api", ["api", "--host", "127.0.0.1", "--port", api.rsplit(":", 1)[1]], env={"ZFAB_BROKER": listing}
+            )
+            readyz: list[int] = []  # the API's /readyz, every 50 ms from the first kill
+            watching = threading.Event()
+
+            def watch() -> None:
+                while not watching.is_set():
+                    try:
+                        readyz.append(httpx.get(api + "/readyz", timeout=1.0).status_code)
+                    except httpx.HTTPError:
+                        pass
+                    time.sleep(0.05)
+
             with Client(settings=Settings(broker=listing), name="fo").start() as c:
                 wait_workers(c, {"w1", "w2"}, 30)
                 assert c.run_job("count", "mark", kwargs={"token": "warm"}, timeout=30)
+                wait_for(lambda: httpx.get(api + "/readyz", timeout=1.0).status_code == 200, 30, what="the API ready")
+                watcher = threading.Thread(target=watch, daemon=True)
+                watcher.start()
                 futures: dict[str, JobFuture] = {}
                 kills = {40: f.active(), 100: None}
                 for i in range(160):  # 10 jobs/s: two kill -9s of the active broker, at 4 s and at 10 s
@@ -141,6 +160,10 @@ def test_a_kill_9_of_the_active_broker_under_load_loses_no_job_and_runs_none_twi
                     futures[token] = c.submit("count", "mark", kwargs={"token": token}, timeout=60)
                     time.sleep(0.1)
                 concurrent.futures.wait(list(futures.values()), timeout=60)
+                watching.set()
+                watcher.join(5)
+                # the API said it could not serve while no broker was active, and said so no more after
+                assert 503 in readyz and readyz[-1] == 200, readyz
                 states = {t: fut.state.value for t, fut in futures.items()}
                 assert [t for t, s in states.items() if s != "completed"] == [], (f.log("a"), f.log("b"))
             ran = marks(marks_file)

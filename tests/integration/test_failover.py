@@ -129,7 +129,7 @@ def test_a_kill_9_of_the_active_broker_under_load_loses_no_job_and_runs_none_twi
             f.start(
                 "api", ["api", "--host", "127.0.0.1", "--port", api.rsplit(":", 1)[1]], env={"ZFAB_BROKER": listing}
             )
-            readyz: list[int] = []  # the API's /readyz, every 50 ms from the first kill
+            readyz: list[int] = []  # the API's /readyz, every 50 ms through the kills
             watching = threading.Event()
 
             def watch() -> None:

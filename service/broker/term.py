@@ -55,7 +55,7 @@ def advertised(endpoint: str) -> str:
 
 
 class Term(Hook):
-    """Role, epoch and fence of one broker (owner thread only, except `heard`'s hand-over)."""
+    """Role, epoch and fence of one broker (owner thread only, except `hand_over`, the keeper's)."""
 
     def __init__(
         self,

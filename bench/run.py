@@ -6,7 +6,8 @@ burn-down (a paused queue drained) and a 1 ms injected-latency round. After the 
 the API and files sections come the scale sections (docs/benchmarks.md):
 scale (1,000 workers), clients (100 clients), large (10 MB payloads), shm (the same on one host, shared
 memory vs sockets), aio (1,000 async tasks), wrk,
-idle, queue, console (the web console over 100,000 jobs). Each one runs on its own; one that fails prints
+idle, queue, console (the web console over 100,000 jobs), failover (a standby broker on a lease). Each one
+runs on its own; one that fails prints
 its error and the rest go on.
 `--only NAME,...` runs some of them; `--trust` adds bench/trust.py (against this checkout) at the end.
 """
@@ -82,6 +83,7 @@ SECTIONS = {
     "console": "the web console over a table of 100,000 jobs (bench/console.py)",
     "topics": "a slow event subscriber: pipelined jobs/s beside none (bench/topics.py)",
     "hops": "hop traces: pipelined jobs/s with them on and off, a job's time per hop (bench/hops.py)",
+    "failover": "two brokers on a PostgreSQL lease, kill -9 of the active one (bench/failover.py)",
 }
 
 

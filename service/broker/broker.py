@@ -41,6 +41,7 @@ from .replies import Replies
 from .requests import CLIENT_CONTROL, Requests
 from .router import check_bind, loop_figures, open_router
 from .shmbody import ShmBodies
+from .term import Term
 from .workers import Loss, Workers
 
 log = logging.getLogger(__name__)
@@ -65,8 +66,7 @@ class Broker:
         self.settings = s = settings or Settings()
         self.endpoint, self.bound_endpoint, self.clock = endpoint or s.bind_endpoint, "", clock
         self.started_at, self.boot = time.time(), os.urandom(8).hex()  # boot: clients see a restart in keepalives
-        self.rejected: Counter[str] = Counter()  # malformed frames by reason
-        self.counts: Counter[str] = Counter()  # routed traffic by kind
+        self.rejected, self.counts = Counter[str](), Counter[str]()  # malformed frames by reason; routed traffic
         self.peer_log = LogBudget(burst=3, per_second=0.1, clock=clock)  # what peers send: a few lines, not a flood
         self._next_keepalive, self._next_housekeeping = 0.0, clock() + HOUSEKEEPING
         self.loop: Transport = (transport or OwnerLoop)(
@@ -79,8 +79,9 @@ class Broker:
         self.inventory = Inventory(s.broker_inventory) if s.broker_inventory else None  # for NorFab workers
         self.memory = MemoryKeeper(trim=glibc_trim())  # gives back what a burst used (memory.py)
         self.events = events or publisher_for(s, self.loop.context)
+        self.term = Term.from_settings(s, self.loop, clock, self.endpoint)  # role, epoch, fence (term.py)
         changed: set[bytes] = set()  # services whose queue changed, for queue.<service> events
-        self.hooks = hooks = cross_cutting(s, clock, self.loop, self.memory, self.events, changed, reg, self.paused)
+        self.hooks = hooks = cross_cutting(s, clock, self.term, self.memory, self.events, changed, reg, self.paused)
         self.out = out = Outbox(self.loop, hooks, self.counts)
         self.dispatch = d = Dispatch(
             reg, s, out=out, counts=self.counts, clock=clock, paused=self.paused.names, queue_changed=changed,
@@ -103,7 +104,6 @@ class Broker:
         for start in (self.paused.load, self.dispatch.limits.load, self.shm.reclaim, *self.hooks.start):
             start()
         self.loop.start()
-        log.debug("broker listening on %s%s", self.bound_endpoint, " (CURVE)" if s.curve_secret else "")
         return self
 
     def stop(self) -> None:
@@ -123,12 +123,12 @@ class Broker:
         return self.loop.call(lambda: self.mmi.run(task, kwargs or {}))
 
     def open_socket(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
-        sock = open_router(ctx, self.settings, self.endpoint)
+        sock = open_router(ctx, self.settings, self.endpoint, bind=self.term.serving)  # a standby's: unbound
         self.bound_endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         return sock
 
     def on_connected(self) -> None:
-        pass
+        self.term.bound(self.requests, self.workers, self.process_client)  # a new term: grace, epoch, settling
 
     def on_closing(self) -> None:
         for w in list(self.registry.workers.values()):
@@ -297,4 +297,4 @@ class Broker:
         own = {"endpoint": self.bound_endpoint, "uptime_s": round(time.time() - self.started_at, 3), "boot": self.boot}
         own.update(starting=self.requests.grace_until is not None, frames_rejected=dict(self.rejected))
         own.update(loop_figures(self.loop), counts=dict(self.counts), **self.identities.figures())
-        return {**own, **self.memory.facts(self.clock()), **self.dispatch.shm.figures()}
+        return {**own, **self.memory.facts(self.clock()), **self.dispatch.shm.figures(), **self.term.figures()}

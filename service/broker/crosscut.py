@@ -1,8 +1,9 @@
 """What cuts across the broker, assembled once into its hooks (hooks.py): the broker's default middleware.
 
-In the order each hook point calls them: memory trimming (when glibc can), the event publisher and
-its queue events (when ZFAB_BROKER_EVENTS is set, or a publisher is given), hop traces (unless
-ZFAB_HOP_TRACES=false). None of them is there when unused: a point without hooks costs one read.
+In the order each hook point calls them: the broker's term (term.py: role and fence), memory trimming (when
+glibc can), the event publisher and its queue events (when ZFAB_BROKER_EVENTS is set, or a publisher is
+given), hop traces (unless ZFAB_HOP_TRACES=false). None of them is there when unused: a point without hooks
+costs one read.
 """
 
 from __future__ import annotations
@@ -13,28 +14,29 @@ import zmq
 
 from ..core.keepalive import Clock
 from ..settings import Settings
-from ..transport.base import Transport
 from .events import EventPublisher
 from .hooks import Hook, Hooks, HopTraces, TrimMemory
 from .memory import MemoryKeeper
 from .queueevents import QueueEvents
 from .registry import Registry
+from .term import Term
 
 
 def cross_cutting(
     s: Settings,
     clock: Clock,
-    loop: Transport,
+    term: Term,
     memory: MemoryKeeper,
     events: EventPublisher | None,
     changed: set[bytes],
     registry: Registry,
     paused: Container[bytes],
 ) -> Hooks:
-    """The broker's hooks. `changed`: the dispatcher's set of services whose queue changed."""
-    hooks: list[Hook] = []
+    """The broker's hooks. `term`: its term (term.py), whose loop is the broker's; `changed`: the
+    dispatcher's set of services whose queue changed."""
+    hooks: list[Hook] = [term]  # first: its fence goes before anything else (term.py)
     if memory.enabled:
-        hooks.append(TrimMemory(memory, loop))
+        hooks.append(TrimMemory(memory, term.loop))
     publishers = [events] if events else []
     for p in publishers:
         hooks += [p, QueueEvents(p, changed, registry=registry, paused=paused, settings=s)]

@@ -33,6 +33,8 @@ from .outbox import Outbox
 from .registry import Registry, Route, ServiceRecord, WorkerRecord
 
 CLIENT_CONTROL = frozenset({nfp.KEEPALIVE, nfp.OPEN, nfp.DISCONNECT})  # a client's frames that route nothing
+
+MAX_SETTLING = 10_000  # resubmitted jobs a new term holds until it settles (then admitted as any)
 log = logging.getLogger(__name__)
 
 ALL_SERVICE = b"all"  # NorFab's pseudo-service: workers of every service (Requests.across)
@@ -70,12 +72,17 @@ class Requests:
         self.grace_until: float | None = clock() + grace  # None once the startup grace is over
         self._seq = itertools.count()
         self.log = LogBudget(burst=3, per_second=0.1, clock=clock)  # failures a peer can cause: a few lines
+        self.epoch = 0  # the lease generation of this broker's term (term.py; 0: no lease)
+        self.settle_until = 0.0  # a new term's first moments: resubmitted jobs wait for their workers' READY
+        self.settling: list[tuple[bytes, nfp.ClientRequest]] = []  # those jobs, replayed after (term.py)
         self.boot = boot  # this broker's incarnation and shared-memory host id: in its keepalive answers
         self.host = host
 
     def admit(self, sender: bytes, req: nfp.ClientRequest) -> None:
         """A new job (its uuid neither queued, in flight nor finished): queued or sent, or refused."""
         job = read_job(sender, req, now=self.clock(), seq=next(self._seq), default_timeout=self.s.default_job_timeout)
+        if self.settle_until and self.settle(sender, job, req):  # (one read per job; zero once settled)
+            return
         if job.shm:
             self.dispatch.shm.check(job)
         if req.service == ALL_SERVICE:
@@ -94,6 +101,18 @@ class Requests:
         self.dispatch.admit(svc, job, announce_now=not svc.tentative)
         for hook in self.admitted:  # admitted (queued or sent): its worker's replies come on later frames
             hook(job, svc)
+
+    def settle(self, sender: bytes, job: QueuedJob, req: nfp.ClientRequest) -> bool:
+        """A broker that just took over (docs/failover.md) holds a resubmitted job (`known`) until its term
+        settles: the worker that has it may not have said so yet (READY's `holds`), and another must not run
+        it. True: held, unanswered (the term replays it then, through the POST's de-duplication)."""
+        if job.queued_at >= self.settle_until:
+            self.settle_until = 0.0
+            return False
+        if not req.flags.get("known") or len(self.settling) >= MAX_SETTLING:
+            return False
+        self.settling.append((sender, req))
+        return True
 
     def post_across(self, job: QueuedJob, req: nfp.ClientRequest) -> None:
         """NorFab's `all` pseudo-service: a job for workers of every service, sent at once to the
@@ -277,6 +296,8 @@ class Requests:
         facts: dict[str, Any] = {"boot": self.boot, "max": self.s.max_message_bytes}
         if self.host:
             facts["host"] = self.host
+        if self.epoch:  # its term's lease generation: a zfab client leaves a broker older than one it saw
+            facts["epoch"] = self.epoch
         ka.mark_sent()
         frames = nfp.broker_reply(client, nfp.KEEPALIVE, nfp.MMI_SERVICE, b"", nfp.ST_OK, nfp.dumps(facts))
         return self.out.send_now(frames)

@@ -47,8 +47,11 @@ def loop_figures(loop: Transport) -> dict[str, Any]:
     }
 
 
-def open_router(ctx: zmq.Context[zmq.Socket[bytes]], s: Settings, endpoint: str) -> zmq.Socket[bytes]:
-    """The bound ROUTER (its LAST_ENDPOINT says where, with an ephemeral port resolved)."""
+def open_router(
+    ctx: zmq.Context[zmq.Socket[bytes]], s: Settings, endpoint: str, *, bind: bool = True
+) -> zmq.Socket[bytes]:
+    """The bound ROUTER (its LAST_ENDPOINT says where, with an ephemeral port resolved); unbound for a
+    standby or deposed broker (term.py): no peer can reach it, so none can give it work."""
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     # No handover by default: a second connection under an identity in use is ignored by
@@ -78,5 +81,6 @@ def open_router(ctx: zmq.Context[zmq.Socket[bytes]], s: Settings, endpoint: str)
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(2 * s.hold_time * 1000))
     if s.curve_secret:
         curve_server(sock, s.curve_secret)
-    sock.bind(endpoint)
+    if bind:
+        sock.bind(endpoint)
     return sock

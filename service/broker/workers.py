@@ -18,6 +18,7 @@ from typing import Any
 from ..core import protocol as nfp
 from ..core import shmhandle
 from ..core.keepalive import Clock
+from ..core.payloads import MAX_JOB_UUID
 from ..settings import Settings
 from .identities import Identities
 from .outbox import Outbox
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 
 MAX_TASKS = 1000  # tasks a worker may announce
 MAX_NAMES_SEEN = 10_000  # worker names remembered per service (to tell a typo from a worker away)
+MAX_HOLDS = 2000  # uuids a READY may say its worker holds (docs/failover.md)
 
 
 @dataclass(slots=True, eq=False)
@@ -73,6 +75,7 @@ class Workers:
         self.ids = identities
         self.counts = counts
         self.clock = clock
+        self.epoch_frame: bytes | None = None  # {"epoch": N} on keepalives to zfab workers, under a lease (term.py)
         # unknown worker -> last DISCONNECT and the reason a zfab worker was told first (purged)
         self.told_to_leave: OrderedDict[bytes, tuple[float, str | None]] = OrderedDict()
         self.gone: OrderedDict[bytes, dict[str, Any]] = OrderedDict()  # worker name -> how it left
@@ -126,6 +129,7 @@ class Workers:
         if len(svc.workers_seen) < MAX_NAMES_SEEN:
             svc.workers_seen.add(name_b)
         self.gone.pop(name_b, None)
+        self.holds(rec, ann.get("holds"))
         out.worker, out.svc = rec, svc
         log.debug("worker %s ready for service %s (%d credits)", rec.label, svc.label, rec.credits)
         return out
@@ -208,7 +212,10 @@ class Workers:
                 expired.append(w)
                 continue
             if ka.due_with_wave(now):
-                send(nfp.broker_control(w.ident, nfp.KEEPALIVE, w.service))
+                frames = nfp.broker_control(w.ident, nfp.KEEPALIVE, w.service)
+                if self.epoch_frame is not None and w.v2:  # its term: a zfab worker keeps the highest
+                    frames.append(self.epoch_frame)
+                send(frames)
                 ka.mark_sent(now)
             soonest = min(soonest, ka.next_due, ka.expires_at)
         purged = []
@@ -220,6 +227,19 @@ class Workers:
             self.tell_to_leave(w, "purged")
             purged.append(self.lose(w, "keepalives expired"))
         return soonest, purged
+
+    def holds(self, worker: WorkerRecord, uuids: Any) -> None:
+        """The jobs a zfab worker says in READY it holds, running or finished lately: a POST of one retried here
+        (its client's broker failed over, docs/failover.md) goes to that worker, which answers with the job's
+        state or result instead of it running a second time elsewhere. In the bounded table of finished jobs."""
+        if not isinstance(uuids, list):
+            return
+        table, name = self.reg.finished, worker.name
+        for u in uuids[:MAX_HOLDS]:
+            if isinstance(u, str) and 0 < len(u) <= MAX_JOB_UUID:
+                table[u.encode()] = name
+        while len(table) > self.reg.max_finished:
+            table.popitem(last=False)
 
     def lose(self, worker: WorkerRecord, why: str) -> Loss:
         """The worker leaves the tables (remembered a while as gone); returns its jobs in flight."""

@@ -37,6 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
         dest="broker_inventory",
         help="a NorFab inventory (file or directory) served to NorFab workers (ZFAB_BROKER_INVENTORY; off)",
     )
+    b.add_argument(
+        "--lease",
+        dest="broker_lease",
+        help="the lease deciding which broker is active: postgresql://... or k8s://NS/NAME (ZFAB_BROKER_LEASE; off)",
+    )
     curve_flags(b, broker=True)
     b.set_defaults(fn=cmd_broker)
 

@@ -97,16 +97,22 @@ def bind_error(exc: Exception) -> bool:
 def cmd_broker(ns: argparse.Namespace) -> int:
     from ..broker.broker import Broker
     from ..broker.inventory import InventoryError
+    from ..errors import ZfabError
 
     s = settings_of(ns)
     setup_logging(s.log_level)
     endpoint = ns.endpoint or s.bind_endpoint
+    if "," in endpoint:  # ZFAB_BROKER lists every broker for the peers: which one is this?
+        raise UsageError(f"ZFAB_BROKER lists several brokers ({endpoint}): give this one its own with --endpoint")
     try:
         broker = Broker(s, endpoint=ns.endpoint)
     except InventoryError as exc:
         raise UsageError(f"cannot load the NorFab inventory {exc} (--inventory, ZFAB_BROKER_INVENTORY)") from None
+    except ZfabError as exc:  # a lease setting (--lease, ZFAB_BROKER_LEASE_*)
+        raise UsageError(str(exc)) from None
     server = metrics_server(s, broker=broker)  # bound first: a port in use fails before anything starts
     stop = catch_stop_signals()
+    broker.term.on_deposed = stop.set  # a broker that lost its lease exits: a supervisor starts a fresh standby
     try:
         broker.start()
     except Exception as exc:
@@ -116,7 +122,10 @@ def cmd_broker(ns: argparse.Namespace) -> int:
         raise
     tune_process()
     curve = " (CURVE)" if s.curve_secret else ""
-    print(f"zfab broker ready on {broker.bound_endpoint}{curve}", flush=True)
+    if broker.term.serving:
+        print(f"zfab broker ready on {broker.bound_endpoint}{curve}", flush=True)
+    else:  # it binds once it holds the lease (docs/failover.md)
+        print(f"zfab broker standby for {endpoint}{curve}: waiting for the lease", flush=True)
     if broker.events is not None:
         print(f"zfab broker events on {broker.events.bound_endpoint}", flush=True)
     try:
@@ -130,6 +139,9 @@ def cmd_broker(ns: argparse.Namespace) -> int:
             left = ""
         broker.stop()
         print(f"zfab broker stopped{left}", flush=True)
+    if broker.term.role == "deposed":
+        print("zfab broker lost its lease and stopped serving (exit 3: start it again as a standby)", flush=True)
+        return 3
     return 0
 
 

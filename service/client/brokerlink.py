@@ -19,6 +19,7 @@ class News(IntEnum):
     NONE = 0  #: the broker as it was
     RETURNED = 1  #: heard again after a silence past its hold time: its jobs are re-established
     RESTARTED = 2  #: a new incarnation (another boot): it never saw the jobs
+    DEPOSED = 3  #: its term is older than one already seen (docs/failover.md): leave it
 
 
 class BrokerLink:
@@ -31,11 +32,17 @@ class BrokerLink:
         self.host: str | None = None  # its shared-memory host id
         self.limit: int | None = None  # its ZFAB_MAX_MESSAGE_BYTES
         self.reconnect_at = 0.0  # monotonic: no new connection before this (one per hold time)
+        self.connected = True  # several brokers: a connection is up (transport/links.py); one: always
+        self.epoch = 0  # the highest lease generation a broker's keepalive answer said (docs/failover.md)
 
     @property
     def alive(self) -> bool:
         """True while the broker answered within its hold time."""
-        return self.seen and self.keepalive.is_alive()
+        return self.seen and self.connected and self.keepalive.is_alive()
+
+    def lost(self) -> None:
+        """No connection to any broker is up (several brokers): not alive until one answers again."""
+        self.connected = False
 
     def heard(self, reply: nfp.BrokerReply) -> News:
         """A message from the broker came: it is alive, and perhaps back or new."""
@@ -49,6 +56,10 @@ class BrokerLink:
         boot = said.get("boot")
         if not isinstance(boot, str):
             return News.RETURNED if back else News.NONE  # a NorFab broker's answers carry nothing
+        epoch = said.get("epoch")
+        if isinstance(epoch, int) and epoch < self.epoch:
+            return News.DEPOSED  # a deposed broker still answering (a partition): its boot is not taken
+        self.epoch = max(self.epoch, epoch) if isinstance(epoch, int) else self.epoch
         restarted = self.boot is not None and boot != self.boot
         self.boot = boot
         self.host = shmhandle.check_host(said.get("host"))

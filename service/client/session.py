@@ -34,6 +34,7 @@ from ..errors import (
 )
 from ..settings import Settings
 from ..transport.base import Frames, LoopFactory, Transport
+from ..transport.links import Links, several
 from ..transport.shm import ShmArena
 from ..transport.wire import dealer_socket
 from .brokerlink import BrokerLink, News
@@ -98,6 +99,7 @@ class Session:
         self._settle: list[tuple[JobFuture, Any, BaseException | None]] = []
         size, wait = settings.outbound_queue_size, settings.submit_timeout
         self.loop: Transport = transport(self, name=f"client {name}", outbound_size=size, submit_timeout=wait)
+        self.links = Links(self.loop, self._hello, self.link.lost) if several(broker) else None  # docs/failover.md
 
     @property
     def broker_alive(self) -> bool:
@@ -109,10 +111,16 @@ class Session:
         # A fresh identity per connection: the broker ignores a second connection under an
         # identity in use, and nobody learns one that stays valid across reconnects.
         self.identity = f"{self.name}-{secrets.token_hex(4)}".encode()
-        return dealer_socket(ctx, self.identity, self.settings, self.broker)
+        sock = dealer_socket(ctx, self.identity, self.settings, self.broker)
+        return sock if self.links is None else self.links.watch(sock)  # several brokers: hello once one is up
 
     def on_connected(self) -> None:
         # The hold time is not reset: the broker is alive once it answers, not when we connect.
+        if self.links is None:
+            self._send_keepalive()
+
+    def _hello(self) -> None:  # several brokers: this socket's connection is up (transport/links.py)
+        self.link.connected = True
         self._send_keepalive()
 
     def on_closing(self) -> None:
@@ -137,6 +145,8 @@ class Session:
                 self._oversize_answer(frames)
             return
         news = self.link.heard(reply)
+        if news is News.DEPOSED:  # refused: its term is over (docs/failover.md); the active broker is elsewhere
+            return self.loop.request_reconnect()
         if news is News.RESTARTED:
             log.info("client %s: the broker restarted; re-establishing %d jobs", self.name, len(self.jobs))
         if news:
@@ -328,7 +338,7 @@ class Session:
             log.warning("client %s: broker silent for %.1f s; reconnecting", self.name, ka.hold_time)
             self.counts["reconnects"] += 1
             self.loop.request_reconnect()
-        if ka.due():
+        if ka.due() and self.link.connected:  # (several brokers: none is up, nothing can go)
             self._send_keepalive()
         self.shm.sweep()  # idle pooled blocks, results given back
         nxt = ka.next_deadline() if not ka.expired() else ka.next_due

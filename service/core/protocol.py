@@ -160,6 +160,7 @@ class BrokerControl:
     reason: str | None = None  # zfab: why a DISCONNECT (purged, replaced, name_taken)
     detail: str | None = None  # zfab: the broker's sentence for a refusal (name_taken), at most MAX_DETAIL
     retry_after: float | None = None  # zfab: seconds the broker suggests waiting before a new READY
+    epoch: int | None = None  # zfab: the broker's term on a lease (KEEPALIVE; docs/failover.md)
 
 
 @dataclass(slots=True)
@@ -300,12 +301,14 @@ def decode_broker_to_worker(frames: list[Frame], max_bytes: int = DEFAULT_MAX_FR
                 return BrokerControl(command, bytes(frames[3]))
             why = _json_object(frames[4], "disconnect reason")
             reason, detail, after = why.get("reason"), why.get("detail"), why.get("retry_after")
+            epoch = why.get("epoch")  # a KEEPALIVE's: the broker's term on a lease (docs/failover.md)
             return BrokerControl(
                 command,
                 bytes(frames[3]),
                 reason if isinstance(reason, str) else None,
                 detail[:MAX_DETAIL] if isinstance(detail, str) else None,
                 float(after) if isinstance(after, int | float) and not isinstance(after, bool) and after >= 0 else None,
+                epoch if type(epoch) is int and epoch >= 0 else None,
             )
         if command not in BROKER_JOB_COMMANDS:
             raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not sent by a broker to a worker")

@@ -199,7 +199,25 @@ def _broker(broker: dict[str, Any], depth: GaugeMetricFamily, cap: GaugeMetricFa
     trims.add_metric([], broker.get("memory_trims", 0))
     released = CounterMetricFamily("zfab_broker_memory_released_bytes", "Resident bytes those trims gave back")
     released.add_metric([], broker.get("memory_released_bytes", 0))
-    return [depth, cap, frames, rejected, events, purged, clients, tables, table_caps, uptime, rss, trims, released]
+    own = [depth, cap, frames, rejected, events, purged, clients, tables, table_caps, uptime, rss, trims, released]
+    return [*own, *term_families(broker)]
+
+
+def term_families(broker: dict[str, Any]) -> list[Metric]:
+    """The broker's term (service/broker/term.py, docs/failover.md): role, epoch, lease age, take-overs."""
+    active = GaugeMetricFamily(
+        "zfab_broker_active", "1 while this broker serves (it holds the lease, or no lease is configured), else 0"
+    )
+    active.add_metric([], 1 if broker.get("role") in ("active", "single") else 0)
+    epoch = GaugeMetricFamily("zfab_broker_epoch", "The highest lease generation this broker has seen (0: no lease)")
+    epoch.add_metric([], broker.get("epoch") or 0)
+    age = GaugeMetricFamily("zfab_broker_lease_age_seconds", "Seconds since this broker last read the lease")
+    age.add_metric([], broker.get("lease_age") or 0)
+    failovers = CounterMetricFamily("zfab_broker_failovers", "Times this broker took the lease over from another term")
+    failovers.add_metric([], broker.get("failovers") or 0)
+    errors = CounterMetricFamily("zfab_broker_lease_errors", "Lease round trips that found its engine unreachable")
+    errors.add_metric([], broker.get("lease_errors") or 0)
+    return [active, epoch, age, failovers, errors]
 
 
 class FabricCollector(Collector):

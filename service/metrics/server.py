@@ -89,7 +89,14 @@ def serve_metrics(
                 answers = True
             except Exception:
                 answers = False
-            return {"loop": answers, "bound": bool(b.bound_endpoint), "started": b.requests.grace_until is None}
+            # Active: it holds the lease, or none is configured (a standby is alive, not ready: docs/failover.md).
+            return {
+                "loop": answers,
+                "active": b.term.serving,
+                "bound": bool(b.bound_endpoint),
+                # a standby that took over serves at once: its startup grace only holds unknown services
+                "started": b.requests.grace_until is None or b.term.role == "active",
+            }
 
     elif worker is not None:
         w = worker

@@ -9,6 +9,7 @@ from ..core.sizes import socket_cap
 from ..errors import SecurityError
 from ..settings import Settings
 from .base import Frames
+from .links import endpoints, several
 from .security import curve_client
 
 _NOBLOCK = int(zmq.NOBLOCK)
@@ -16,6 +17,7 @@ _SNDMORE = int(zmq.SNDMORE)
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 COPY_LIMIT = 65536  # larger frames go zero-copy
+FAILOVER_RECONNECT_MAX_MS = 500  # ZMQ_RECONNECT_IVL_MAX when ZFAB_BROKER lists several brokers
 _BASE_SEND = zmq.Socket.__mro__[1].send  # type: ignore[attr-defined]  # the Cython send, under pyzmq's wrapper
 
 
@@ -92,5 +94,15 @@ def dealer_socket(
         if not (settings.curve_secret and settings.curve_server_key):
             raise SecurityError("CURVE needs both curve_secret (own key) and curve_server_key (the broker's)")
         curve_client(sock, settings.curve_secret, settings.curve_server_key)
+    if several(endpoint):
+        # Every broker's endpoint; only the active one is bound (docs/failover.md). IMMEDIATE: a message goes
+        # only over a connection that is up, never into the pipe of a broker that is not there. A short
+        # reconnect ceiling finds a new active broker within half a second (a standby's closed port costs a
+        # refused connect twice a second).
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, FAILOVER_RECONNECT_MAX_MS)
+        for one in endpoints(endpoint):
+            sock.connect(one)
+        return sock
     sock.connect(endpoint)
     return sock

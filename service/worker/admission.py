@@ -82,7 +82,9 @@ class Admission:
         uuid = msg.uuid.decode(errors="replace")
         known = self.jobs.get(uuid)
         if known is not None:
-            # A retried POST never runs a job twice: answer with what the job is now.
+            # A retried POST never runs a job twice: answer with what the job is now, and its end to the
+            # client that asked last (it reconnected, perhaps to another broker: docs/failover.md).
+            known.client = msg.client
             self.requests.answer(known, msg.client)
             return
         if uuid in self.store.stored_before:

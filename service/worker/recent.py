@@ -41,6 +41,11 @@ class RecentJobs:
     def get(self, uuid: str) -> Job | None:
         return self._jobs.get(uuid)
 
+    def uuids(self, most: int) -> list[str]:
+        """The newest `most` jobs' uuids, unfinished ones first (READY's `holds`, docs/failover.md)."""
+        jobs = list(self._jobs.values())
+        return [j.uuid for j in jobs if not j.state.final][-most:] + [j.uuid for j in jobs if j.state.final][-most:]
+
     def unstarted(self) -> list[Job]:
         return [j for j in self._jobs.values() if not j.started]
 

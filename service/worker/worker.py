@@ -26,6 +26,7 @@ from ..core.logbudget import LogBudget
 from ..core.payloads import Word
 from ..settings import Settings
 from ..transport.base import Frames, LoopFactory, Transport
+from ..transport.links import Links, several
 from ..transport.loop import OwnerLoop
 from ..transport.shm import ShmArena
 from ..transport.wire import dealer_socket
@@ -120,6 +121,8 @@ class Worker:
             outbound_size=s.outbound_queue_size,
             submit_timeout=s.submit_timeout,
         )
+        self.links = Links(self.loop, self._hello, lambda: None) if several(self.broker) else None  # docs/failover.md
+        self.epoch = 0  # the highest term a broker's keepalive said (docs/failover.md)
         self.shm = ShmArena(s, clock=clock)
         self.runner = JobRunner(
             name=self.name,
@@ -225,7 +228,8 @@ class Worker:
         if self.loop.started.is_set():
             self._previous = self._identity.decode()  # READY says it: the broker lets our old one go
         self._identity = f"{self.name}~{secrets.token_hex(4)}".encode()
-        return dealer_socket(ctx, self._identity, self.settings, self.broker)
+        sock = dealer_socket(ctx, self._identity, self.settings, self.broker)
+        return sock if self.links is None else self.links.watch(sock)  # several brokers: READY once one is up
 
     def announce(self) -> bytes:
         """READY's extra frame: name, credits and tasks with their argument schemas (docs/protocol.md)."""
@@ -238,11 +242,17 @@ class Worker:
         fields.update(hostname=socket.gethostname(), pid=os.getpid())
         if self._previous is not None:
             fields["previous"] = self._previous
+        if held := self.jobs.uuids(1000):  # a broker that took over sends a retried POST of one here, not elsewhere
+            fields["holds"] = held
         if self.shm.host is not None:
             fields["host"] = self.shm.host  # clients on this host may send us handles, and get them back
         return nfp.dumps(fields)
 
     def on_connected(self) -> None:
+        if self.links is None:  # several brokers: READY once a connection is up (transport/links.py)
+            self._hello()
+
+    def _hello(self) -> None:
         # READY goes first after every (re)connect, before any keepalive.
         self.loop.send_now(nfp.worker_control(nfp.READY, self._service_b, self.announce()))
         self.contact.connected()
@@ -274,7 +284,7 @@ class Worker:
                 self._drop_unstarted(CUT_OFF)
                 self.loop.request_reconnect()
             return until
-        if ka.due():
+        if ka.due() and (self.links is None or self.links.connected):  # several brokers: one must be up
             self._send_keepalive()
         notice = self.runner.send_due_notices(now)
         self.shm.sweep()
@@ -330,6 +340,9 @@ class Worker:
         self._heard_since_ready = True
         if isinstance(msg, nfp.BrokerControl):
             if msg.command == nfp.KEEPALIVE:
+                if msg.epoch is not None and msg.epoch < self.epoch:  # a deposed broker (docs/failover.md): leave
+                    return self.loop.request_reconnect()
+                self.epoch = max(self.epoch, msg.epoch or 0)
                 self.keepalive.heard()
                 self.refusals.registered()
                 if self.keepalive.answers():  # with the broker's wave, not on a clock of our own

@@ -50,6 +50,12 @@ class Netns:
             _run("ip", "netns", "exec", self.name, "iptables", "-w", "5", "-I", chain, "-j", "DROP")
         self.cut_now = True
 
+    def cut_port(self, host: str, port: int) -> None:
+        """Drop only the namespace's traffic with one host:port, both ways (its other links stay up)."""
+        for chain, match in (("OUTPUT", ["-d", host, "--dport"]), ("INPUT", ["-s", host, "--sport"])):
+            _run(*self.prefix(), "iptables", "-w", "5", "-I", chain, "-p", "tcp", *match, str(port), "-j", "DROP")
+        self.cut_now = True
+
     def heal(self) -> None:
         for chain in ("INPUT", "OUTPUT"):
             _run("ip", "netns", "exec", self.name, "iptables", "-w", "5", "-F", chain)

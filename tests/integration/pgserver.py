@@ -82,8 +82,11 @@ def _free_port() -> int:
 class PgServer:
     """One cluster; `start()`, `url(db)`, `create_database()`, `stop()` / `start()` again (same port)."""
 
-    def __init__(self, bindir: Path) -> None:
+    def __init__(self, bindir: Path, *, also: str | None = None, peer: str | None = None) -> None:
+        """`also`: one more address to listen on, and `peer` one more that may connect (the host's and the
+        namespace's side of a test's veth pair, tests/integration/netns.py)."""
         self.bin = bindir
+        self.also, self.peer = also, peer
         self.user = _system_user()
         # Under /tmp: a TMPDIR that only root may enter would lock the cluster's user out.
         base = "/tmp" if self.user and os.path.isdir("/tmp") else None
@@ -111,10 +114,14 @@ class PgServer:
         )  # fmt: skip
         if r.returncode:
             raise RuntimeError(f"initdb failed: {r.stdout[-500:]} {r.stderr[-500:]}")
+        for addr in (self.also, self.peer):  # trust both sides of the veth pair too
+            if addr:
+                self._run("sh", "-c", f"echo 'host all all {addr}/32 trust' >> {self.data / 'pg_hba.conf'}")
 
     def start(self) -> None:
+        hosts = f"127.0.0.1,{self.also}" if self.also else "127.0.0.1"
         opts = (
-            f"-h 127.0.0.1 -p {self.port} -k {self.dir} -c fsync=off -c synchronous_commit=off "
+            f"-h {hosts} -p {self.port} -k {self.dir} -c fsync=off -c synchronous_commit=off "
             "-c full_page_writes=off -c max_connections=100"
         )
         r = self._run(
@@ -161,9 +168,9 @@ class PgServer:
             return list(cur.fetchall()) if cur.description else []
 
 
-def started() -> PgServer:
+def started(also: str | None = None, peer: str | None = None) -> PgServer:
     """A started cluster (skip or fail per require_postgres); destroy() it when done."""
-    server = PgServer(require_postgres())
+    server = PgServer(require_postgres(), also=also, peer=peer)
     try:
         server.init()
         server.start()

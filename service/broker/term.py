@@ -1,0 +1,205 @@
+"""This broker's term: whether it serves, decided on the broker's own monotonic clock from what the lease
+keeper (keeper.py) last heard, and fenced so that a broker cut off from the lease's engine stops before the
+engine lets a standby take the lease (docs/failover.md).
+
+Roles: `single` (no lease configured: always serves, as before), `standby` (alive, its ROUTER unbound: no
+peer reaches it), `active` (holds the lease: its ROUTER bound), `deposed` (it held the lease and lost it: its
+ROUTER is closed at once, which ends every peer's connection, and it never serves again in this process;
+`zfab broker` exits so that a supervisor starts a fresh standby). The active broker serves only while its
+last successful renewal, counted from when it was SENT, is younger than the duration minus a margin: the
+engine computed the expiry after that moment, so the broker stops first. It is a Hook (hooks.py): its `tend`
+wakes the loop at the fence, and nothing is checked per job.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..core import protocol as nfp
+from ..core.keepalive import Clock
+from ..errors import ZfabError
+from ..settings import Settings
+from ..transport.base import Transport
+from .hooks import Hook
+from .keeper import LeaseKeeper
+from .lease import LeaseState, open_lease
+
+if TYPE_CHECKING:
+    from .requests import Requests
+    from .workers import Workers
+
+log = logging.getLogger(__name__)
+
+SINGLE, STANDBY, ACTIVE, DEPOSED = "single", "standby", "active", "deposed"
+# s after taking over during which resubmitted jobs wait: the workers reconnect as fast as the clients (at most
+# 0.5 s apart, transport/wire.py), and a job's worker says it holds it in READY (docs/failover.md)
+SETTLE = 1.0
+
+
+def fence_margin(duration: float) -> float:
+    """How long before the engine's expiry the active broker stops: a fifth of the duration, at least 0.1 s
+    (the loop's own lag and a renewal sent but not yet applied fit in it)."""
+    return max(0.1, duration / 5)
+
+
+def advertised(endpoint: str) -> str:
+    """A broker's id in the lease: its endpoint, with a wildcard host made this host's name."""
+    for wild in ("*", "0.0.0.0", "[::]"):
+        if f"://{wild}:" in endpoint:
+            return endpoint.replace(f"://{wild}:", f"://{socket.gethostname()}:")
+    return endpoint
+
+
+class Term(Hook):
+    """Role, epoch and fence of one broker (owner thread only, except `hand_over`, the keeper's)."""
+
+    def __init__(
+        self,
+        loop: Transport,
+        clock: Clock,
+        *,
+        holder: str = "",
+        duration: float = 1.5,
+        renew: float = 0.3,
+        keeper: Callable[[Term], LeaseKeeper] | None = None,
+        grace: float = 0.0,
+    ) -> None:
+        self.loop, self.clock, self.holder, self.duration = loop, clock, holder, duration
+        self.margin, self.grace = fence_margin(duration), grace
+        self.keeper = keeper(self) if keeper is not None else None
+        self.role = STANDBY if self.keeper is not None else SINGLE
+        self.epoch = 0  # the highest lease generation seen
+        self.lease_holder = ""  # who held the lease at the last answer
+        self.valid_until = -math.inf  # monotonic: the fence (active only)
+        self.read_at: float | None = None  # monotonic: the last answer handed to the loop
+        self.failovers = 0  # times this broker took the lease over from another term
+        self.lease_errors = 0  # round trips that found the engine unreachable
+        self.on_deposed: Callable[[], None] | None = None  # `zfab broker` exits on it
+        self.requests: Requests | None = None  # while its resubmitted jobs settle (bound)
+        self.replay: Callable[[bytes, nfp.ClientRequest], None] = lambda sender, req: None
+
+    @classmethod
+    def from_settings(cls, s: Settings, loop: Transport, clock: Clock, endpoint: str) -> Term:
+        url = s.broker_lease
+        if not url:
+            return cls(loop, clock)
+        try:
+            lease = open_lease(url, timeout=s.broker_lease_duration)
+        except ValueError as exc:
+            raise ZfabError(str(exc)) from None
+        holder, d, r = advertised(endpoint), s.broker_lease_duration, s.broker_lease_renew
+        if r >= d - fence_margin(d):
+            raise ZfabError(f"ZFAB_BROKER_LEASE_RENEW ({r:g} s) must be well under the duration ({d:g} s)")
+
+        def keeper(term: Term) -> LeaseKeeper:
+            return LeaseKeeper(lease, holder, duration=d, renew=r, heard=term.hand_over, clock=clock)
+
+        return cls(loop, clock, holder=holder, duration=d, renew=r, keeper=keeper, grace=s.broker_startup_grace)
+
+    @property
+    def serving(self) -> bool:
+        """Its ROUTER is bound: active, or the only broker."""
+        return self.role is ACTIVE or self.role is SINGLE
+
+    # ---- the keeper's thread ---------------------------------------------------------------------
+
+    def hand_over(self, state: LeaseState | None, sent_at: float) -> None:
+        """An answer, to the loop (a standby's unchanged answers only refresh the lease's age)."""
+        if (
+            state is not None
+            and self.role is STANDBY
+            and not state.held
+            and state.epoch == self.epoch
+            and state.holder == self.lease_holder
+        ):
+            return
+        try:
+            self.loop.submit(lambda: self.heard(state, sent_at))
+        except ZfabError:  # shutting down, or the loop is swamped: the fence decides anyway
+            pass
+
+    # ---- the owner's thread -----------------------------------------------------------------------
+
+    def heard(self, state: LeaseState | None, sent_at: float) -> None:
+        now = self.clock()
+        if state is None:
+            self.lease_errors += 1
+            return
+        self.read_at = now
+        self.lease_holder = state.holder
+        self.epoch = max(self.epoch, state.epoch)
+        if self.role is DEPOSED:
+            return
+        if state.held:
+            self.valid_until = sent_at + self.duration - self.margin
+            if self.role is STANDBY and now < self.valid_until:
+                self.role = ACTIVE
+                self.failovers += 1 if state.epoch > 1 else 0
+                if self.keeper is not None:
+                    self.keeper.release_on_stop = True
+                log.warning("broker %s is active (lease epoch %d)", self.holder, state.epoch)
+                self.loop.request_reconnect()  # a bound ROUTER (Broker.open_socket)
+        elif self.role is ACTIVE:
+            self.depose(f"the lease is held by {state.holder or 'nobody'} (epoch {state.epoch})")
+
+    def bound(self, requests: Requests, workers: Workers, replay: Callable[[bytes, nfp.ClientRequest], None]) -> None:
+        """The broker's ROUTER was opened: a standby that just became active gives the services' workers the
+        startup grace again, as a restarted broker does (they are on their way from the old one)."""
+        if self.role is ACTIVE:
+            requests.grace_until = self.clock() + self.grace
+            requests.epoch = self.epoch
+            requests.settle_until = self.clock() + SETTLE
+            self.requests, self.replay = requests, replay
+            workers.epoch_frame = nfp.dumps({"epoch": self.epoch})
+
+    def tend(self, now: float) -> float | None:
+        if self.role is not ACTIVE:
+            return None
+        if now >= self.valid_until:
+            since = now - (self.valid_until - self.duration + self.margin)
+            self.depose(f"no renewal of the lease for {since:.2f} s (it expires {self.margin:.2f} s from now)")
+            return None
+        if (req := self.requests) is not None:  # settling: resubmitted jobs held until their workers said so
+            if now < req.settle_until:
+                return min(req.settle_until, self.valid_until)
+            held, req.settling, self.requests = req.settling, [], None
+            for sender, request in held:  # each as if it came now: to the worker that holds it, or admitted
+                self.replay(sender, request)
+        return self.valid_until
+
+    def depose(self, why: str) -> None:
+        """Stop serving now and for good: the ROUTER closes (every peer's connection ends with it)."""
+        log.error("broker %s stops serving: %s; exiting so that a fresh standby takes its place", self.holder, why)
+        self.role = DEPOSED
+        if self.keeper is not None:
+            self.keeper.release_on_stop = False
+            self.keeper.halt()
+        self.loop.request_reconnect()  # an unbound ROUTER
+        if self.on_deposed is not None:
+            self.on_deposed()
+
+    def start(self) -> None:
+        if self.keeper is not None:
+            self.keeper.start()
+
+    def stop(self) -> None:
+        if self.keeper is not None:
+            self.keeper.stop()
+
+    def figures(self) -> dict[str, Any]:
+        """show_broker's role, epoch, lease_age, failovers (docs/failover.md)."""
+        kept = self.keeper.last_read if self.keeper is not None else None
+        read = max((t for t in (kept, self.read_at) if t is not None), default=None)
+        age = None if read is None else round(max(0.0, self.clock() - read), 3)
+        return {
+            "role": self.role,
+            "epoch": self.epoch,
+            "lease_age": age,
+            "failovers": self.failovers,
+            "lease_errors": self.lease_errors,
+            "lease_holder": self.lease_holder,
+        }

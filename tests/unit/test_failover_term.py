@@ -1,0 +1,260 @@
+"""A broker's term on the lease (service/broker/term.py, keeper.py): a standby is unbound and takes no work,
+the holder binds, and the fence stops it before the lease can expire in the engine, counted from when each
+renewal was SENT. No sockets, no database: a fake lease and a fake clock; the loop's hand-over is the stub's."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from test_broker_handlers import INTERVAL, MULTIPLIER, TASKS, jobs_sent, post, stub
+
+from zfab import Broker
+from zfab.broker import term as term_module
+from zfab.broker.keeper import EXPIRY_SLACK, LeaseKeeper, next_round
+from zfab.broker.lease import LeaseState, LeaseUnavailable, open_lease
+from zfab.broker.term import ACTIVE, DEPOSED, SETTLE, SINGLE, STANDBY, fence_margin
+from zfab.client.brokerlink import BrokerLink, News
+from zfab.core import protocol as nfp
+from zfab.settings import Settings
+from zfab.transport import FakeClock, StubTransport
+from zfab.workers.demo import DemoWorker
+
+DURATION, RENEW = 1.5, 0.3
+ME = "tcp://127.0.0.1:1"
+
+
+class FakeLease:
+    """Answers what the test says; counts round trips."""
+
+    def __init__(self) -> None:
+        self.answers: list[LeaseState | Exception] = []
+        self.calls = 0
+        self.released: list[str] = []
+
+    def acquire_or_renew(self, holder: str, duration: float) -> LeaseState:
+        self.calls += 1
+        a = self.answers.pop(0) if self.answers else LeaseState(True, 1, holder, duration)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+    def release(self, holder: str) -> None:
+        self.released.append(holder)
+
+    def close(self) -> None:
+        pass
+
+
+def leased_broker(clock: FakeClock, monkeypatch: pytest.MonkeyPatch, lease: FakeLease | None = None) -> Broker:
+    monkeypatch.setattr(term_module, "open_lease", lambda url, timeout: lease or FakeLease())
+    s = Settings(
+        keepalive_interval=INTERVAL,
+        keepalive_multiplier=MULTIPLIER,
+        startup_grace=0,
+        broker_lease="postgresql://nowhere/zfab",
+        broker_lease_duration=DURATION,
+        broker_lease_renew=RENEW,
+    )
+    b = Broker(s, endpoint=ME, transport=StubTransport(clock), clock=clock)
+    b.loop.start()
+    return b
+
+
+def held(epoch: int = 1, holder: str = ME) -> LeaseState:
+    return LeaseState(holder == ME, epoch, holder, DURATION)
+
+
+def test_without_a_lease_a_broker_is_single_and_always_bound() -> None:
+    clock = FakeClock()
+    b = Broker(Settings(startup_grace=0), endpoint=ME, transport=StubTransport(clock), clock=clock)
+    b.loop.start()
+    assert b.term.role == SINGLE and b.term.serving and b.bound_endpoint == ME
+    facts = b.mmi.show_broker()
+    assert facts["role"] == "single" and facts["epoch"] == 0 and facts["failovers"] == 0
+
+
+def test_a_standby_is_unbound_until_it_holds_the_lease_then_binds(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    b = leased_broker(clock, monkeypatch)
+    assert b.term.role == STANDBY and not b.term.serving
+    assert b.bound_endpoint == ""  # no peer can reach it, so none can give it work
+    b.term.heard(held(holder="tcp://127.0.0.1:2"), clock())  # another broker holds it
+    assert b.term.role == STANDBY and b.bound_endpoint == ""
+    assert b.mmi.show_broker()["lease_holder"] == "tcp://127.0.0.1:2"
+    b.term.heard(held(epoch=2), clock())
+    assert b.term.role == ACTIVE and b.bound_endpoint == ME
+    facts = b.mmi.show_broker()
+    assert (facts["role"], facts["epoch"], facts["failovers"]) == ("active", 2, 1)
+    assert b.requests.grace_until is not None  # the services' workers are on their way: the startup grace again
+
+
+def test_the_fence_counts_from_when_the_renewal_was_sent_and_comes_before_the_engine_expiry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeClock()
+    b = leased_broker(clock, monkeypatch)
+    sent = clock()
+    clock.advance(0.4)  # the answer came late: the lease counts from the request, not from the answer
+    b.term.heard(held(), sent)
+    assert b.term.role == ACTIVE
+    fence = sent + DURATION - fence_margin(DURATION)
+    assert b.term.valid_until == pytest.approx(fence) and fence < sent + DURATION
+    assert b.on_timer(clock()) <= fence  # the loop wakes at the fence at the latest
+    clock.now = fence - 0.01
+    b.on_timer(clock())
+    assert b.term.role == ACTIVE
+    clock.now = fence
+    b.on_timer(clock())
+    assert b.term.role == DEPOSED and b.bound_endpoint == ""  # its ROUTER closed: peers see their connection end
+
+
+def test_renewals_move_the_fence_and_failed_ones_do_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    b = leased_broker(clock, monkeypatch)
+    for _ in range(10):  # renewed every RENEW: never fenced
+        b.term.heard(held(), clock())
+        clock.advance(RENEW)
+        b.on_timer(clock())
+    assert b.term.role == ACTIVE
+    last = clock() - RENEW
+    for _ in range(3):
+        b.term.heard(None, clock())  # the engine unreachable
+        clock.advance(RENEW)
+        b.on_timer(clock())
+    assert b.term.lease_errors == 3
+    assert b.term.role == ACTIVE and b.term.valid_until == pytest.approx(last + DURATION - fence_margin(DURATION))
+    clock.now = b.term.valid_until
+    b.on_timer(clock())
+    assert b.term.role == DEPOSED
+
+
+def test_an_active_broker_that_reads_another_holder_stops_at_once_and_never_serves_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeClock()
+    b = leased_broker(clock, monkeypatch)
+    told: list[bool] = []
+    b.term.on_deposed = lambda: told.append(True)
+    b.term.heard(held(epoch=3), clock())
+    b.term.heard(held(epoch=4, holder="tcp://127.0.0.1:2"), clock())
+    assert b.term.role == DEPOSED and told == [True] and b.term.epoch == 4
+    b.term.heard(held(epoch=5), clock())  # a deposed broker's state is gone: it does not take the lease again
+    assert b.term.role == DEPOSED and not b.term.serving
+
+
+def test_the_keepalive_answer_carries_the_epoch_and_a_client_leaves_an_older_term(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeClock()
+    b = leased_broker(clock, monkeypatch)
+    b.term.heard(held(epoch=7), clock())
+    stub(b).take()
+    stub(b).feed([b"c1", b"", nfp.CLIENT, nfp.KEEPALIVE, nfp.MMI_SERVICE, b"", b"", b""])
+    (answer,) = [f for f in stub(b).take() if f[3] == nfp.KEEPALIVE]
+    said = nfp.loads(answer[-1])
+    assert said["epoch"] == 7
+
+    link = BrokerLink(Settings(), FakeClock())
+
+    def keepalive(**facts: Any) -> nfp.BrokerReply:
+        return nfp.BrokerReply(nfp.KEEPALIVE, nfp.MMI_SERVICE, b"", nfp.ST_OK, nfp.dumps(facts), None)
+
+    assert link.heard(keepalive(boot="a", epoch=7)) is News.NONE
+    assert link.heard(keepalive(boot="b", epoch=8)) is News.RESTARTED  # the new term: jobs re-established
+    assert link.heard(keepalive(boot="a", epoch=7)) is News.DEPOSED  # the deposed one, still answering
+    assert link.boot == "b" and link.epoch == 8
+
+
+def test_the_keeper_renews_on_its_thread_and_hands_each_answer_with_its_send_time() -> None:
+    lease = FakeLease()
+    lease.answers = [held(), LeaseUnavailable("cut"), held()]
+    got: list[tuple[LeaseState | None, float]] = []
+    three = threading.Event()
+
+    def heard(state: LeaseState | None, sent: float) -> None:
+        got.append((state, sent))
+        if len(got) == 3:
+            three.set()
+
+    k = LeaseKeeper(lease, ME, duration=DURATION, renew=0.01, heard=heard, clock=time.monotonic)
+    k.start()
+    assert three.wait(5)
+    k.release_on_stop = True
+    k.stop()
+    assert [s is None for s, _ in got[:3]] == [False, True, False]
+    assert got[0][1] < got[1][1] < got[2][1]
+    assert lease.released == [ME]
+
+
+def test_a_standby_reads_the_lease_right_after_it_expires_and_no_more_often_than_the_renewal() -> None:
+    other = LeaseState(False, 3, "tcp://b:1", 0.1)
+    assert next_round(other, 100.0, RENEW) == pytest.approx(100.0 + 0.1 + EXPIRY_SLACK)
+    assert next_round(LeaseState(False, 3, "tcp://b:1", 1.4), 100.0, RENEW) == pytest.approx(100.0 + RENEW)
+    assert next_round(held(), 100.0, RENEW) == pytest.approx(100.0 + RENEW)
+    assert next_round(None, 100.0, RENEW) == pytest.approx(100.0 + RENEW)
+
+
+def test_a_lease_url_of_another_scheme_is_refused_with_its_reason() -> None:
+    with pytest.raises(ValueError, match="ZFAB_BROKER_LEASE must start with"):
+        open_lease("redis://x", timeout=1.0)
+
+
+def test_keepalives_to_zfab_workers_carry_the_epoch_and_a_worker_leaves_an_older_term(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    clock = FakeClock()
+    b = leased_broker(clock, monkeypatch)
+    b.term.heard(held(epoch=5), clock())
+    ann = nfp.dumps({"v": 2, "name": "w1", "credits": 1, "tasks": {}})
+    stub(b).feed([b"w1~1", b"", nfp.WORKER, nfp.READY, b"demo", ann])
+    stub(b).feed([b"nf", b"", nfp.WORKER, nfp.READY, b"demo"])  # a NorFab worker: NFP's frames only
+    stub(b).take()
+    clock.advance(INTERVAL)
+    b.on_timer(clock())
+    kas = {f[0]: f for f in stub(b).take() if f[3] == nfp.KEEPALIVE}
+    assert nfp.loads(kas[b"w1~1"][5]) == {"epoch": 5} and len(kas[b"nf"]) == 5
+
+    wclock = FakeClock()
+    s = Settings(data_dir=str(tmp_path), broker="tcp://127.0.0.1:1")
+    w = DemoWorker(name="w1", settings=s, transport=StubTransport(wclock), clock=wclock)
+    w.start()
+    try:
+        keepalive = [b"", nfp.BROKER, nfp.KEEPALIVE, b"demo"]
+        stub_w = w.loop
+        stub_w.feed([*keepalive, nfp.dumps({"epoch": 5})])  # type: ignore[attr-defined]
+        assert w.epoch == 5 and w.loop.stats.reconnects == 0
+        stub_w.feed([*keepalive])  # type: ignore[attr-defined]  # (a NorFab broker's: no epoch, nothing changes)
+        stub_w.feed([*keepalive, nfp.dumps({"epoch": 4})])  # type: ignore[attr-defined]  # a deposed broker
+        assert w.loop.stats.reconnects == 1 and w.epoch == 5
+    finally:
+        w.stop(drain=0)
+
+
+def ready_holding(b: Broker, ident: bytes, holds: list[str]) -> None:
+    ann = nfp.dumps({"v": 2, "name": ident.decode(), "credits": 2, "tasks": TASKS, "holds": holds})
+    stub(b).feed([ident, b"", nfp.WORKER, nfp.READY, b"demo", ann])
+
+
+def test_a_new_term_holds_resubmitted_jobs_until_their_workers_say_they_hold_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a failover the job's client may resubmit it before the worker that has it registers: the new
+    broker must not hand it to another worker (it would run twice), nor hold a new job."""
+    clock = FakeClock()
+    b = leased_broker(clock, monkeypatch)
+    b.term.heard(held(epoch=2), clock())
+    stub(b).take()
+    ready_holding(b, b"w2", [])  # a worker that does not have it registers first
+    post(b, b"old", known=True)  # resubmitted: held while the term settles
+    post(b, b"new")  # a new job goes at once
+    assert [u for _, _, u in jobs_sent(stub(b).take())] == [b"new"]
+    ready_holding(b, b"w1", ["old"])  # the worker that has it comes back, saying so
+    clock.advance(SETTLE)
+    b.on_timer(clock())
+    sent = stub(b).take()
+    assert jobs_sent(sent) == [(b"w1", nfp.POST, b"old")]  # to its holder, which answers without running it again
+    post(b, b"later", known=True)  # settled: a resubmission is admitted as any job
+    assert [u for _, _, u in jobs_sent(stub(b).take())] == [b"later"]

@@ -1,0 +1,42 @@
+"""Which broker is active: a lease held in an engine that already decides such things.
+
+The shape every backend answers to (PostgreSQL, Kubernetes); `open_lease` picks one by the URL's
+scheme and imports it only then, so a broker without a lease loads none of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseState:
+    """The lease as this broker last read it."""
+
+    held: bool  # this broker holds the lease now
+    epoch: int  # the lease's generation: +1 each time its holder changes; 0 = never held
+    holder: str  # the holder's id ("" when none); a broker's id is its advertised endpoint
+    expires_in: float  # seconds until the lease expires as this broker last read it (<= 0: expired)
+
+
+class LeaseUnavailable(Exception):
+    """The lease's engine cannot be reached (or refuses us): nobody may assume they hold it."""
+
+
+class Lease(Protocol):
+    def acquire_or_renew(self, holder: str, duration: float) -> LeaseState: ...
+
+    def release(self, holder: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def open_lease(url: str, *, timeout: float) -> Lease:
+    """The lease a URL names: `k8s://NAMESPACE/NAME` (a coordination.k8s.io/v1 Lease)."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme == "k8s":
+        from .lease_k8s import K8sLease
+
+        return K8sLease(url, timeout=timeout)
+    raise ValueError(f"unknown lease URL {url!r}: expected k8s://NAMESPACE/NAME or postgresql://...")

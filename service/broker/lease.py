@@ -1,7 +1,7 @@
 """Which broker is active: a lease held in an engine that already decides such things.
 
-The shape every backend answers to (PostgreSQL, Kubernetes); `open_lease` picks one by the URL's
-scheme and imports it only then, so a broker without a lease loads none of them.
+The shape every backend answers to (PostgreSQL, Kubernetes: lease_k8s.py). (This branch carries the
+protocol only; the factory that picks a backend by the URL's scheme is the failover branch's.)
 """
 
 from __future__ import annotations
@@ -31,12 +31,3 @@ class Lease(Protocol):
 
     def close(self) -> None: ...
 
-
-def open_lease(url: str, *, timeout: float) -> Lease:
-    """The lease a URL names: `k8s://NAMESPACE/NAME` (a coordination.k8s.io/v1 Lease)."""
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-    if scheme == "k8s":
-        from .lease_k8s import K8sLease
-
-        return K8sLease(url, timeout=timeout)
-    raise ValueError(f"unknown lease URL {url!r}: expected k8s://NAMESPACE/NAME or postgresql://...")

@@ -11,7 +11,7 @@ import pytest
 from fakeclock import FakeClock
 from fakek8s import FakeApiServer
 
-from zfab.broker.lease import LeaseUnavailable, open_lease
+from zfab.broker.lease import LeaseUnavailable
 from zfab.broker.lease_k8s import ACTIVE_LABEL, K8sLease, parse_url
 
 URL = "k8s://zfab/zfab-broker"
@@ -176,14 +176,13 @@ def test_lease_urls() -> None:
             parse_url(bad)
 
 
-def test_open_lease_finds_the_api_server_from_the_pod_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+def test_the_api_server_is_found_from_the_pod_environment() -> None:
     with pytest.raises(ValueError, match="KUBERNETES_SERVICE_HOST"):
-        open_lease(URL, timeout=1.0)
-    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
-    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
-    lease = open_lease(URL, timeout=1.0)
-    assert isinstance(lease, K8sLease) and lease.server == "https://10.0.0.1:443"
+        K8sLease(URL, timeout=1.0, environ={})
+    env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    lease = K8sLease(URL, timeout=1.0, environ=env)
+    assert lease.server == "https://10.0.0.1:443"
     lease.close()
-    with pytest.raises(ValueError, match="unknown lease URL"):
-        open_lease("etcd://x", timeout=1.0)
+    v6 = K8sLease(URL, timeout=1.0, environ={"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"})
+    assert v6.server == "https://[fd00::1]:443"
+    v6.close()

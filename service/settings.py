@@ -133,6 +133,17 @@ class Settings(BaseSettings):
     broker_events_subscriptions: int = Field(
         1000, ge=1, description="Subscriptions the broker's event publisher accepts at once"
     )
+    broker_lease: str | None = Field(
+        None,
+        description="Broker: the lease that decides which of several brokers is active (postgresql://...[#NAME] or "
+        "k8s://NAMESPACE/NAME, docs/failover.md); unset: this broker is the only one and always serves",
+    )
+    broker_lease_duration: float = Field(
+        1.5, gt=0, description="Broker: seconds the lease is held without a renewal (a standby takes over after it)"
+    )
+    broker_lease_renew: float = Field(
+        0.3, gt=0, description="Broker: seconds between renewals (the standby reads the lease as often)"
+    )
 
     @property
     def bind_endpoint(self) -> str:

@@ -143,6 +143,9 @@ class K8sLease:
         self._label(False)
 
     def close(self) -> None:
+        """The process ends: its pod no longer serves, whether it released the lease or was deposed."""
+        if self._labelled is not False:
+            self._label(False)
         self._opener.close()
 
     # ---- the record ---------------------------------------------------------------------------

@@ -144,6 +144,13 @@ def test_a_released_lease_is_taken_at_once(api: FakeApiServer, account: Path) ->
     assert (took.held, took.epoch) == (True, 2)
 
 
+def test_a_deposed_broker_that_stops_unlabels_its_pod(api: FakeApiServer, account: Path) -> None:
+    a = contender(api, "broker-a", FakeClock(), account)
+    assert a.acquire_or_renew(A, 2.0).held
+    a.close()  # deposed (its term fenced itself): no release, the process ends
+    assert api.labels("broker-a") == {}
+
+
 def test_an_unreachable_api_server_is_lease_unavailable(api: FakeApiServer, account: Path) -> None:
     a = contender(api, "broker-a", FakeClock(), account)
     assert a.acquire_or_renew(A, 2.0).held

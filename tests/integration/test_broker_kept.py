@@ -124,7 +124,7 @@ def test_a_kept_document_that_cannot_be_read_pauses_nothing(url: str, pg: pgserv
     kept, paused, _ = broker_state(url)
     paused.pause(b"demo")
     assert kept.flush(10)
-    pg.sql(url, "UPDATE zfab_broker_kept SET doc = '{\"not\": \"a list\"}'::jsonb")
+    pg.sql(url, 'UPDATE zfab_broker_kept SET doc = \'{"not": "a list"}\'::jsonb')
     fresh, fresh_limits = PausedServices(kept, 100), Limiter(kept)
     fresh.load()
     fresh_limits.load()

@@ -11,7 +11,7 @@ import pytest
 from fakeclock import FakeClock
 from fakek8s import FakeApiServer
 
-from zfab.broker.lease import LeaseUnavailable
+from zfab.broker.lease import LeaseUnavailable, open_lease
 from zfab.broker.lease_k8s import ACTIVE_LABEL, K8sLease, parse_url
 
 URL = "k8s://zfab/zfab-broker"
@@ -193,3 +193,11 @@ def test_the_api_server_is_found_from_the_pod_environment() -> None:
     v6 = K8sLease(URL, timeout=1.0, environ={"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"})
     assert v6.server == "https://[fd00::1]:443"
     v6.close()
+
+
+def test_open_lease_gives_a_k8s_url_to_this_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    lease = open_lease(URL, timeout=1.0)
+    assert isinstance(lease, K8sLease) and (lease.namespace, lease.name) == ("zfab", "zfab-broker")
+    lease.close()

@@ -244,7 +244,10 @@ def reread(kept: Kept, call: Callable[[Callable[[], None]], object], loads: tupl
             if doc is not _UNREAD:
                 load(doc)
 
-    call(apply)
+    try:
+        call(apply)
+    except Exception as exc:  # the loop stopping, or swamped: the caller's thread (the lease keeper) goes on
+        log.warning("broker: what a user set, read from %s, was not applied (%s)", kept.where(KINDS[0]), exc)
 
 
 _UNREAD = object()

@@ -89,6 +89,17 @@ def test_a_standby_rereads_at_takeover_what_changed_since_it_started(url: str) -
         k.close()
 
 
+def test_a_reread_the_loop_cannot_take_is_logged_not_raised(url: str, caplog: pytest.LogCaptureFixture) -> None:
+    kept, paused, limits = broker_state(url)
+
+    def closed(fn: object) -> None:
+        raise RuntimeError("the broker is shutting down")
+
+    reread(kept, closed, (paused.take, limits.take))  # on the lease keeper's thread: it must go on
+    assert "was not applied" in caplog.text
+    kept.close()
+
+
 def test_two_fabrics_on_one_database_keep_apart_by_lease_name(url: str) -> None:
     kept_a, paused_a, _ = broker_state(url + "#fabric-a")
     paused_a.pause(b"demo")

@@ -186,17 +186,25 @@ def _get_json(url: str, timeout: float = 10.0) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def local_prometheus(
-    rule_files: Sequence[Path] = (), binary: str = "prometheus", timeout: float = 30.0
+    rule_files: Sequence[Path] = (),
+    binary: str = "prometheus",
+    timeout: float = 30.0,
+    scrape: dict[str, list[str]] | None = None,
 ) -> Iterator[str]:
-    """A Prometheus server on 127.0.0.1 with no scrape targets, loading `rule_files`; yields its URL.
+    """A Prometheus server on 127.0.0.1 loading `rule_files`; yields its URL. It scrapes nothing unless
+    `scrape` names targets (job name -> ["127.0.0.1:PORT", ...], every second).
 
-    Nothing is scraped, so every zfab series is absent: the dashboard as an outage leaves it."""
+    With nothing scraped every zfab series is absent: the dashboard as an outage leaves it."""
     with tempfile.TemporaryDirectory(prefix="zfab-prometheus-") as tmp:
         config = Path(tmp) / "prometheus.yml"
-        config.write_text(  # JSON is valid YAML
-            json.dumps({"global": {"evaluation_interval": "1s"}, "rule_files": [str(p) for p in rule_files]}),
-            encoding="utf-8",
-        )
+        jobs = [
+            {"job_name": job, "scrape_interval": "1s", "static_configs": [{"targets": targets}]}
+            for job, targets in (scrape or {}).items()
+        ]
+        doc = {"global": {"evaluation_interval": "1s"}, "rule_files": [str(p) for p in rule_files]}
+        if jobs:
+            doc["scrape_configs"] = jobs
+        config.write_text(json.dumps(doc), encoding="utf-8")  # JSON is valid YAML
         port = _free_port()
         log = (Path(tmp) / "prometheus.log").open("wb")
         proc = subprocess.Popen(

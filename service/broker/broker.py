@@ -11,7 +11,6 @@ import logging
 import os
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import zmq
@@ -31,6 +30,7 @@ from .dispatch import Dispatch
 from .events import EventPublisher
 from .identities import Identities
 from .inventory import Inventory
+from .kept import open_kept
 from .limits import Limiter
 from .memory import MemoryKeeper, glibc_trim
 from .mmi import SID_SERVICE, MmiService
@@ -74,7 +74,7 @@ class Broker:
         )
         self.registry = reg = Registry.from_settings(s, clock)
         self.identities = ids = Identities(self.loop, None)  # its ZAP handler comes with start() (CURVE)
-        self.paused = PausedServices(Path(s.data_dir) / "broker", s.max_services)  # read by start()
+        self.paused = PausedServices(open_kept(s), s.max_services)  # read by start(); kept as kept.py says
         self.shm = ShmArena(s, clock=clock)  # same-host shared memory (transport/shm.py)
         self.inventory = Inventory(s.broker_inventory) if s.broker_inventory else None  # for NorFab workers
         self.memory = MemoryKeeper(trim=glibc_trim())  # gives back what a burst used (memory.py)
@@ -86,7 +86,7 @@ class Broker:
         self.dispatch = d = Dispatch(
             reg, s, out=out, counts=self.counts, clock=clock, paused=self.paused.names, queue_changed=changed,
             shm=ShmBodies(self.shm, max_bytes=s.max_message_bytes, counts=self.counts, clock=clock),
-            limits=Limiter(Path(s.data_dir) / "broker"),
+            limits=Limiter(self.paused.kept),
         )  # fmt: skip
         self.deadlines = Deadlines(d, reg, s, out=out, counts=self.counts)
         self.workers = Workers(reg, s, out=out, identities=ids, counts=self.counts, clock=clock)
@@ -108,9 +108,8 @@ class Broker:
 
     def stop(self) -> None:
         self.identities.stop_zap()  # first: the context cannot terminate while the ZAP socket is open
-        for stop in self.hooks.stop:
-            stop()  # before the loop: its context cannot terminate while the publisher's XPUB is open
-        self.loop.stop()
+        for stop in (*self.hooks.stop, self.loop.stop, self.paused.kept.close):
+            stop()  # hooks before the loop (its context outlives the publisher's XPUB); what a user set, last
 
     def __enter__(self) -> Broker:
         return self.start()

@@ -2,7 +2,8 @@
 
 Pure state on the dispatcher's clock. A task's rule (core/limits.py) comes from its workers'
 declaration (READY's schema, `x-zfab`) or is set at run time (MMI `set_limit`, which replaces the
-declaration until `clear_limit`; kept in `$ZFAB_DATA_DIR/broker/limits.json` across a restart).
+declaration until `clear_limit`; kept across a restart or a failover by kept.py: in
+`$ZFAB_DATA_DIR/broker/limits.json`, or in PostgreSQL when brokers share a PostgreSQL lease).
 
 A job of a limited task (target `any`) belongs to a **bucket**: one per task, or per task and value
 of the rule's `key` argument (found in the job's body by a bounded scan that builds nothing but that
@@ -26,9 +27,7 @@ import hashlib
 import heapq
 import json
 import logging
-import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -36,6 +35,7 @@ import msgspec
 from ..core import protocol as nfp
 from ..core.limits import Rule, read_rule
 from .jobqueue import QueuedJob, Spot
+from .kept import FileKept, Kept
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ UNREAD = "\x00unread"  # the key of a body too large to scan: such jobs of a tas
 MAX_DECODERS = 1000  # key scanners kept (one per argument name and position)
 OVERFLOW = "\x00overflow"  # the key of the bucket new values share once the table is full
 DECLARATION_KEY = "x-zfab"
-FILE_NAME = "limits.json"
+KIND = "limits"
 
 
 class Bucket:
@@ -121,8 +121,8 @@ class Bucket:
 class Limiter:
     """Every bucket, and the rules set at run time (`overrides`), bounded."""
 
-    def __init__(self, directory: Path | None = None) -> None:
-        self.path = directory / FILE_NAME if directory is not None else None
+    def __init__(self, kept: Kept | None = None) -> None:
+        self.kept = kept or FileKept(None)
         self.overrides: dict[tuple[bytes, str], Rule | None] = {}  # None: set to no limit
         self.buckets: dict[tuple[bytes, str, str | None], Bucket] = {}
         self.max_buckets = MAX_BUCKETS
@@ -130,7 +130,10 @@ class Limiter:
         self.timers: list[tuple[float, int, Bucket]] = []  # when a rate-closed bucket with jobs opens
         self._declared: dict[tuple[bytes, str], tuple[int, Rule | None]] = {}  # by id of the declaration
         self._seq = 0
-        self.write_errors = 0
+
+    @property
+    def write_errors(self) -> int:
+        return self.kept.write_errors[KIND]
 
     # ---- rules --------------------------------------------------------------------------------
 
@@ -253,37 +256,37 @@ class Limiter:
     # ---- persistence (rules set at run time) ----------------------------------------------------
 
     def load(self) -> None:
-        if self.path is None or not self.path.exists():
-            return
         try:
-            rows = json.loads(self.path.read_text())
-            if not isinstance(rows, list):
+            doc = self.kept.read(KIND)
+        except (OSError, ValueError) as exc:
+            log.warning(
+                "broker: cannot read the limits in %s (%s); only declared limits apply", self.kept.where(KIND), exc
+            )
+            return
+        self.take(doc)
+
+    def take(self, doc: Any) -> None:
+        """The limits set at run time are exactly `doc`'s (a JSON list of rows; a bad one sets none).
+        Owner only; a bucket takes its task's new rule when its next job comes."""
+        self.overrides.clear()
+        try:
+            if doc is not None and not isinstance(doc, list):
                 raise ValueError("not a JSON list")
-            for row in rows[:MAX_RULES]:
+            for row in (doc or [])[:MAX_RULES]:
                 service, task = row["service"].encode(), str(row["task"])
                 self.overrides[(service, task)] = read_rule(row)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            log.warning("broker: cannot read the limits in %s (%s); only declared limits apply", self.path, exc)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning(
+                "broker: cannot read the limits in %s (%s); only declared limits apply", self.kept.where(KIND), exc
+            )
             self.overrides.clear()
 
     def _save(self) -> None:
-        if self.path is None:
-            return
         rows = [
             {"service": s.decode(errors="replace"), "task": t, **(r.as_dict() if r is not None else {})}
             for (s, t), r in self.overrides.items()
         ]
-        tmp = self.path.with_suffix(".tmp")
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with tmp.open("w") as f:
-                json.dump(rows, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except OSError as exc:
-            self.write_errors += 1
-            log.error("broker: cannot write the limits to %s (%s); a restart forgets the change", self.path, exc)
+        self.kept.write(KIND, rows)
 
 
 _scanners: dict[tuple[str, int], msgspec.json.Decoder[Any]] = {}

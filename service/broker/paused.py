@@ -1,34 +1,37 @@
 """Paused service queues: which services the broker admits and queues jobs for but does not dispatch.
 
-The broker keeps no other state across a restart; this one it writes to a small JSON file in its
-data directory (`$ZFAB_DATA_DIR/broker/paused.json`, replaced atomically on every change) and
-reads when it starts, so a paused queue stays paused through a restart, before any worker of the
-service registers again. A file that cannot be read pauses nothing (and says so in the log); one
-that cannot be written leaves the change in memory only (logged, and counted in `show_broker`).
+A user set them, so they outlive the broker: kept (kept.py) in a small JSON file in its data
+directory (`$ZFAB_DATA_DIR/broker/paused.json`, replaced atomically on every change), or in
+PostgreSQL when brokers share a PostgreSQL lease, and read when the broker starts (and when it takes
+the lease), so a paused queue stays paused through a restart or a failover, before any worker of the
+service registers again. What cannot be read pauses nothing (and says so in the log); a change that
+cannot be written stays in memory only (logged, and counted in `show_broker`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-from pathlib import Path
+from typing import Any
 
 from ..core.protocol import MAX_NAME_BYTES
+from .kept import FileKept, Kept
 
 log = logging.getLogger(__name__)
 
-FILE_NAME = "paused.json"
+KIND = "paused"
 
 
 class PausedServices:
     """The paused service names (bounded: at most `capacity`, each a name the broker accepts)."""
 
-    def __init__(self, directory: Path | None, capacity: int) -> None:
-        self.path = directory / FILE_NAME if directory is not None else None
+    def __init__(self, kept: Kept | None, capacity: int) -> None:
+        self.kept = kept or FileKept(None)
         self.capacity = capacity
         self.names: set[bytes] = set()
-        self.write_errors = 0
+
+    @property
+    def write_errors(self) -> int:
+        return self.kept.write_errors[KIND]
 
     def __contains__(self, name: object) -> bool:
         return name in self.names
@@ -37,22 +40,27 @@ class PausedServices:
         return len(self.names)
 
     def load(self) -> None:
-        """Read the paused services a previous broker left (nothing when there is no file)."""
-        if self.path is None or not self.path.exists():
-            return
+        """Read the paused services a previous broker left (nothing when none were kept)."""
         try:
-            names = json.loads(self.path.read_text())
-            if not isinstance(names, list):
+            doc = self.kept.read(KIND)
+            if doc is not None and not isinstance(doc, list):
                 raise ValueError("not a JSON list of service names")
         except (OSError, ValueError) as exc:
-            log.warning("broker: cannot read the paused services in %s (%s); no queue is paused", self.path, exc)
+            log.warning(
+                "broker: cannot read the paused services in %s (%s); no queue is paused", self.kept.where(KIND), exc
+            )
             return
-        for name in names:
+        self.take(doc)
+
+    def take(self, doc: Any) -> None:
+        """Pause exactly the services `doc` names (a JSON list; anything else pauses nothing). Owner only."""
+        self.names.clear()  # in place: the dispatcher holds this set
+        for name in doc if isinstance(doc, list) else []:
             raw = name.encode() if isinstance(name, str) else b""
             if raw and len(raw) <= MAX_NAME_BYTES and len(self.names) < self.capacity:
                 self.names.add(raw)
         if self.names:
-            log.warning("broker: paused services from %s: %s", self.path, ", ".join(self.labels()))
+            log.warning("broker: paused services from %s: %s", self.kept.where(KIND), ", ".join(self.labels()))
 
     def pause(self, name: bytes) -> bool:
         """Pause a service's queue; False when it was paused already. Raises ValueError when full."""
@@ -76,18 +84,4 @@ class PausedServices:
         return sorted(n.decode(errors="replace") for n in self.names)
 
     def _save(self) -> None:
-        if self.path is None:
-            return
-        tmp = self.path.with_suffix(".tmp")
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with tmp.open("w") as f:
-                json.dump(self.labels(), f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except OSError as exc:
-            self.write_errors += 1
-            log.error(
-                "broker: cannot write the paused services to %s (%s); a restart forgets the change", self.path, exc
-            )
+        self.kept.write(KIND, self.labels())

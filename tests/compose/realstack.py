@@ -183,10 +183,11 @@ class Engine:
             )
         return eng
 
-    def images(self, compose_file: Path) -> str:
-        """Build the local stand-ins (tools/ci/images.sh); returns its report."""
+    def images(self, compose_file: Path, *overlays: Path) -> str:
+        """Build the local stand-ins (tools/ci/images.sh) for compose_file and its overlays; returns its report."""
         t = time.monotonic()
-        r = run(["bash", str(CI_TOOLS / "images.sh"), str(self.state), str(compose_file)], timeout=900)
+        files = [str(compose_file), *map(str, overlays)]
+        r = run(["bash", str(CI_TOOLS / "images.sh"), str(self.state), *files], timeout=900)
         if r.returncode != 0:
             unavailable(f"cannot build the local base/stand-in images (tools/ci/images.sh): {tail(r, 6)}")
         report = " ".join(r.stdout.split())

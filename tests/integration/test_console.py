@@ -406,6 +406,30 @@ def test_a_schedule_is_paused_and_deleted_from_its_page(console: Stack) -> None:
     c.http.delete(f"/schedules/{failing}")
 
 
+def test_the_queues_view_shows_which_broker_serves_and_its_term(console: Stack) -> None:
+    card = '#cards [data-k="broker"]'
+    console.open(VIEWS["queues"])
+    console.ready()
+    endpoint = console.http.get("/mmi/broker").json()["endpoint"]
+    console.until(lambda: endpoint in console.text(card), "the broker card")
+    # this stack's broker has no lease: it is the only one
+    assert console.text(card).split()[0] == "single"
+    assert "epoch" not in console.text(card)
+    show = (
+        "window.zfab.showBroker(arguments[0]); const e = document.querySelector(arguments[1]);"
+        "return [e.textContent, e.querySelector('.badge').className];"
+    )
+    # brokers on a lease: show_broker of the active one (the API follows it), then of a standby
+    active = {"role": "active", "epoch": 4, "failovers": 2, "lease_age": 0.31, "endpoint": "tcp://zfab-broker-1:5555"}
+    text, cls = console.js(show, {**console.http.get("/mmi/broker").json(), **active}, card)
+    assert text.split()[0] == "active" and "role-active" in cls.split()
+    for part in ("tcp://zfab-broker-1:5555", "epoch 4", "took over 2×", "lease read 0.3 s ago"):
+        assert part in text, (part, text)
+    text, cls = console.js(show, {"role": "standby", "epoch": 4, "endpoint": "tcp://zfab-broker-0:5555"}, card)
+    assert text.split()[0] == "standby" and "role-standby" in cls.split()
+    console.keep("queues-broker")
+
+
 def test_every_view_loads_in_under_a_second_and_renders_a_real_picture(console: Stack) -> None:
     c = console
     uuid = (

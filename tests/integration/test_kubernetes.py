@@ -226,7 +226,9 @@ def test_kustomization_renders(kdir: Path, kubectl: str, yml: ModuleType) -> Non
 
 def test_base_and_two_overlays_exist(yml: ModuleType) -> None:
     roots = {_rel(d) for d in _roots(yml)}
-    assert roots == {"deploy/kubernetes/overlays/keda", "deploy/kubernetes/overlays/hpa"}, roots
+    overlays = {"deploy/kubernetes/overlays/keda", "deploy/kubernetes/overlays/hpa"}
+    overlays.add("deploy/kubernetes/overlays/failover")  # issue 41: two brokers on a Lease
+    assert roots == overlays, roots
     assert BASE in KUSTOMIZATIONS
 
 
@@ -449,6 +451,106 @@ def test_pdbs_cover_workers_and_api_and_not_the_single_broker(base: list[Obj]) -
             # At the default replica count a drain can still move one pod.
             assert spec.get("maxUnavailable", 0) >= 1 or spec["minAvailable"] < d["spec"]["replicas"], role
             assert spec["unhealthyPodEvictionPolicy"] == "AlwaysAllow", role
+
+
+# ---- two brokers on a Lease (overlays/failover) ----------------------------------------------
+
+FAILOVER = K8S / "overlays" / "failover"
+
+
+@pytest.fixture(scope="session")
+def failover(rendered: dict[Path, list[Obj]]) -> list[Obj]:
+    return _rendered(rendered, FAILOVER)
+
+
+def _lease_of(d: Obj) -> tuple[str, str]:
+    url = _env(_main(d))["ZFAB_BROKER_LEASE"]["value"]
+    m = re.fullmatch(r"k8s://([a-z0-9-]+)/([a-z0-9.-]+)", url)
+    assert m is not None, f"ZFAB_BROKER_LEASE={url!r} is not k8s://NAMESPACE/NAME"
+    return m.group(1), m.group(2)
+
+
+def test_failover_runs_two_brokers_on_the_lease_it_ships(failover: list[Obj]) -> None:
+    d = deployment(failover, "broker")
+    assert d["spec"]["replicas"] == 2
+    # rolled one at a time, never both gone: a standby is there to take over
+    assert d["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert d["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    namespace, name = _lease_of(d)
+    lease = named(failover, "Lease", name)
+    assert lease["metadata"]["namespace"] == namespace == NAMESPACE
+    env = _env(_main(d))
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert float(env["ZFAB_BROKER_LEASE_RENEW"]["value"]) < float(env["ZFAB_BROKER_LEASE_DURATION"]["value"])
+    pod = _pod(d)
+    assert pod["automountServiceAccountToken"] is True, "the broker talks to the API server with its token"
+    named(failover, "ServiceAccount", pod["serviceAccountName"])
+    # a standby is a healthy pod: readiness must not wait for the lease, or no rollout could finish
+    assert _http_probe(_main(d), "readinessProbe")[0] == "/healthz"
+    # the other roles still carry no token
+    for role in ("worker", "api"):
+        assert _pod(deployment(failover, role)).get("automountServiceAccountToken") is False, role
+
+
+def _granted(objs: list[Obj], account: str) -> list[Obj]:
+    """The rules of every Role bound to the service account."""
+    roles = {
+        b["roleRef"]["name"]
+        for b in of(objs, "RoleBinding")
+        if any(s["kind"] == "ServiceAccount" and s["name"] == account for s in b["subjects"])
+    }
+    assert not [b for b in of(objs, "ClusterRoleBinding")], "nothing cluster-wide"
+    return [r for role in of(objs, "Role") if role["metadata"]["name"] in roles for r in role["rules"]]
+
+
+def _allows(rules: list[Obj], group: str, resource: str, verb: str, name: str | None = None) -> bool:
+    return any(
+        group in r.get("apiGroups", [])
+        and resource in r.get("resources", [])
+        and (verb in r.get("verbs", []) or "*" in r.get("verbs", []))
+        and (not r.get("resourceNames") or name in r["resourceNames"])
+        for r in rules
+    )
+
+
+def test_failover_rbac_grants_the_lease_and_the_pod_label_and_nothing_else(failover: list[Obj]) -> None:
+    d = deployment(failover, "broker")
+    rules = _granted(failover, _pod(d)["serviceAccountName"])
+    _, lease = _lease_of(d)
+    coordination = "coordination.k8s.io"
+    for verb in ("get", "update", "create"):
+        assert _allows(rules, coordination, "leases", verb, lease), verb
+    assert not _allows(rules, coordination, "leases", "update", "someone-elses-lease")
+    assert _allows(rules, "", "pods", "patch", "zfab-broker-abc12")
+    for group, resource, verb in [
+        (coordination, "leases", "delete"),
+        ("", "pods", "delete"),
+        ("", "pods", "list"),
+        ("", "pods", "create"),
+        ("", "secrets", "get"),
+        ("", "configmaps", "get"),
+    ]:
+        assert not _allows(rules, group, resource, verb, lease), (group, resource, verb)
+
+
+def test_failover_service_follows_the_pod_labelled_active(failover: list[Obj]) -> None:
+    from zfab.broker.lease_k8s import ACTIVE, ACTIVE_LABEL
+
+    d = deployment(failover, "broker")
+    selector = {"matchLabels": named(failover, "Service", "zfab-broker")["spec"]["selector"]}
+    assert _selects(selector, {**_pod_labels(d), ACTIVE_LABEL: ACTIVE})
+    assert not _selects(selector, _pod_labels(d)), "a standby's pod must not be an endpoint"
+    api = named(failover, "Service", "zfab-api")["spec"]["selector"]
+    assert ACTIVE_LABEL not in api
+
+
+def test_failover_brokers_have_a_disruption_budget_that_moves_one_at_a_time(failover: list[Obj]) -> None:
+    d = deployment(failover, "broker")
+    covering = [p for p in of(failover, "PodDisruptionBudget") if _selects(p["spec"]["selector"], _pod_labels(d))]
+    assert len(covering) == 1
+    assert covering[0]["spec"]["maxUnavailable"] == 1
+    assert covering[0]["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
 
 
 # ---- network policies ---------------------------------------------------------------------

@@ -2,7 +2,7 @@
 # The registry images compose.yaml and the Dockerfile name, built locally: no image registry is
 # reachable from these machines (only Debian's and PyPI's package repositories are).
 #
-#   tools/ci/images.sh STATE [COMPOSE_FILE]      (needs a running engine: tools/ci/docker-engine.sh start)
+#   tools/ci/images.sh STATE [COMPOSE_FILE [OVERLAY...]]   (needs a running engine: tools/ci/docker-engine.sh start)
 #
 # Builds, each only when missing or built by an older recipe (label zfab.standin=<recipe hash>):
 #   python:3.11-slim         debootstrap'd Debian 12 minbase + python3 (3.11), venv, pip, the host's CA
@@ -10,6 +10,8 @@
 #   prom/prometheus:<tag>    STAND-IN: Debian's prometheus package (2.42) + wget, entrypoint as upstream.
 #   grafana/grafana:<tag>    STAND-IN, NOT GRAFANA: a tiny HTTP server answering /api/health (and
 #                            listing the dashboards mounted at /etc/grafana/dashboards under /api/search).
+#   postgres:<tag>           STAND-IN, only when an OVERLAY names one (deploy/compose.failover.yaml): Debian's
+#                            postgresql (15) with the official image's environment (tools/ci/postgres-standin.sh).
 # The prometheus and grafana tags are read from COMPOSE_FILE (default: compose.yaml of this repository).
 # An image under one of these tags that carries no zfab.standin label (a real one, `docker load`ed) is
 # left alone. Every stand-in also carries org.opencontainers.image.description saying what it is.
@@ -20,6 +22,7 @@ set -euo pipefail
 STATE=${1:?usage: $0 STATE [COMPOSE_FILE]}
 HERE=$(cd "$(dirname "$0")" && pwd)
 COMPOSE_FILE=${2:-$HERE/../../compose.yaml}
+OVERLAYS=("${@:3}")
 mkdir -p "$STATE"
 STATE=$(cd "$STATE" && pwd)
 BASE_TAG=python:3.11-slim
@@ -235,3 +238,29 @@ EXPOSE 3000
 CMD ["python3", "/usr/local/share/grafana-standin.py"]
 EOF
 build_standin "$GRAFANA_TAG" "$WORK/grafana"
+
+# PostgreSQL, for an overlay that names a postgres image (deploy/compose.failover.yaml): Debian's
+# postgresql under that tag, its entrypoint doing what the official image does with POSTGRES_*.
+PG_TAG=""
+for overlay in "${OVERLAYS[@]}"; do
+  found=$(COMPOSE_FILE=$overlay compose_image postgres "")
+  PG_TAG=${PG_TAG:-$found}
+done
+if [ -n "$PG_TAG" ]; then
+  mkdir -p "$WORK/postgres"
+  cp "$HERE/postgres-standin.sh" "$WORK/postgres/entrypoint.sh"
+  cat >"$WORK/postgres/Dockerfile" <<EOF
+FROM $BASE_TAG
+LABEL zfab.standin="@RECIPE@" \\
+      org.opencontainers.image.title="STAND-IN for $PG_TAG" \\
+      org.opencontainers.image.description="Debian's postgresql package (15) under the tag deploy/compose.failover.yaml names; not the registry image. Built by tools/ci/images.sh"
+RUN apt-get update \\
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends postgresql \\
+    && rm -rf /var/lib/apt/lists/* /var/lib/postgresql/*
+COPY entrypoint.sh /usr/local/bin/postgres-entrypoint
+ENV PGDATA=/var/lib/postgresql/data
+EXPOSE 5432
+ENTRYPOINT ["/usr/local/bin/postgres-entrypoint"]
+EOF
+  build_standin "$PG_TAG" "$WORK/postgres"
+fi

@@ -37,6 +37,20 @@
     svg.append(label);
     return svg;
   }
+  /** Which broker answers the API (with brokers on a lease, the active one: the API follows it) and
+   * its term, from show_broker's role, epoch, failovers and lease_age. A broker without a lease
+   * (or one older than leases) says no role: it is the only one, "single". */
+  function showBroker(broker) {
+    const role = typeof broker.role === 'string' ? broker.role : 'single';
+    const term = [broker.endpoint || ''];
+    if (broker.epoch) term.push(`epoch ${fmtNum(broker.epoch)}`);
+    if (broker.failovers) term.push(`took over ${fmtNum(broker.failovers)}×`);
+    if (typeof broker.lease_age === 'number') term.push(`lease read ${broker.lease_age.toFixed(1)} s ago`);
+    const el = $('#cards [data-k="broker"]');
+    el.replaceChildren(h('span', { class: `badge role-${role}`, title: `this broker's role: ${role}` }, role),
+      h('small', {}, ` ${term.filter(Boolean).join(' · ')}`));
+  }
+
   const HISTORY = 60; // readings kept per service for the sparkline: two minutes at one every two seconds
 
   function queuesView() {
@@ -51,6 +65,7 @@
       cardValue('workers', fmtNum(broker.workers), `${fmtNum(broker.services)} service${broker.services === 1 ? '' : 's'}`);
       cardValue('clients', fmtNum(broker.clients), `of ${fmtNum(broker.clients_capacity)}`);
       cardValue('uptime', fmtDur(broker.uptime_s), broker.version ? `v${broker.version}` : '');
+      showBroker(broker);
       const tbody = $('#queues tbody');
       const track = (name, depth) => {
         const list = depths.get(name) || [];
@@ -132,4 +147,5 @@
   }
 
   Object.assign(window.zfab.views, { queues: queuesView, workers: workersView });
+  window.zfab.showBroker = showBroker;
 })();

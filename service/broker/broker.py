@@ -30,7 +30,7 @@ from .dispatch import Dispatch
 from .events import EventPublisher
 from .identities import Identities
 from .inventory import Inventory
-from .kept import open_kept
+from .kept import open_kept, reread
 from .limits import Limiter
 from .memory import MemoryKeeper, glibc_trim
 from .mmi import SID_SERVICE, MmiService
@@ -79,14 +79,15 @@ class Broker:
         self.inventory = Inventory(s.broker_inventory) if s.broker_inventory else None  # for NorFab workers
         self.memory = MemoryKeeper(trim=glibc_trim())  # gives back what a burst used (memory.py)
         self.events = events or publisher_for(s, self.loop.context)
-        self.term = Term.from_settings(s, self.loop, clock, self.endpoint)  # role, epoch, fence (term.py)
+        limits = Limiter(self.paused.kept)  # run-time limits: kept, and reread by a new term, as the pauses are
+        takeover = (self.paused.kept, self.loop.call, (self.paused.take, limits.take))  # kept.reread's arguments
+        self.term = Term.from_settings(s, self.loop, clock, self.endpoint, lambda: reread(*takeover))  # term.py
         changed: set[bytes] = set()  # services whose queue changed, for queue.<service> events
         self.hooks = hooks = cross_cutting(s, clock, self.term, self.memory, self.events, changed, reg, self.paused)
         self.out = out = Outbox(self.loop, hooks, self.counts)
         self.dispatch = d = Dispatch(
             reg, s, out=out, counts=self.counts, clock=clock, paused=self.paused.names, queue_changed=changed,
-            shm=ShmBodies(self.shm, max_bytes=s.max_message_bytes, counts=self.counts, clock=clock),
-            limits=Limiter(self.paused.kept),
+            shm=ShmBodies(self.shm, max_bytes=s.max_message_bytes, counts=self.counts, clock=clock), limits=limits,
         )  # fmt: skip
         self.deadlines = Deadlines(d, reg, s, out=out, counts=self.counts)
         self.workers = Workers(reg, s, out=out, identities=ids, counts=self.counts, clock=clock)

@@ -67,8 +67,10 @@ class Term(Hook):
         renew: float = 0.3,
         keeper: Callable[[Term], LeaseKeeper] | None = None,
         grace: float = 0.0,
+        takeover: Callable[[], None] | None = None,
     ) -> None:
         self.loop, self.clock, self.holder, self.duration = loop, clock, holder, duration
+        self.takeover = takeover  # on the keeper's thread, before a standby's first held answer reaches the loop
         self.margin, self.grace = fence_margin(duration), grace
         self.keeper = keeper(self) if keeper is not None else None
         self.role = STANDBY if self.keeper is not None else SINGLE
@@ -83,7 +85,9 @@ class Term(Hook):
         self.replay: Callable[[bytes, nfp.ClientRequest], None] = lambda sender, req: None
 
     @classmethod
-    def from_settings(cls, s: Settings, loop: Transport, clock: Clock, endpoint: str) -> Term:
+    def from_settings(
+        cls, s: Settings, loop: Transport, clock: Clock, endpoint: str, takeover: Callable[[], None] | None = None
+    ) -> Term:
         url = s.broker_lease
         if not url:
             return cls(loop, clock)
@@ -98,7 +102,10 @@ class Term(Hook):
         def keeper(term: Term) -> LeaseKeeper:
             return LeaseKeeper(lease, holder, duration=d, renew=r, heard=term.hand_over, clock=clock)
 
-        return cls(loop, clock, holder=holder, duration=d, renew=r, keeper=keeper, grace=s.broker_startup_grace)
+        return cls(
+            loop, clock, holder=holder, duration=d, renew=r, keeper=keeper, grace=s.broker_startup_grace,
+            takeover=takeover,
+        )  # fmt: skip
 
     @property
     def serving(self) -> bool:
@@ -117,6 +124,8 @@ class Term(Hook):
             and state.holder == self.lease_holder
         ):
             return
+        if state is not None and state.held and self.role is STANDBY and self.takeover is not None:
+            self.takeover()  # what a user set, reread before this term serves (kept.reread; it blocks here)
         try:
             self.loop.submit(lambda: self.heard(state, sent_at))
         except ZfabError:  # shutting down, or the loop is swamped: the fence decides anyway

@@ -258,3 +258,24 @@ def test_a_new_term_holds_resubmitted_jobs_until_their_workers_say_they_hold_the
     assert jobs_sent(sent) == [(b"w1", nfp.POST, b"old")]  # to its holder, which answers without running it again
     post(b, b"later", known=True)  # settled: a resubmission is admitted as any job
     assert [u for _, _, u in jobs_sent(stub(b).take())] == [b"later"]
+
+
+def test_a_standby_rereads_what_a_user_set_before_its_first_held_answer_reaches_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pause or limit set on the deposed broker (kept in the shared store) holds from the new term's first
+    dispatch: the keeper's thread rereads it before the held answer is handed to the loop, once per takeover."""
+    clock = FakeClock()
+    b = leased_broker(clock, monkeypatch)
+    seen: list[str] = []
+    monkeypatch.setattr(b.term, "takeover", lambda: seen.append(f"{b.term.role} {len(b.loop._queue)}"))
+    b.term.hand_over(held(holder="tcp://127.0.0.1:2"), clock())  # another broker holds it: nothing to reread
+    b.loop.flush()
+    assert seen == [] and b.term.role == STANDBY
+    b.term.hand_over(held(epoch=2), clock())
+    assert seen == [f"{STANDBY} 0"]  # before the held answer was queued for the loop
+    b.loop.flush()
+    assert b.term.role == ACTIVE
+    b.term.hand_over(held(epoch=2), clock())  # its own renewal
+    b.loop.flush()
+    assert seen == [f"{STANDBY} 0"]

@@ -26,7 +26,7 @@ import pytest
 from fabric import ROOT, Fabric, free_port, wait_for
 
 sys.path.insert(0, str(ROOT / "tools" / "docs"))
-from examples import Example, all_examples  # noqa: E402
+from examples import Example, all_examples
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -1,4 +1,5 @@
-"""The metrics list (docs/operations/metrics.md, moved there from the README) names every metric family the broker, a worker and the API serve, and only those.
+"""The metrics list of docs/operations/metrics.md (moved there from the README) names every metric family
+the broker, a worker and the API serve, and only those.
 
 The families are collected by scraping real processes after some traffic (jobs that complete, fail and
 send events, a schedule), so a family added anywhere shows up here without this test changing: the

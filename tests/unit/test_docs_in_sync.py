@@ -1,4 +1,5 @@
-"""The settings table (docs/operations/configuration.md, moved there from the README) is checked against the settings classes, so it cannot drift from them.
+"""The settings table of docs/operations/configuration.md (moved there from the README) is checked against
+the settings classes, so it cannot drift from them.
 (The metrics list is checked against live processes: tests/integration/test_metrics_documented.py.)"""
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ def test_the_settings_table_lists_every_setting_and_nothing_else() -> None:
     fields = {f"ZFAB_{name.upper()}" for name in {**Settings.model_fields, **ApiSettings.model_fields}}
     listed = documented_settings()
     missing, extra = sorted(fields - listed), sorted(listed - fields)
-    assert not missing, f"docs/operations/configuration.md's Configuration table misses {missing}: add a row for each (default, meaning)"
-    assert not extra, f"docs/operations/configuration.md's Configuration table lists {extra}, which no settings class has: remove or rename"
+    assert not missing, f"{PAGE.name}'s table misses {missing}: add a row for each (default, meaning)"
+    assert not extra, f"{PAGE.name}'s table lists {extra}, which no settings class has: remove or rename"
 
 
 def test_every_documented_default_is_the_code_default() -> None:

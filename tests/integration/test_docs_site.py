@@ -42,9 +42,21 @@ def test_the_site_builds_strict_and_offline_with_no_outside_asset(tmp_path: Path
     assert not outside, sorted(outside)[:10]
     for css in site.rglob("*.css"):
         assert not re.search(r"@import\s+url\(\s*['\"]?https?:", css.read_text(errors="replace")), css
-    for name in ("getting-started", "why", "coming-from/celery", "coming-from/norfab", "reference/limits",
-                 "reference/settings", "reference/cli", "reference/rest", "reference/python", "changelog",
-                 "operations/troubleshooting", "kubernetes", "protocol"):
+    for name in (
+        "getting-started",
+        "why",
+        "coming-from/celery",
+        "coming-from/norfab",
+        "reference/limits",
+        "reference/settings",
+        "reference/cli",
+        "reference/rest",
+        "reference/python",
+        "changelog",
+        "operations/troubleshooting",
+        "kubernetes",
+        "protocol",
+    ):
         assert (site / name / "index.html").exists(), name
     python = (site / "reference" / "python" / "index.html").read_text()
     for name in ("Client", "JobFuture", "Worker", "task", "Job", "Backoff", "Subscriber", "BusyError"):

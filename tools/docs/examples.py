@@ -19,7 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 LANGS = {"python": "python", "sh": "sh", "bash": "sh", "shell": "sh"}
 FENCE = re.compile(
-    r"(?:<!--\s*not run:(?P<reason>[^>]*?)-->[ \t]*\n)?^(?P<indent>[ \t]*)```(?P<lang>\w+)[ \t]*\n(?P<code>.*?)^(?P=indent)```",
+    r"(?:<!--\s*not run:(?P<reason>[^>]*?)-->[ \t]*\n)?"  # the reason it does not run, if it says one
+    r"^(?P<indent>[ \t]*)```(?P<lang>\w+)[ \t]*\n(?P<code>.*?)^(?P=indent)```",
     re.S | re.M,
 )
 NOT_RUN_PAGES = {

@@ -9,8 +9,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import reference  # noqa: E402  (beside this file, which mkdocs loads by path)
-from mkdocs.structure.files import File, Files  # noqa: E402
+import reference
+from mkdocs.structure.files import File, Files
 
 
 def on_files(files: Files, config: Any) -> Files:

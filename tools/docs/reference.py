@@ -34,8 +34,10 @@ OTHER_VARIABLES = {
 # source with the comment that says what each bounds, their values from the imported module.
 CONSTANT = re.compile(r"^([A-Z][A-Z0-9_]*)\s*(?::[^=]+)?=\s*([^#\n]+?)\s*(?:#\s*(.*))?$", re.M)
 CONSTANT_NAME = re.compile(r"(^|_)MAX(_|$)|_BYTES$|_SIZE$|_LIMIT$|_WINDOW$|^MAX_|_CAP$")
-BOUND_WORDS = re.compile(r"(size|bytes|max_|_hwm|queue|history|count|concurrency|share|buffer|streams|credits|"
-                         r"prefetch|retention|subscriptions|wait_max|timeout|grace|seconds)")
+BOUND_WORDS = re.compile(
+    r"(size|bytes|max_|_hwm|queue|history|count|concurrency|share|buffer|streams|credits|"
+    r"prefetch|retention|subscriptions|wait_max|timeout|grace|seconds)"
+)
 
 
 def _package_module(path: Path) -> str:
@@ -317,9 +319,11 @@ def rest_page() -> str:
                 required = set(sch.get("required", []))
                 lines += ["| field | type | required | description |", "|---|---|---|---|"]
                 for pname, p in props.items():
-                    typ = p.get("type") or "/".join(
-                        s.get("type", s.get("$ref", "").rsplit("/", 1)[-1]) for s in p.get("anyOf", [])
-                    ) or p.get("$ref", "").rsplit("/", 1)[-1]
+                    typ = (
+                        p.get("type")
+                        or "/".join(s.get("type", s.get("$ref", "").rsplit("/", 1)[-1]) for s in p.get("anyOf", []))
+                        or p.get("$ref", "").rsplit("/", 1)[-1]
+                    )
                     lines.append(
                         f"| `{pname}` | {typ} | {'yes' if pname in required else ''} | "
                         f"{cell(p.get('description', ''))} |"
@@ -355,7 +359,13 @@ def limits_page() -> str:
             lines.append(
                 f"| {name.replace('_', ' ')} | {default_text(field)} | `{var}` | {cell(field.description or '')} |"
             )
-    lines += ["", "## Bounds fixed in the code", "", "| constant | value | where | what it bounds |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "## Bounds fixed in the code",
+        "",
+        "| constant | value | where | what it bounds |",
+        "|---|---|---|---|",
+    ]
     for module, name, value, why in fixed_bounds():
         lines.append(f"| `{name}` | `{value}` | `{module}` | {cell(why)} |")
     return "\n".join(lines) + "\n"

@@ -9,6 +9,7 @@ import contextlib
 import io
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,13 +17,15 @@ import pytest
 from zfab.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+sys.path.insert(0, str(ROOT / "tools" / "docs"))
+from examples import all_examples  # noqa: E402  (the one reader of the docs' fenced examples)
+
 SETUP = {"API", "TOKEN", "AUTH", "JSON"}  # the block after "set them once" (docs/guides/index.md)
-OUTSIDE = {"PWD", "HOME", "PATH", "ZFAB_API_TOKEN"}  # the shell's own, or the user's to give
+OUTSIDE = {"PWD", "HOME", "PATH", "ZFAB_API_TOKEN", "TOKENS"}  # the shell's own, or the user's to give
 
 
 def sh_blocks() -> list[str]:
-    return [m.group(1) for page in PAGES for m in re.finditer(r"```sh\n(.*?)```", page.read_text(), re.S)]
+    return [e.code for e in all_examples() if e.lang == "sh"]
 
 
 def zfab_commands(block: str) -> list[str]:

@@ -116,25 +116,30 @@ def bounds_text(field: Any) -> str:
 
 def type_text(field: Any) -> str:
     text = str(field.annotation).replace("typing.", "").replace("<class '", "").replace("'>", "")
-    return text.replace("NoneType", "None")
+    return text.replace("NoneType", "None").replace(" | ", " or ")
 
 
-def flags_by_dest() -> dict[str, list[str]]:
-    """Each settings field a flag sets (a flag's dest is the field's name), with the commands that have it."""
-    out: dict[str, list[str]] = {}
+def flags_by_dest() -> dict[str, str]:
+    """Each settings field a flag sets (a flag's dest is the field's name): the flag, and the commands that
+    have it (`--broker` on every command that talks to the broker)."""
+    found: dict[str, dict[str, list[str]]] = {}
     for path, parser in commands():
         for action in parser._actions:
-            if action.option_strings and action.dest not in ("help",):
+            if action.option_strings and action.dest != "help":
                 long = max(action.option_strings, key=len)
-                entry = f"`{path} {long}`"
-                out.setdefault(action.dest, [])
-                if entry not in out[action.dest]:
-                    out[action.dest].append(entry)
+                found.setdefault(action.dest, {}).setdefault(long, []).append(path.removeprefix("zfab "))
+    out = {}
+    for dest, flags in found.items():
+        out[dest] = "; ".join(
+            f"`{flag}`: " + (f"{len(cmds)} commands" if len(cmds) > 4 else ", ".join(f"`zfab {c}`" for c in cmds))
+            for flag, cmds in flags.items()
+        )
     return out
 
 
 def cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+    """Text for a table cell: one line, its pipes escaped, and `<...>` shown rather than taken for HTML."""
+    return " ".join(text.split()).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def settings_page() -> str:
@@ -161,7 +166,7 @@ def settings_page() -> str:
             var = env_prefix(cls) + name.upper()
             lines.append(
                 f"| `{var}` | `{cell(type_text(field))}` | {default_text(field)} | {bounds_text(field)} | "
-                f"{cell(field.description or '')} | {', '.join(flags.get(name, []))} |"
+                f"{cell(field.description or '')} | {flags.get(name, '')} |"
             )
         lines.append("")
     known = {env_prefix(c) + n.upper() for c in classes for n in c.model_fields}
@@ -230,6 +235,9 @@ def cli_page() -> str:
     for path, p in commands():
         for name, text in _helps(p).items():
             helps[f"{path} {name}"] = text
+    lines += ["| command | what it does |", "|---|---|"]
+    lines += [f"| [`{path}`](#{_anchor(path)}) | {cell(text)} |" for path, text in helps.items()]
+    lines.append("")
     for path, p in commands():
         depth = path.count(" ")
         heading = "#" * min(2 + max(depth - 1, 0), 4)
@@ -252,6 +260,11 @@ def cli_page() -> str:
         if rows:
             lines += ["| flag | kind | default | description |", "|---|---|---|---|", *rows, ""]
     return "\n".join(lines) + "\n"
+
+
+def _anchor(path: str) -> str:
+    """The id the toc extension gives a heading `` `zfab schedules add` ``."""
+    return re.sub(r"[^a-z0-9]+", "-", path.lower()).strip("-")
 
 
 def openapi() -> dict[str, Any]:

@@ -27,6 +27,7 @@ NOT_RUN_PAGES = {
     "docs/architecture.md": "a map of the code for contributors; its blocks are layouts, not commands",
     "docs/benchmarks.md": "benchmarks take minutes each and belong to `make bench`, not to the suite",
     "docs/contributors/performance.md": "benchmark commands: minutes each, `make bench`",
+    "docs/contributors/benchmark-log.md": "benchmark commands and their history: minutes each, `make bench`",
     "docs/contributors/development.md": "the suite, lint and benchmarks themselves",
     "docs/broker-memory.md": "a measurement write-up; its flood runs in tests/integration/test_broker_flood.py",
     "docs/deploy.md": "Docker Compose on a Docker engine and hosts of their own (tests/compose runs the stack)",

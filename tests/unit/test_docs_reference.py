@@ -69,3 +69,16 @@ def test_the_limits_page_lists_the_bounds_with_their_settings() -> None:
     for var in ("ZFAB_SERVICE_QUEUE_SIZE", "ZFAB_BROKER_QUEUE_BYTES", "ZFAB_MAX_CLIENT_JOBS", "ZFAB_JOB_HISTORY"):
         assert f"`{var}`" in page, var
     assert "| `MAX_NAME_BYTES` | `256` |" in page
+
+
+def test_the_dashboards_and_alerts_page_lists_every_alert_rule_and_panel() -> None:
+    import json
+
+    page = reference.alerts_page()
+    rules = (ROOT / "deploy" / "prometheus" / "rules" / "zfab-alerts.yml").read_text()
+    alerts = re.findall(r"^\s*- alert: (\w+)", rules, re.M)
+    assert len(alerts) > 5
+    assert not [a for a in alerts if f"`{a}`" not in page]
+    board = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "zfab-overview.json").read_text())
+    titles = [p["title"] for p in board["panels"]]
+    assert not [t for t in titles if reference.cell(t) not in page]

@@ -403,9 +403,62 @@ def fixed_bounds() -> list[tuple[str, str, Any, str]]:
     return out
 
 
+def alerts_page() -> str:
+    """Every alert rule (deploy/prometheus/rules) and every dashboard panel (deploy/grafana/dashboards)."""
+    import json
+
+    import yaml
+
+    lines = [
+        "# Dashboards and alerts",
+        "",
+        "Generated from `deploy/prometheus/rules/` and `deploy/grafana/dashboards/` as the site builds",
+        "(`tools/docs/reference.py`): what ships is what is listed. Docker Compose loads both (Prometheus",
+        "on :9090, Grafana on :3000); on Kubernetes, give your Prometheus the rules file and import the",
+        "dashboard. `promtool test rules deploy/prometheus/tests/*.yml` tests the rules, and the metrics",
+        "they read are in [Metrics](metrics.md).",
+        "",
+        "## Alert rules",
+        "",
+        "Severity `critical`: jobs cannot run now (page); `warning`: jobs run but slower, fail, or will",
+        "soon be refused (ticket). Each rule's description names what to look at first.",
+        "",
+    ]
+    for path in sorted((ROOT / "deploy" / "prometheus" / "rules").glob("*.yml")):
+        for group in yaml.safe_load(path.read_text()).get("groups", []):
+            lines += [
+                f"### {group['name']}",
+                "",
+                "| alert | for | severity | when | look at |",
+                "|---|---|---|---|---|",
+            ]
+            for rule in group.get("rules", []):
+                if "alert" not in rule:
+                    continue
+                notes = rule.get("annotations", {})
+                lines.append(
+                    f"| `{rule['alert']}` | {rule.get('for', '')} | {rule.get('labels', {}).get('severity', '')} | "
+                    f"{cell(notes.get('summary', ''))} | {cell(notes.get('description', ''))} |"
+                )
+            lines.append("")
+    lines += ["## Dashboards", ""]
+    for path in sorted((ROOT / "deploy" / "grafana" / "dashboards").glob("*.json")):
+        board = json.loads(path.read_text())
+        lines += [f"### {board.get('title', path.stem)}", "", f"`{path.relative_to(ROOT).as_posix()}`", ""]
+        lines += ["| panel | shows |", "|---|---|"]
+        for panel in board.get("panels", []):
+            if panel.get("type") == "row":
+                lines.append(f"| **{cell(panel.get('title', ''))}** | |")
+            else:
+                lines.append(f"| {cell(panel.get('title', ''))} | {cell(panel.get('description', ''))} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
 PAGES = {
     "reference/settings.md": settings_page,
     "reference/cli.md": cli_page,
     "reference/rest.md": rest_page,
     "reference/limits.md": limits_page,
+    "operations/dashboards-alerts.md": alerts_page,
 }

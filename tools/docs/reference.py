@@ -394,9 +394,17 @@ def fixed_bounds() -> list[tuple[str, str, Any, str]]:
             name, expr, comment = m.group(1), m.group(2), m.group(3) or ""
             if not CONSTANT_NAME.search(name) or ".size" in expr:
                 continue
-            if not comment:
-                above = lines[text.count("\n", 0, m.start()) - 1].strip()
-                comment = above.lstrip("# ") if above.startswith("#") else ""
+            row = text.count("\n", 0, m.end())
+            below = lines[row + 1].strip() if row + 1 < len(lines) else ""
+            if not comment and below.startswith('"""'):  # an attribute docstring
+                comment = below.strip('"')
+            if not comment:  # the comment block right above it, whole
+                block: list[str] = []
+                row = text.count("\n", 0, m.start()) - 1
+                while row >= 0 and lines[row].strip().startswith("#"):
+                    block.insert(0, lines[row].strip().lstrip("#").strip())
+                    row -= 1
+                comment = " ".join(block)
             module = _package_module(path)
             value = getattr(importlib.import_module(module), name, expr)
             out.append((module, name, value, comment))

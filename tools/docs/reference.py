@@ -316,10 +316,11 @@ def rest_page() -> str:
             body = op.get("requestBody", {}).get("content", {})
             for ctype, spec in body.items():
                 ref = spec.get("schema", {}).get("$ref", "")
-                lines += [f"Body: `{ctype}`" + (f", schema `{ref.rsplit('/', 1)[-1]}`" if ref else ""), ""]
-            answers = [f"`{code}` {cell(r.get('description', ''))}" for code, r in op.get("responses", {}).items()]
+                name = ref.rsplit("/", 1)[-1]
+                lines += [f"Body: `{ctype}`" + (f", schema [`{name}`](#{_anchor(name)})" if ref else ""), ""]
+            answers = [f"- `{code}` {cell(r.get('description', ''))}" for code, r in op.get("responses", {}).items()]
             if answers:
-                lines += ["Answers: " + "; ".join(answers) + ".", ""]
+                lines += ["Answers:", "", *answers, ""]
     comps = schema.get("components", {}).get("schemas", {})
     if comps:
         lines += ["## Schemas", ""]

@@ -159,7 +159,8 @@ SECTIONS: dict[str, str] = {
         Example:
             ```python
             print([w["name"] for w in client.mmi("show_workers")])
-            client.mmi("pause_service", service="demo")
+            client.mmi("pause_service", service="demo")        # jobs queue, none is sent...
+            client.mmi("resume_service", service="demo")       # ...until it resumes
             ```
     """,
     "cancel": """
@@ -220,7 +221,10 @@ SECTIONS: dict[str, str] = {
         Example:
             ```python
             fut = client.submit("demo", "ask", kwargs={"question": "name?"})
-            client.send_input(fut.uuid, "Ada")                 # once its input_request event came
+            for event in client.events(fut):
+                if event.get("event_type") == "input_request":   # the task asks
+                    client.send_input(fut.uuid, "Ada")
+            print(fut.result(10))                              # {worker: {"result": {"answer": "Ada", ...}}}
             ```
     """,
     "open_stream": """

@@ -9,7 +9,8 @@ that found nothing) or 3 (a job not finished within its wait): a usage mistake (
 found (127), a jq filter that does not fit the answer (5) or a refused connection (curl's 7) all fail.
 A page's Python examples run in order in one interpreter, as a reader would paste them, so a later
 one may use what an earlier one made; `client` is a started Client of the stack where a block uses
-one it did not make, as the guides' fragments do.
+one it did not make, as the guides' fragments do. The public face's docstring examples (which the Python
+reference shows) run too, each in a namespace of its own, unless DOCSTRING_NOT_RUN says why not.
 """
 
 from __future__ import annotations
@@ -167,3 +168,69 @@ def test_a_wrong_example_fails(stack: Fabric, tmp_path: Path) -> None:
             ["bash", "-c", script], cwd=tmp_path, env=env_for(stack), capture_output=True, text=True, timeout=30
         )
         assert r.returncode not in ALLOWED_EXITS, f"{wrong!r} passed: {r.stderr}"
+
+
+# The public face's docstring examples (the Python reference shows them): each runs against the stack,
+# in a namespace of its own with `client` a started Client, unless it says here why not.
+DOCSTRING_NOT_RUN = {
+    "Client.subscribe": "iterates the events until they stop, and the stack has no event publisher",
+    "Client.recover": "needs a job a restarted client lost (`uuid`)",
+    "Client.job_events": "needs an earlier example's job (`fut`)",
+    "Client.fetch_file": "needs a files worker",
+    "Client.open_stream": "needs a files worker",
+    "Worker.start": "a fragment: starts the class of the Worker example, which is not defined here",
+    "Worker.stop": "a fragment: stops a worker made elsewhere",
+    "Job.check": "a fragment of a task's body (`job`, `items`)",
+    "Job.event": "a fragment of a task's body (`job`)",
+    "Job.request_input": "a fragment of a task's body (`job`)",
+    "Subscriber": "iterates the events until they stop, and the stack has no event publisher",
+}
+DOCSTRING_RUNNER = """\
+import inspect, json, re, sys, time, traceback
+import zfab
+from zfab import *
+from zfab.errors import *
+
+FENCE = re.compile(r"^Example:\\n    ```python\\n(.*?)^    ```", re.S | re.M)
+not_run = json.loads(sys.argv[1])
+objects = {{}}
+for name in ("Client", "JobFuture", "Worker", "Job", "Backoff", "Subscriber", "task", *zfab.errors.__all__):
+    obj = getattr(zfab, name)
+    objects[name] = obj
+    for attr in vars(obj) if isinstance(obj, type) else ():
+        if not attr.startswith("_") and callable(getattr(obj, attr, None)):
+            objects[f"{{name}}.{{attr}}"] = getattr(obj, attr)
+client = Client(broker={broker!r}, name="docstrings").start()
+ran = 0
+for where, obj in objects.items():
+    for m in FENCE.finditer(inspect.getdoc(obj) or ""):
+        if where in not_run:
+            continue
+        code = "\\n".join(line[4:] for line in m.group(1).splitlines()).replace({default!r}, {broker!r})
+        try:
+            began = time.monotonic()
+            exec(compile(code, where, "exec"), {{"__name__": "__docs__", **globals()}})
+            print(f"{{where}}: {{time.monotonic() - began:.2f}} s", file=sys.stderr)  # which one is slow
+            ran += 1
+        except BaseException:
+            traceback.print_exc()
+            print("example failed:", where, file=sys.stderr)
+            sys.exit(99)
+client.close()
+print("ran", ran)
+"""
+
+
+def test_the_public_faces_docstring_examples_run(stack: Fabric, tmp_path: Path) -> None:
+    runner = DOCSTRING_RUNNER.format(broker=stack.endpoint, default=BROKER)
+    r = subprocess.run(
+        [sys.executable, "-c", runner, json.dumps(DOCSTRING_NOT_RUN)],
+        cwd=tmp_path,
+        env=env_for(stack),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert int(r.stdout.split("ran ")[-1]) >= 15, r.stdout

@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PORT   ?= 8000
 WORKERS ?= 2
 
-.PHONY: run test lint bench bench-quick bench-versus chaos norfab-suite clean
+.PHONY: run test lint docs docs-serve bench bench-quick bench-versus chaos norfab-suite clean
 
 $(BIN)/.installed-run: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,7 +17,7 @@ $(BIN)/.installed-dev: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
-	touch $@ $(BIN)/.installed-run
+	touch $@ $(BIN)/.installed-run $(BIN)/.installed-docs
 
 run: $(BIN)/.installed-run
 	$(BIN)/zfab up --workers $(WORKERS) --api-port $(PORT)
@@ -30,6 +30,21 @@ lint: $(BIN)/.installed-dev
 	$(BIN)/ruff format --check service api apiclient
 	bash tools/typecheck-tree.sh
 	$(BIN)/mypy
+
+# The documentation site (mkdocs.yml), offline and strict: a warning, a broken link or an anchor that is
+# not there fails it. The reference pages are generated from the code as it builds (tools/docs/).
+$(BIN)/.installed-docs: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -e '.[docs]'
+	touch $@
+
+docs: $(BIN)/.installed-docs
+	bash tools/typecheck-tree.sh
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --clean --site-dir site
+
+docs-serve: $(BIN)/.installed-docs
+	bash tools/typecheck-tree.sh
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict --dev-addr 127.0.0.1:8001
 
 # NorFab 0.25's own test suite on NorFab's broker, then on zfab's (tests/interop/norfab_suite/run.py):
 # fails when a test passing on NorFab's broker fails on zfab's, or zfab's run takes over 1.5x as long
@@ -55,4 +70,4 @@ chaos: $(BIN)/.installed-dev
 	$(BIN)/python -m bench.chaos --jobs $(CHAOS_JOBS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) build site *.egg-info .mypy_cache .ruff_cache .pytest_cache

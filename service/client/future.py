@@ -73,14 +73,25 @@ class Encoded:
 
 
 class JobFuture(Future[Any]):
-    """A submitted job: `result()` gives the dictionary keyed by worker name, or raises.
+    """A submitted job (`Client.submit` returns one): `result()` gives the dictionary keyed by worker
+    name, or raises.
 
-    `state` and `reason` follow the job (core/states.py); `admission` resolves once the broker
-    took the job ("queued" or "dispatched") or raises why it would not. `events` holds the job's
-    events as they arrive (bounded in count and bytes); `chunks` the stream chunks of a
-    streaming job, bounded by its credit window. `attempt` is the attempt that runs (or ran
-    last) and `attempts` what each earlier one ended with (its worker, error, times, the wait
-    before the next), for a job that was retried.
+    `state` and `reason` follow the job (`queued`, `running`, `waiting`, then `completed`, `failed`,
+    `cancelled`, `expired` or `lost`); `admission` resolves once the broker took the job ("queued"
+    or "dispatched") or raises why it would not. `events` holds the job's events as they arrive
+    (bounded in count and bytes); `chunks` the stream chunks of a streaming job, bounded by its
+    credit window. `attempt` is the attempt that runs (or ran last) and `attempts` what each
+    earlier one ended with (its worker, error, times, the wait before the next), for a job that was
+    retried; `trace` where its time went, hop by hop, once it ended. It is a
+    `concurrent.futures.Future`: `done()`, `add_done_callback()` and `wait()` work on it.
+
+    Example:
+        ```python
+        fut = client.submit("demo", "sleep", kwargs={"seconds": 0.1})
+        print(fut.admission.result(5))                   # "dispatched" (or "queued")
+        results = fut.result(10)                         # {worker: {"result": 0.1, ...}}
+        print(fut.state, fut.trace["hops"]["run"])       # completed 0.1...
+        ```
     """
 
     # What most jobs never change, read from the class until a job sets its own (a job's construction
@@ -119,8 +130,20 @@ class JobFuture(Future[Any]):
             self.chunks = queue.Queue(maxsize=stream_window + 1)
 
     def result(self, timeout: float | None = None) -> Any:
-        """The result dictionary keyed by worker name (decoded anew at each call when its client keeps
-        results encoded: `Client(encoded_results=True)`), or the job's error raised."""
+        """Wait for the job's result: the dictionary keyed by worker name (decoded anew at each call when
+        its client keeps results encoded: `Client(encoded_results=True)`), or the job's error raised.
+
+        Args:
+            timeout: seconds to wait (None: until it ends).
+
+        Returns:
+            `{worker name: result entry}`, as `Client.run_job` returns it.
+
+        Raises:
+            TimeoutError: it did not end within `timeout` (it goes on; ask again).
+            JobError: its subclass says how the job ended otherwise: `NoWorkersError`,
+                `BadRequestError`, `BusyError`, `JobTimeoutError`, `WorkerLostError`...
+        """
         value = super().result(timeout)
         return nfp.loads(value.raw) if type(value) is Encoded else value
 

@@ -38,7 +38,33 @@ class SubscriptionError(ZfabError):
 
 
 class Subscriber:
-    """Iterates the broker's events whose topic starts with `prefix`."""
+    """Iterates the broker's events whose topic starts with `prefix`: every job's state changes, workers
+    that come and go, jobs' progress events, queue depths and hop traces (the wire protocol's "Event
+    subscriptions" lists the topics). `Client.subscribe` makes and starts one.
+
+    A slow subscriber holds nothing up: past `queue_size` events held here the oldest are dropped
+    (`dropped`), and what the broker dropped for it shows as gaps in a topic's `tseq` (`missed`).
+
+    Args:
+        endpoint: the broker's event publisher (`ZFAB_BROKER_EVENTS`).
+        prefix: a topic prefix: `"job.demo."`, `"worker."`, `"queue.demo"`; `""` for every event.
+        queue_size: events held until read.
+        settings: its CURVE keys and bounds (default: none; the client's when `Client.subscribe` made it).
+        context: the ZeroMQ context to use (default: the process's).
+
+    Raises:
+        ValueError: a prefix over 256 bytes, or a `queue_size` under 1.
+
+    Example:
+        ```python
+        from zfab import Subscriber
+
+        with Subscriber("tcp://127.0.0.1:5556", "job.demo.") as events:
+            for event in events:                       # {"topic", "uuid", "service", "task", "state", ...}
+                if event["state"] == "failed":
+                    print(event["uuid"], "failed")
+        ```
+    """
 
     def __init__(
         self,
@@ -73,7 +99,18 @@ class Subscriber:
         self._error: BaseException | None = None
 
     def start(self, timeout: float = 5.0) -> Subscriber:
-        """Connect and subscribe; return once the broker confirmed it (SubscriptionError if not in time)."""
+        """Connect and subscribe; return once the broker confirmed it.
+
+        Args:
+            timeout: seconds to wait for the confirmation.
+
+        Returns:
+            The subscriber, started.
+
+        Raises:
+            SubscriptionError: the publisher did not confirm it in time (is `ZFAB_BROKER_EVENTS` set on
+                the broker?).
+        """
         self._thread = threading.Thread(target=self._run, name="zfab-subscriber", daemon=True)
         self._thread.start()
         if not self.ready.wait(timeout):
@@ -86,6 +123,7 @@ class Subscriber:
         return self
 
     def close(self, timeout: float = 2.0) -> None:
+        """Stop: an iteration in progress ends; `timeout` bounds the wait for its socket's thread."""
         self._closing = True
         self._waker.wake()
         t = self._thread
@@ -109,7 +147,14 @@ class Subscriber:
         return len(self._events)
 
     def get(self, timeout: float | None = None) -> dict[str, Any] | None:
-        """The next event, or None when none came within `timeout` (or the subscriber closed)."""
+        """The next event, or None when none came within `timeout` (or the subscriber closed).
+
+        Args:
+            timeout: seconds to wait (None: until one comes or it closes).
+
+        Returns:
+            The event as a dictionary (`seq`, `tseq`, `topic`, and the topic's fields), or None.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while not self._events:

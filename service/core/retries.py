@@ -28,7 +28,29 @@ DEFAULT_CAP = 300.0
 @dataclass(frozen=True, slots=True)
 class Backoff:
     """An exponential schedule of waits between attempts: `base` seconds after the first failure,
-    `factor` times longer after each next one, at most `cap`, ± `jitter` (a fraction) of each."""
+    `factor` times longer after each next one, at most `cap`, ± `jitter` (a fraction) of each.
+
+    `Backoff()` is 1 s, doubling, 300 s at most, ±10 %. Give one to `@task(backoff=...)` or to
+    `Client.submit(backoff=...)`; a number there means `Backoff(base=that number)`.
+
+    Args:
+        base: seconds to wait after the first failed attempt (0 to 7 days).
+        factor: how much longer each next wait is (1 to 100).
+        cap: the longest wait, in seconds (from `base` to 7 days).
+        jitter: a fraction (0 to below 1) each wait moves by at random, so that workers that failed
+            together do not come back together.
+
+    Raises:
+        ValueError: a value out of its range, or not a finite number.
+
+    Example:
+        ```python
+        from zfab import Backoff
+
+        b = Backoff(base=1, factor=2, cap=60, jitter=0)
+        print([b.planned(n) for n in (1, 2, 3, 7, 8)])     # [1, 2, 4, 60, 60]
+        ```
+    """
 
     base: float = DEFAULT_BASE
     factor: float = 2.0

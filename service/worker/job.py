@@ -22,8 +22,29 @@ _ACK_LOCK = threading.Lock()  # short: one lock for every job's claim and 201 ga
 
 @dataclass(slots=True, eq=False)
 class Job:
-    """Task code receives this when it declares a parameter annotated `Job`. `job.attempt` says
-    which attempt runs (1, then 2, 3... when a failed one runs again), of `job.attempts`."""
+    """The running job, as its task sees it: declare a parameter annotated `Job` to receive it.
+
+    Through it a task reports progress (`event`), honours a cancel and its deadline (`check`), asks its
+    caller for input (`request_input`, `ask`) and streams data (`stream`). `job.attempt` says which
+    attempt runs (1, then 2, 3... when a failed one runs again), of `job.attempts`; `job.uuid`,
+    `job.task`, `job.args` and `job.kwargs` say what it is.
+
+    Example:
+        ```python
+        from zfab import Job, Worker, task
+
+
+        class Devices(Worker):
+            service = "devices"
+
+            @task
+            def scan(self, job: Job, hosts: list[str]) -> dict[str, str]:
+                for i, host in enumerate(hosts):
+                    job.check()                                   # cancelled or past its deadline: stop
+                    job.event(f"scanning {host}", progress=(i + 1) / len(hosts))
+                return {host: "ok" for host in hosts}
+        ```
+    """
 
     uuid: str
     client: bytes
@@ -121,7 +142,19 @@ class Job:
         return d is not None and time.monotonic() >= d
 
     def check(self) -> None:
-        """Raise if the job was cancelled or ran past its deadline: call it between steps."""
+        """Raise if the job was cancelled or ran past its deadline: call it between steps.
+
+        Raises:
+            JobCancelledError: the job was cancelled (`DELETE /jobs/{uuid}`, `Client.cancel`).
+            JobTimeoutError: the job ran past its deadline (its `timeout`).
+
+        Example:
+            ```python
+            for item in items:
+                job.check()
+                work_on(item)
+            ```
+        """
         if self.cancelled:
             raise JobCancelledError(f"job {self.uuid} was cancelled", uuid=self.uuid)
         if self.expired():
@@ -137,7 +170,24 @@ class Job:
         event_type: str = "progress",
         status: str = "running",
     ) -> None:
-        """Send a progress event to the client as it happens (and keep it in the job store)."""
+        """Send an event to the job's caller as it happens, and keep it in the job store.
+
+        Events reach the caller in order (`Client.events`, `on_event`, `GET /jobs/{uuid}/events`), at
+        most `ZFAB_MAX_EVENTS_PER_JOB` of them per job.
+
+        Args:
+            message: what happens, in words.
+            severity: `INFO`, `WARNING`, `ERROR`...
+            progress: the share done, 0.0 to 1.0 (clamped).
+            data: a small dictionary of JSON to go with it (the event's `extras`).
+            event_type: `progress` unless it is another kind.
+            status: the job's status word while it runs.
+
+        Example:
+            ```python
+            job.event("copied 3 of 4 files", progress=0.75, data={"file": "d.txt"})
+            ```
+        """
         payload: dict[str, Any] = {
             "event_type": event_type,
             "message": message,
@@ -163,7 +213,16 @@ class Job:
             self.cond.notify_all()
 
     def stream(self, data: bytes, timeout: float = 60.0) -> None:
-        """Send one chunk to the client, waiting for a credit first: a slow reader throttles the task."""
+        """Send one chunk to the client, waiting for a credit first: a slow reader throttles the task.
+
+        Args:
+            data: the chunk.
+            timeout: seconds to wait for a credit.
+
+        Raises:
+            JobTimeoutError: the client granted no credit within `timeout`.
+            JobCancelledError: the job was cancelled.
+        """
         with self.cond:
             if not self.cond.wait_for(lambda: self._credits > 0 or self.cancelled, timeout):
                 raise JobTimeoutError(f"job {self.uuid}: the client granted no stream credit for {timeout} s")
@@ -176,10 +235,25 @@ class Job:
     # ---- interactive input ----------------------------------------------------------
 
     def request_input(self, question: str, schema: dict[str, Any] | None = None, timeout: float = 300.0) -> Any:
-        """Ask the client for input and wait for it (status 102 meanwhile).
+        """Ask the job's caller for input and wait for it (the job is `waiting` meanwhile).
 
-        `schema` is a small JSON schema the answer must match (type, enum, required,
-        properties, items, bounds). Raises JobTimeoutError when no valid answer comes.
+        Args:
+            question: what to ask, in words.
+            schema: a small JSON schema the answer must match (type, enum, required, properties,
+                items, bounds); an answer that does not is refused and the job goes on waiting.
+            timeout: seconds to wait for a valid answer.
+
+        Returns:
+            The answer, as JSON.
+
+        Raises:
+            JobTimeoutError: no valid answer came within `timeout`.
+            JobCancelledError: the job was cancelled while it waited.
+
+        Example:
+            ```python
+            name = job.request_input("name?", {"type": "string"}, timeout=60)
+            ```
         """
         request = {"id": uuidlib.uuid4().hex, "question": question, "schema": schema or {}, "timeout": timeout}
         with self.cond:

@@ -156,18 +156,57 @@ def task(
     concurrency: int | None = None,
     limit_key: str | None = None,
 ) -> F | Callable[[F], F]:
-    """Mark a Worker method as a task. Parameters annotated `Job` receive the running job.
+    """Mark a Worker method as a task, bare (`@task`) or with its options (`@task(retries=3)`).
 
-    An `async def` task runs on the worker's event loop (ZFAB_ASYNC_CONCURRENCY at once), not on a
-    pool thread: thousands of jobs that mostly wait cost a coroutine each, not a thread.
+    The method's type hints are its arguments' JSON schema: a job whose arguments do not match is
+    refused before it runs (a 400 naming the argument). Parameters annotated `Job` receive the running
+    job instead. What the method returns is the job's result (JSON); what it raises fails the job, with
+    the traceback in the result's `errors`. An `async def` task runs on the worker's event loop
+    (`ZFAB_ASYNC_CONCURRENCY` at once), not on a pool thread: thousands of jobs that mostly wait cost a
+    coroutine each, not a thread.
 
-    `@task(retries=3, backoff=Backoff(base=1, factor=2, cap=60), retry_on=(OSError,))`: an attempt
-    that raises one of `retry_on` runs again, up to `retries` more times, after the backoff's wait
-    (seconds: the base of a doubling schedule). `redact=("password",)`: the API shows those
-    arguments as "***" (GET /jobs/{uuid}). `rate_limit="5/s"` (or "100/m", "10 per hour"): at most
-    that many of its jobs start, evenly spaced; `concurrency=2`: at most 2 run at once; `limit_key=
-    "site"`: both per value of that argument. The broker enforces them across all the service's
-    workers; jobs over a limit wait in its queue."""
+    Args:
+        fn: the method, when used bare (`@task`).
+        retries: attempts after the first when it raises one of `retry_on` (a job's own `retries`
+            wins over this).
+        backoff: the wait between attempts: seconds (the base of a doubling schedule) or a `Backoff`.
+        retry_on: the exceptions that are retried (default: any `Exception`); a cancel, a deadline and
+            bad arguments never are.
+        redact: arguments the API and console show as `"***"` (passwords, keys).
+        rate_limit: at most this many of its jobs start, evenly spaced: `"5/s"`, `"100/m"`,
+            `"10 per hour"`.
+        concurrency: at most this many of its jobs run at once.
+        limit_key: apply `rate_limit` and `concurrency` per value of this argument. The broker enforces
+            limits across all the service's workers; jobs over a limit wait in its queue.
+
+    Returns:
+        The method, marked (or, with options, a decorator that marks it).
+
+    Raises:
+        ValueError: a limit that cannot be read (`rate_limit="fast"`), or options out of range.
+
+    Example:
+        ```python
+        from zfab import Backoff, Job, Worker, task
+
+
+        class Devices(Worker):
+            service = "devices"
+
+            @task
+            def ping(self, host: str, count: int = 3) -> bool:
+                return count > 0
+
+            @task(retries=4, backoff=Backoff(base=1, cap=60), retry_on=(OSError,), redact=("password",))
+            def backup(self, job: Job, host: str, password: str) -> str:
+                job.event(f"attempt {job.attempt} of {job.attempts}")
+                return f"saved {host}"
+
+            @task(rate_limit="10/m", concurrency=2, limit_key="site")
+            async def firmware(self, site: str, host: str) -> str:
+                return f"{site}/{host}: upgraded"
+        ```
+    """
     declaration = _declaration(retries, backoff, retry_on, redact)
     try:
         limits = read_rule({"rate_limit": rate_limit, "concurrency": concurrency, "limit_key": limit_key})

@@ -1,8 +1,9 @@
-"""The README's metrics list names every metric family the broker, a worker and the API serve, and only those.
+"""The metrics list of docs/operations/metrics.md (moved there from the README) names every metric family
+the broker, a worker and the API serve, and only those.
 
 The families are collected by scraping real processes after some traffic (jobs that complete, fail and
 send events, a schedule), so a family added anywhere shows up here without this test changing: the
-failure message gives the README rows to add, from the families' own HELP text.
+failure message gives the rows to add, from the families' own HELP text.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class Family:
     where: set[str] = field(default_factory=set)
 
     def row(self, name: str) -> str:
-        """A README table row for it."""
+        """A metrics table row for it."""
         labels = ",".join(sorted(self.labels))
         return f"| `{name}{{{labels}}}` | {self.type} | {', '.join(sorted(self.where))} | {self.help} |"
 
@@ -49,12 +50,12 @@ def families(text: str, where: str, into: dict[str, Family]) -> None:
 
 
 def documented() -> set[str]:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("\n## Metrics", 1)[1].split("\n## ", 1)[0]
+    page = (ROOT / "docs" / "operations" / "metrics.md").read_text()
+    section = page.split("\n## Metrics", 1)[1].split("\n## ", 1)[0]
     return set(re.findall(r"`(zfab_[a-z0-9_]+)", section))
 
 
-def test_the_readme_lists_every_metric_family_and_no_other(tmp_path: Path) -> None:
+def test_the_metrics_page_lists_every_metric_family_and_no_other(tmp_path: Path) -> None:
     f = Fabric(tmp_path)
     try:
         broker_port, worker_port, api_port = free_port(), free_port(), free_port()
@@ -91,7 +92,7 @@ def test_the_readme_lists_every_metric_family_and_no_other(tmp_path: Path) -> No
     listed = documented()
     missing = sorted(set(found) - listed)
     stale = sorted(listed - set(found))
-    assert not missing, "README's metrics table misses these families; add the rows:\n" + "\n".join(
+    assert not missing, "docs/operations/metrics.md's table misses these families; add the rows:\n" + "\n".join(
         found[n].row(n) for n in missing
     )
-    assert not stale, f"README's metrics table lists families no process serves (renamed or gone?): {stale}"
+    assert not stale, f"docs/operations/metrics.md's table lists families no process serves (renamed or gone?): {stale}"

@@ -1,4 +1,5 @@
-"""The README's settings table is checked against the settings classes, so it cannot drift from them.
+"""The settings table of docs/operations/configuration.md (moved there from the README) is checked against
+the settings classes, so it cannot drift from them.
 (The metrics list is checked against live processes: tests/integration/test_metrics_documented.py.)"""
 
 from __future__ import annotations
@@ -9,11 +10,11 @@ from pathlib import Path
 from zfab.api.settings import ApiSettings
 from zfab.settings import Settings
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "operations" / "configuration.md"
 
 
 def section(title: str) -> str:
-    text = README.read_text()
+    text = PAGE.read_text()
     return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
 
 
@@ -30,8 +31,8 @@ def test_the_settings_table_lists_every_setting_and_nothing_else() -> None:
     fields = {f"ZFAB_{name.upper()}" for name in {**Settings.model_fields, **ApiSettings.model_fields}}
     listed = documented_settings()
     missing, extra = sorted(fields - listed), sorted(listed - fields)
-    assert not missing, f"README's Configuration table misses {missing}: add a row for each (default, meaning)"
-    assert not extra, f"README's Configuration table lists {extra}, which no settings class has: remove or rename"
+    assert not missing, f"{PAGE.name}'s table misses {missing}: add a row for each (default, meaning)"
+    assert not extra, f"{PAGE.name}'s table lists {extra}, which no settings class has: remove or rename"
 
 
 def test_every_documented_default_is_the_code_default() -> None:
@@ -52,5 +53,5 @@ def test_every_documented_default_is_the_code_default() -> None:
                 continue
             value = str(default).lower() if isinstance(default, bool) else str(default)
             if text != value and not (isinstance(default, float) and float(text) == default):
-                wrong.append(f"ZFAB_{name}: README {text!r}, code {value!r}")
-    assert not wrong, "README defaults differ from the code: " + "; ".join(wrong)
+                wrong.append(f"ZFAB_{name}: the page {text!r}, code {value!r}")
+    assert not wrong, "docs/operations/configuration.md defaults differ from the code: " + "; ".join(wrong)

@@ -15,6 +15,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from zfab import AioTransport, Client
+from zfab.core.access import AccessFile
 from zfab.metrics import ClientMetrics, FabricCollector, JobMetrics, version
 
 from ..fabric import FabricView
@@ -89,7 +90,8 @@ class ZfabAPI(FastAPI):
 def create_app(settings: ApiSettings | None = None) -> FastAPI:
     """A new app with its own metrics registry (so several can live in one process)."""
     s = settings or ApiSettings()
-    tokens = TokenSet(s.token_list())
+    # The access file's tokens, reloaded when it changes (zfab/core/access.py); ZFAB_API_TOKENS' are admins.
+    tokens = TokenSet(s.token_list(), AccessFile(s.access_file) if s.access_file else None)
     tracebacks = TokenSet(s.traceback_token_list()).principals()
     # From here on only the digests: the settings the app keeps no longer carry the tokens.
     s = s.model_copy(update={"api_tokens": "", "api_traceback_tokens": ""})

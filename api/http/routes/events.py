@@ -25,7 +25,7 @@ from ...jobs.recovery import ensure_live
 from ...jobs.table import JobRecord
 from ...models import InputAnswer, Job
 from ...state import ApiState
-from ..auth import Principal
+from ..auth import Principal, not_found_outside
 from ..problems import responses
 from ..sse import PING, EventStreamResponse, comment, frame, json_frame
 from ..state import api_state
@@ -190,6 +190,7 @@ async def job_events(
     """
     st = api_state(request)
     rec = await known_job(st, uuid)
+    not_found_outside(request, rec.service, uuid)
     if not rec.remote:
         await ensure_live(st, rec)
     if last_event_id == "end" and rec.done:
@@ -213,6 +214,7 @@ async def send_input(uuid: JobUuid, answer: InputAnswer, request: Request, princ
     the job is not waiting for input."""
     st = api_state(request)
     rec = await known_job(st, uuid)
+    not_found_outside(request, rec.service, uuid)
     if rec.remote:
         if rec.done:
             raise ProblemError(409, "job-finished", "Job already finished", f"job {uuid} already finished", job=uuid)

@@ -99,7 +99,7 @@ class Broker:
     def start(self) -> Broker:
         s = self.settings
         check_bind(s, self.endpoint)
-        self.identities.start_zap(s.curve_secret, s.curve_clients)  # under CURVE: who each key is
+        self.identities.start_zap(s.curve_secret, s.curve_clients, s.access_file)  # under CURVE: who each key is
         for start in (self.paused.load, self.dispatch.limits.load, self.shm.reclaim, *self.hooks.start):
             start()
         self.loop.start()

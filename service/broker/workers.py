@@ -87,8 +87,9 @@ class Workers:
         ann = msg.stats or {}
         name = ann.get("name")
         name_b = name.encode() if isinstance(name, str) and 0 < len(name.encode()) <= nfp.MAX_NAME_BYTES else sender
-        if not self.ids.may_register(name_b):
-            return Ready(refused=("auth", f"READY as {name_b[:64]!r} with a key not issued for that worker name"))
+        if not self.ids.may_register(name_b, msg.service):
+            why = f"READY as {name_b[:64]!r} for {msg.service[:64]!r} with a key not issued for that name or service"
+            return Ready(refused=("auth", why))
         credits = ann.get("credits")
         if isinstance(credits, bool) or not isinstance(credits, int) or credits < 1:
             credits = self.s.default_worker_credits

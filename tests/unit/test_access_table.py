@@ -8,12 +8,11 @@ without a fabric (503, 404, 422...), never the role check's 403.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 from pathlib import Path
 from typing import Any
-
-import asyncio
 
 import httpx
 import pytest

@@ -27,7 +27,8 @@ from ..settings import ApiSettings
 from ..state import ApiState
 from ..store.persister import Persister
 from ..stores import open_stores
-from . import console, docs, lean, problems
+from . import audit, console, docs, lean, problems
+from .audit import AuditLog, AuditMiddleware
 from .auth import TokenSet
 from .jobmetrics import JobTableCollector
 from .middleware import BodyLimitMiddleware, ContentTypeMiddleware, HeadMiddleware, HttpMetrics, MetricsMiddleware
@@ -46,6 +47,7 @@ TAGS = [
     {"name": "mmi", "description": "The broker's management interface: workers, services, tasks"},
     {"name": "schedules", "description": "Run a job periodically: every N seconds or on a cron expression"},
     {"name": "ops", "description": "Health, readiness and Prometheus metrics (no auth)"},
+    {"name": "audit", "description": "Who changed what, when, from where, and the outcome (admins)"},
 ]
 
 
@@ -199,6 +201,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     )
     app.state.registry = registry
     app.state.tokens = tokens
+    app.state.audit = audit_log = AuditLog(s.api_audit_count, s.api_audit_days * 86400)
     app.state.zfab = None
     problems.install(app)
     docs.install(app)
@@ -209,6 +212,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.include_router(ops.router)
     app.include_router(schedules.router)  # its lifespan (the scheduler) runs inside the one above
     app.include_router(topics.router)  # GET /events?topic=PREFIX; its lifespan closes the hub
+    app.include_router(audit.router)  # GET /audit, admins only (zfab/core/access.py)
     app.include_router(console.router)  # /ui, and / leading to it (api/http/console/)
     lean.install(app)  # in front of the documented POST /jobs: its common request, without FastAPI's per-request work
     # The last middleware added is the outermost: metrics see every answer, 413s and 415s included.
@@ -218,4 +222,5 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     # Before anything reads the request: a rebound Host or another origin's page gets nothing (api/http/origins.py).
     app.add_middleware(OriginGuardMiddleware, hosts=s.host_list(), origins=s.origin_list())
     app.add_middleware(MetricsMiddleware, metrics=HttpMetrics(registry))
+    app.add_middleware(AuditMiddleware, log=audit_log)  # outermost: every state-changing call and its outcome
     return app

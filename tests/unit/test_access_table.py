@@ -171,3 +171,16 @@ def test_each_caller_is_allowed_or_refused_each_route_as_the_table_says(
 def test_an_unknown_token_is_401_and_no_token_is_401(client: Caller) -> None:
     assert client.get("/jobs", headers={"Authorization": "Bearer nope"}).status_code == 401
     assert client.get("/jobs").status_code == 401
+
+
+def test_state_changing_calls_are_in_the_audit_log_with_their_actor_and_outcome(client: Caller) -> None:
+    viewer = {"Authorization": f"Bearer {TOKENS['viewer']}"}
+    admin = {"Authorization": f"Bearer {TOKENS['admin']}"}
+    assert client.request("POST", "/mmi/services/demo/pause", headers=viewer).status_code == 403
+    client.request("DELETE", "/schedules/nightly", headers=admin)
+    page = client.get("/audit?limit=1000", headers=admin).json()
+    rows = [(e["actor"], e["action"], e["target"], e["status"]) for e in page["items"]]
+    assert ("viewer", "POST /mmi/services/{service}/pause", "/mmi/services/demo/pause", 403) in rows
+    assert any(a == "admin" and act == "DELETE /schedules/{sid}" and t == "/schedules/nightly" for a, act, t, _ in rows)
+    assert client.get("/audit?actor=viewer", headers=admin).json()["total"] >= 1
+    assert _refused_by_role(client.get("/audit", headers=viewer))

@@ -162,10 +162,10 @@ async def require_auth(request: Request, creds: Annotated[HTTPAuthorizationCrede
     403 when its role may not use this route."""
     peer = request.client.host if request.client else None
     principal, grant = caller_of(request.app.state.tokens, peer, creds.credentials if creds is not None else None)
+    request.scope[GRANT] = grant  # before the role check: the audit log names who was refused too
     route = request.scope.get("route")
     if route is not None:
         check_route(grant, request.method, str(getattr(route, "path", "")))
-    request.scope[GRANT] = grant
     return principal
 
 

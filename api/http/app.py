@@ -33,7 +33,7 @@ from .auth import TokenSet
 from .jobmetrics import JobTableCollector
 from .middleware import BodyLimitMiddleware, ContentTypeMiddleware, HeadMiddleware, HttpMetrics, MetricsMiddleware
 from .origins import OriginGuardMiddleware
-from .routes import events, files, jobs, mmi, ops, schedules, topics
+from .routes import access, events, files, jobs, mmi, ops, schedules, topics
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ TAGS = [
     {"name": "schedules", "description": "Run a job periodically: every N seconds or on a cron expression"},
     {"name": "ops", "description": "Health, readiness and Prometheus metrics (no auth)"},
     {"name": "audit", "description": "Who changed what, when, from where, and the outcome (admins)"},
+    {"name": "access", "description": "The caller's role and scope (docs/roles.md)"},
 ]
 
 
@@ -213,6 +214,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.include_router(schedules.router)  # its lifespan (the scheduler) runs inside the one above
     app.include_router(topics.router)  # GET /events?topic=PREFIX; its lifespan closes the hub
     app.include_router(audit.router)  # GET /audit, admins only (zfab/core/access.py)
+    app.include_router(access.router)  # GET /me: the caller's role, for the console
     app.include_router(console.router)  # /ui, and / leading to it (api/http/console/)
     lean.install(app)  # in front of the documented POST /jobs: its common request, without FastAPI's per-request work
     # The last middleware added is the outermost: metrics see every answer, 413s and 415s included.

@@ -78,6 +78,7 @@ HTTP_ROUTES: dict[tuple[str, str], str] = {
     ("DELETE", "/schedules/{sid}"): "schedule",
     ("GET", "/ui/api/jobs/{uuid}/request"): "read",
     ("GET", "/audit"): "audit",
+    ("GET", "/me"): "read",
 }
 
 # Every MMI command a client may send the broker, and its action (the broker refuses the rest as unknown).

@@ -97,6 +97,12 @@ async def schedules_page(request: Request) -> HTMLResponse:
     return _page(request, "schedules")
 
 
+@shell.get("/audit")
+async def audit_page(request: Request) -> HTMLResponse:
+    """The audit log (GET /audit: admins; anyone else's page says the API refused it)."""
+    return _page(request, "audit")
+
+
 @shell.get("/static/{name}")
 async def asset(request: Request, name: Annotated[str, Path(max_length=64)]) -> Response:
     """A packaged asset. Pages name it with its version (?v=), so that URL may be cached for good."""

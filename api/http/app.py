@@ -106,6 +106,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         table = JobTable(s.job_history, asyncio.get_running_loop(), max_bytes=s.job_history_bytes)
         stores = await open_stores(s)
         store = stores.jobs
+        audit_log.store = stores.audit  # None: memory only (no ZFAB_API_DB)
         if store is not None:
             for rec in await store.load(s.broker):
                 table.add(rec, persist=False)
@@ -185,6 +186,8 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
                 # After the last write: once deregistered, the other replicas adopt our unfinished jobs.
                 await stores.replicas.stop()
             await client.aclose()  # flushes within the loop's linger bound, without blocking the loop
+            await audit_log.drain()
+            audit_log.store = None
             await stores.close()
             log.info("zfab api: fabric client closed")
 

@@ -10,17 +10,26 @@ refuses them to any key whose grant does not allow them, and counts the refusals
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Iterator
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from zfab.core.logbudget import LogBudget
+
+from ..errors import database_unavailable
+from ..store.audit import AuditStore
+from ..store.base import StoreError
 from .auth import GRANT, Principal
 from .problems import responses
+
+log = logging.getLogger(__name__)
 
 AUDITED = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 NOT_AUDITED = frozenset({("POST", "/jobs")})  # each job is its own record (the job table, with its caller)
@@ -36,6 +45,9 @@ class AuditEntry(BaseModel):
     status: int = Field(description="The answer's HTTP status: the outcome")
 
 
+FIELDS = ("at", "actor", "role", "action", "target", "peer", "status")  # a stored row's columns, in order
+
+
 class AuditPage(BaseModel):
     items: list[AuditEntry]
     total: int
@@ -44,16 +56,60 @@ class AuditPage(BaseModel):
 
 
 class AuditLog:
-    """The newest entries, at most `max_count` and none older than `max_age` seconds."""
+    """The newest entries, at most `max_count` and none older than `max_age` seconds, in memory and, with
+    ZFAB_API_DB, in the API's database (`store`: api/store/audit.py), which GET /audit then reads."""
+
+    MAX_PENDING = 1000  # entries being written at once; past it one is dropped from the database (counted)
 
     def __init__(self, max_count: int = 10_000, max_age: float = 30 * 86400) -> None:
         self.max_count = max_count
         self.max_age = max_age
         self.entries: deque[AuditEntry] = deque(maxlen=max_count)
+        self.store: AuditStore | None = None
+        self._writes: set[asyncio.Task[None]] = set()
+        self.write_errors = 0
+        self.dropped = 0
+        self._log = LogBudget(burst=3, per_second=0.1)
 
     def add(self, entry: AuditEntry) -> None:
         self.entries.append(entry)
         self.trim(entry.at)
+        if self.store is None:
+            return
+        if len(self._writes) >= self.MAX_PENDING:
+            self.dropped += 1
+            return
+        task = asyncio.get_running_loop().create_task(self._write(self.store, entry))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _write(self, store: AuditStore, e: AuditEntry) -> None:
+        try:
+            await store.add([(e.at, e.actor, e.role, e.action, e.target, e.peer, e.status)])
+        except Exception as exc:  # the database away: the entry stays in memory
+            self.write_errors += 1
+            if self._log.take() is not None:
+                log.warning("audit log: an entry could not be written to the database: %s", exc)
+
+    async def drain(self) -> None:
+        """Wait for the writes under way (the API is stopping)."""
+        if self._writes:
+            await asyncio.wait(set(self._writes), timeout=5)
+
+    async def page(
+        self, actor: str | None, action: str | None, since: float | None, limit: int, offset: int
+    ) -> tuple[list[AuditEntry], int]:
+        if self.store is not None:
+            rows, total = await self.store.page(actor, action, since, limit, offset)
+            return [AuditEntry(**dict(zip(FIELDS, r, strict=True))) for r in rows], total
+        found = [
+            e
+            for e in self.newest()
+            if (actor is None or e.actor == actor)
+            and (action is None or action in e.action)
+            and (since is None or e.at >= since)
+        ]
+        return found[offset : offset + limit], len(found)
 
     def trim(self, now: float) -> None:
         while self.entries and self.entries[0].at < now - self.max_age:
@@ -128,12 +184,9 @@ async def read_audit(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> AuditPage:
-    log: AuditLog = request.app.state.audit
-    rows: list[Any] = [
-        e
-        for e in log.newest()
-        if (actor is None or e.actor == actor)
-        and (action is None or action in e.action)
-        and (since is None or e.at >= since)
-    ]
-    return AuditPage(items=rows[offset : offset + limit], total=len(rows), limit=limit, offset=offset)
+    audit: AuditLog = request.app.state.audit
+    try:
+        items, total = await audit.page(actor, action, since, limit, offset)
+    except StoreError as exc:
+        raise database_unavailable(str(exc)) from None
+    return AuditPage(items=items, total=total, limit=limit, offset=offset)

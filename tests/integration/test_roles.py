@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -148,6 +150,35 @@ def test_roles_scopes_a_refused_announcement_a_secret_never_stored_and_the_audit
             assert ("viewer", "POST /mmi/services/{service}/pause", 403) in did
             assert ("operator", "PUT /mmi/services/{service}/tasks/{task}/limits", 403) in did
             assert forbidden(h.get("/audit", headers=auth("operator")), "admin")
+            # The CLI reads the same log.
+            cli = subprocess.run(
+                [sys.executable, "-m", "zfab.cli", "audit", "--api", base, "--token", TOKENS["admin"], "--json"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            assert cli.returncode == 0, cli.stderr
+            assert ("viewer", "POST /mmi/services/{service}/pause") in {
+                (e["actor"], e["action"]) for e in json.loads(cli.stdout)
+            }
+            table = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "zfab.cli",
+                    "audit",
+                    "--api",
+                    base,
+                    "--token",
+                    TOKENS["admin"],
+                    "--actor",
+                    "viewer",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            assert table.returncode == 0 and "WHO" in table.stdout and "viewer" in table.stdout, table.stderr
         f.signal("api", 15)
         f.procs["api"].wait(15)
     # The secret is in neither the API's store nor its log (nor the broker's).

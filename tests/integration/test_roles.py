@@ -227,3 +227,34 @@ def test_a_worker_key_cannot_submit_pause_or_subscribe_and_a_client_key_has_its_
         with curve_client(f, k["ops"][1], k["broker"][0], "check") as ops:
             assert ops.mmi("show_broker")["counts"].get("refused_by_key", 0) >= 1
             assert not ops.mmi("show_services")[0].get("paused", False)
+
+
+def test_on_postgresql_the_secret_is_not_stored_and_the_audit_log_is_in_the_shared_database(tmp_path: Path) -> None:
+    import pgserver
+
+    pg = pgserver.started()
+    try:
+        url = pg.create_database("roles")
+        with fabric(tmp_path) as f:
+            f.broker()
+            f.start("s1", "worker", "--worker", f"{DECLARED}:Secrets", "--name", "s1")
+            with f.client() as c:
+                wait_workers(c, {"s1"})
+            env = {"ZFAB_ACCESS_FILE": str(access_file(tmp_path)), "ZFAB_API_DB": url}
+            base = start_api(f, env=env)
+            with httpx.Client(base_url=base, timeout=20) as h:
+                wait_for(lambda: h.get("/readyz").status_code == 200, 30, what="/readyz 200")
+                secret = {"service": "secrets", "task": "login", "kwargs": {"user": "ada", "password": PASSWORD}}
+                r = h.post("/jobs?wait=10", json=secret, headers=auth("operator"))
+                assert r.status_code == 200 and r.json()["state"] == "completed", r.text
+                assert forbidden(h.post("/mmi/services/secrets/pause", headers=auth("operator")), "admin")
+                assert h.post("/mmi/services/secrets/pause", headers=auth("admin")).status_code == 200
+                wait_for(lambda: len(pg.sql(url, "SELECT 1 FROM audit")) >= 2, 10, what="audit rows in PostgreSQL")
+                rows = {(e["actor"], e["status"]) for e in h.get("/audit", headers=auth("admin")).json()["items"]}
+                assert {("operator", 403), ("admin", 200)} <= rows
+                wait_for(lambda: len(pg.sql(url, "SELECT 1 FROM jobs")) >= 1, 10, what="the job's row")
+            stored = json.dumps([list(map(str, r)) for r in pg.sql(url, "SELECT * FROM jobs")])
+            assert "ada" in stored and PASSWORD not in stored
+            assert PASSWORD not in f.log("api")
+    finally:
+        pg.destroy()

@@ -44,6 +44,8 @@ class TokenSet:
 
     def __init__(self, tokens: list[str], access: AccessFile | None = None) -> None:
         self._digests = [_digest(t) for t in tokens if t]
+        # Made once: a request finds its grant, it does not make one (POST /jobs is the API's hot path).
+        self._admins = {d: Grant.of(_principal(d), "admin") for d in self._digests}
         self.access = access
 
     def __bool__(self) -> bool:
@@ -61,7 +63,8 @@ class TokenSet:
         for known in self._digests:  # no early exit: every check costs the same
             ok |= hmac.compare_digest(d, known)
         if ok:
-            return _principal(d), Grant.of(_principal(d), "admin")
+            admin = self._admins[d]
+            return admin.name, admin
         # A dict keyed by the token's sha256: its timing tells nothing of the token itself.
         entry = self.access.current().token(d) if self.access is not None else None
         return (_principal(d), entry) if entry is not None else None

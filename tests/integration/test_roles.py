@@ -81,10 +81,11 @@ def test_roles_scopes_a_refused_announcement_a_secret_never_stored_and_the_audit
         f.start("s1", "worker", "--worker", f"{DECLARED}:Secrets", "--name", "s1")
         with f.client() as c:
             wait_workers(c, {"w1", "s1"})
+        access = access_file(tmp_path)
         base = start_api(
             f,
             env={
-                "ZFAB_ACCESS_FILE": str(access_file(tmp_path)),
+                "ZFAB_ACCESS_FILE": str(access),
                 "ZFAB_API_DB": str(db),
                 "ZFAB_SSE_PING_SECONDS": "0.5",
             },
@@ -122,6 +123,18 @@ def test_roles_scopes_a_refused_announcement_a_secret_never_stored_and_the_audit
             r = h.post("/jobs?wait=10", json=job, headers=auth("admin"))
             assert r.json()["state"] == "completed"
             t.join(15)
+            # A token added to the access file while the API runs is taken at once; payloads=false hides
+            # a job's arguments and results.
+            hidden = "t-no-payloads-1"
+            with access.open("a") as out:
+                digest = hashlib.sha256(hidden.encode()).hexdigest()
+                out.write(f'\n[[token]]\nname = "np"\nsha256 = "{digest}"\npayloads = false\n')
+            np = {"Authorization": f"Bearer {hidden}"}
+            wait_for(lambda: h.get(f"/jobs/{demo_uuid}", headers=np).status_code == 200, 10, what="the new token")
+            seen_np = h.get(f"/jobs/{demo_uuid}", headers=np).json()
+            assert seen_np["state"] == "completed" and seen_np["results"] is None and seen_np["arguments"] is None
+            me = {"name": "np", "role": "viewer", "scope": ["*"], "payloads": False, "actions": ["read"]}
+            assert h.get("/me", headers=np).json() == me
             # A token scoped to demo sees nothing of another service.
             listed = {j["uuid"] for j in h.get("/jobs", headers=auth("scoped")).json()["items"]}
             assert demo_uuid in listed and secret_uuid not in listed

@@ -13,7 +13,7 @@ import time
 from typing import Any, Protocol
 
 from ..core import protocol as nfp
-from ..core.access import MMI_COMMANDS, Grant
+from ..core.access import MMI_COMMANDS, Grant, scoped_broker
 from ..core.errors import ProtocolError
 from ..core.keepalive import Clock
 from ..core.limits import read_rule
@@ -65,7 +65,7 @@ def scoped(grant: Grant | None, task: str, answer: Any) -> Any:
         return [r for r in answer if not isinstance(r, dict) or grant.sees(str(r.get("service", "")))]
     if task == "show_tasks" and isinstance(answer, dict) and not grant.sees(str(answer.get("service", ""))):
         return None
-    return answer
+    return scoped_broker(grant, answer) if task == "show_broker" and isinstance(answer, dict) else answer
 
 
 class MmiService:

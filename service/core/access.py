@@ -155,6 +155,23 @@ class Grant:
         return matches(self.register, service)
 
 
+BROKER_NAMES = ("workers_purged", "paused_services")  # show_broker's fields keyed or listed by service name
+
+
+def scoped_broker(grant: Grant, answer: dict[str, Any]) -> dict[str, Any]:
+    """show_broker as a scoped credential sees it: its fields that name services keep only those in scope."""
+    if grant.everywhere:
+        return answer
+    out = dict(answer)
+    for key in BROKER_NAMES:
+        value = out.get(key)
+        if isinstance(value, dict):
+            out[key] = {k: v for k, v in value.items() if grant.sees(str(k))}
+        elif isinstance(value, list):
+            out[key] = [v for v in value if grant.sees(str(v))]
+    return out
+
+
 def topic_service(topic: str) -> str:
     """The service a broker event's topic names: its second part (`job.<service>.<task>.<state>`, ...)."""
     parts = topic.split(".", 2)

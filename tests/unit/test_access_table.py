@@ -184,3 +184,12 @@ def test_state_changing_calls_are_in_the_audit_log_with_their_actor_and_outcome(
     assert any(a == "admin" and act == "DELETE /schedules/{sid}" and t == "/schedules/nightly" for a, act, t, _ in rows)
     assert client.get("/audit?actor=viewer", headers=admin).json()["total"] >= 1
     assert _refused_by_role(client.get("/audit", headers=viewer))
+
+
+def test_show_broker_names_only_services_in_a_scoped_callers_scope() -> None:
+    from zfab.core.access import scoped_broker
+
+    answer = {"workers": 3, "workers_purged": {"demo": 1, "other": 2}, "paused_services": ["demo", "other"]}
+    scoped = scoped_broker(Grant.of("s", "viewer", scope=("demo",)), answer)
+    assert scoped == {"workers": 3, "workers_purged": {"demo": 1}, "paused_services": ["demo"]}
+    assert scoped_broker(Grant.of("a", "admin"), answer) is answer

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Path, Query, Request
 
 from zfab import MAX_NAME_BYTES
+from zfab.core.access import scoped_broker
 from zfab.errors import BadRequestError, NoWorkersError, ZfabError
 
 from ...errors import ProblemError, from_fabric_error, unavailable
@@ -52,7 +53,7 @@ async def _ask(request: Request, task: str, **kwargs: Any) -> Any:
 )
 async def show_broker(request: Request, _: Principal) -> dict[str, Any]:
     result: dict[str, Any] = await _ask(request, "show_broker")
-    return result
+    return scoped_broker(grant_of(request), result)
 
 
 @router.get(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -271,3 +272,16 @@ def test_on_postgresql_the_secret_is_not_stored_and_the_audit_log_is_in_the_shar
             assert PASSWORD not in f.log("api")
     finally:
         pg.destroy()
+
+
+def test_a_bad_access_file_stops_zfab_api_with_one_clear_line(tmp_path: Path) -> None:
+    bad = tmp_path / "access.toml"
+    bad.write_text('[[token]]\nsha256 = "abc"\n')
+    r = subprocess.run(
+        [sys.executable, "-m", "zfab.cli", "api", "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "ZFAB_ACCESS_FILE": str(bad)},
+    )
+    assert r.returncode == 2 and "token #1: sha256 must be" in r.stderr and "Traceback" not in r.stderr

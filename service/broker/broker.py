@@ -78,7 +78,7 @@ class Broker:
         self.shm = ShmArena(s, clock=clock)  # same-host shared memory (transport/shm.py)
         self.inventory = Inventory(s.broker_inventory) if s.broker_inventory else None  # for NorFab workers
         self.memory = MemoryKeeper(trim=glibc_trim())  # gives back what a burst used (memory.py)
-        self.events = events or publisher_for(s, self.loop.context)
+        self.events = events or publisher_for(s, self.loop.context, ids.grants)
         changed: set[bytes] = set()  # services whose queue changed, for queue.<service> events
         self.hooks = hooks = cross_cutting(s, clock, self.loop, self.memory, self.events, changed, reg, self.paused)
         self.out = out = Outbox(self.loop, hooks, self.counts)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from ..core.access import AccessFile, Grant, needed_role
+from ..core.access import AccessFile, Grant, GrantBox, needed_role
 from ..transport.base import Transport
 from ..transport.security import ZapHandler
 
@@ -27,12 +27,15 @@ class Identities:
         self.loop = loop
         self.zap = zap
         self.keys: OrderedDict[bytes, bytes] = OrderedDict()  # identity -> ZAP user id of its first frame
+        self.grants = GrantBox()  # each key's grant, for the event publisher's thread (core/access.py)
 
     def start_zap(self, secret: str | None, clients: Any, access_file: str | None = None) -> None:
         """Under CURVE (a secret): the ZAP handler that names each connection's key (transport/security.py),
-        with the keys' entries of the access file (ZFAB_ACCESS_FILE) when one is set."""
+        with the keys' entries of the access file (ZFAB_ACCESS_FILE) when one is set. It keeps `grants` (the
+        box the event publisher reads each subscription's key in) up to date."""
         if secret:
-            self.zap = ZapHandler(self.loop.context, clients, AccessFile(access_file) if access_file else None)
+            access = AccessFile(access_file) if access_file else None
+            self.zap = ZapHandler(self.loop.context, clients, access, box=self.grants)
             self.zap.start()
 
     def may(self, action: str, service: bytes | None) -> bool:

@@ -172,6 +172,28 @@ def scoped_broker(grant: Grant, answer: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class GrantBox:
+    """Each CURVE key's grant, by its ZAP user id, as the broker's ZAP handler last made them; shared with the
+    event publisher's thread, which reads `table` (None: no CURVE, every subscription as before)."""
+
+    __slots__ = ("table",)
+
+    def __init__(self) -> None:
+        self.table: dict[bytes, Grant] | None = None
+
+
+def may_subscribe(grant: Grant | None, prefix: bytes) -> bool:
+    """May a key subscribe to the broker's events under `prefix`? With `read`, and for a scoped key only a
+    prefix that names a whole service in its scope (`job.demo.`: the service part ends with a dot), so
+    that no topic of another service can match it."""
+    if grant is None or "read" not in grant.actions:
+        return False
+    if grant.everywhere:
+        return True
+    parts = prefix.decode(errors="replace").split(".", 2)
+    return len(parts) == 3 and grant.sees(parts[1])
+
+
 def topic_service(topic: str) -> str:
     """The service a broker event's topic names: its second part (`job.<service>.<task>.<state>`, ...)."""
     parts = topic.split(".", 2)

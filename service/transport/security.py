@@ -20,7 +20,7 @@ import zmq
 import zmq.auth
 from zmq.utils import z85
 
-from ..core.access import ALL, AccessFile, Grant
+from ..core.access import ALL, AccessFile, Grant, GrantBox
 from ..core.names import check_path_name
 from ..errors import SecurityError
 from .waker import Waker
@@ -108,7 +108,13 @@ class ZapHandler:
 
     RESCAN = 1.0  # seconds between looks at the clients directory
 
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], clients_dir: str, access: AccessFile | None = None) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context[zmq.Socket[bytes]],
+        clients_dir: str,
+        access: AccessFile | None = None,
+        box: GrantBox | None = None,
+    ) -> None:
         self.ctx = ctx
         self.clients_dir = Path(clients_dir)
         self.access = access
@@ -116,6 +122,7 @@ class ZapHandler:
         self.by_name: dict[bytes, Peer] = {}
         self.grants: dict[bytes, Grant] = {}  # ZAP user id (certificate name) -> what its key may do
         self._table: object = None  # the access table the grants were made from
+        self.box = box if box is not None else GrantBox()  # where others read the grants (the event publisher)
         self._stamp: tuple[object, ...] = ()
         self._scanned_at = 0.0
         self.reloads = 0
@@ -162,6 +169,7 @@ class ZapHandler:
             grants[name] = entry
         self.grants = grants
         self._table = table
+        self.box.table = grants
 
     def grant_of(self, user_id: bytes | None) -> Grant | None:
         return self.grants.get(user_id or b"")

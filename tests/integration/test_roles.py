@@ -230,6 +230,13 @@ def test_a_worker_key_cannot_submit_pause_or_subscribe_and_a_client_key_has_its_
             assert ops.run_job("demo", "echo", kwargs={"data": "x"}, timeout=10)["w1"]["result"] == "x"
             with pytest.raises(ZfabError, match="needs the role admin"):
                 ops.mmi("pause_service", service="demo")
+            # A key scoped to demo subscribes to demo's events only: a prefix that could match another
+            # service's topics is refused.
+            with pytest.raises(SubscriptionError):
+                ops.subscribe("job.", endpoint=events).close()
+            with ops.subscribe("job.demo.", endpoint=events) as sub:
+                ops.run_job("demo", "echo", kwargs={"data": "y"}, timeout=10)
+                wait_for(lambda: sub.depth() > 0, 10, what="demo's events for the scoped key")
         with curve_client(f, k["w1"][1], k["broker"][0], "as-client") as wk:
             wait_for(lambda: wk.broker_alive, 10, what="the worker key connects")
             with pytest.raises(ZfabError, match="worker key"):

@@ -193,3 +193,14 @@ def test_show_broker_names_only_services_in_a_scoped_callers_scope() -> None:
     scoped = scoped_broker(Grant.of("s", "viewer", scope=("demo",)), answer)
     assert scoped == {"workers": 3, "workers_purged": {"demo": 1}, "paused_services": ["demo"]}
     assert scoped_broker(Grant.of("a", "admin"), answer) is answer
+
+
+def test_a_scoped_key_subscribes_only_to_prefixes_that_name_a_whole_service_in_its_scope() -> None:
+    from zfab.core.access import may_subscribe
+
+    scoped = Grant.of("s", "viewer", scope=("demo",))
+    assert may_subscribe(scoped, b"job.demo.") and may_subscribe(scoped, b"job.demo.echo.completed")
+    assert not may_subscribe(scoped, b"job.") and not may_subscribe(scoped, b"job.demo")
+    assert not may_subscribe(scoped, b"job.other.") and not may_subscribe(scoped, b"")
+    assert may_subscribe(Grant.of("a", "viewer"), b"") and not may_subscribe(None, b"job.demo.")
+    assert not may_subscribe(Grant.of("w", "viewer", register=("*",), client=False), b"job.demo.")

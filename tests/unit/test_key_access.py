@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from test_broker_handlers import make_broker, replies, stub
 
 from zfab import Broker
 from zfab.core import protocol as nfp
-from zfab.core.access import ALL, Grant
+from zfab.core.access import ALL, MMI_COMMANDS, Grant
 from zfab.transport import FakeClock
 
 SECRET = {"type": "object", "properties": {"password": {"type": "string"}}, "x-zfab": {"redact": ["password"]}}
@@ -114,3 +115,23 @@ def test_an_admin_key_may_change_a_declaration() -> None:
     assert b"w2" not in b.registry.workers
     announce(b, b"w3", {"login": CLEAR}, user=b"root")
     assert b"w3" in b.registry.workers and b.registry.services[b"demo"].declared["login"] == CLEAR
+
+
+@pytest.mark.parametrize("role", ["viewer", "operator", "admin", "scoped", "worker"])
+def test_every_mmi_command_is_allowed_or_refused_to_each_key_as_the_role_table_says(role: str) -> None:
+    """Generated from the table (core/access.py MMI_COMMANDS): a command added without an entry, or checked
+    otherwise than its entry says, fails here."""
+    b = make_broker(FakeClock())
+    grant = {
+        "scoped": Grant.of("scoped", "admin", scope=("demo",)),
+        "worker": Grant.of("worker", "viewer", register=ALL, client=False),
+    }.get(role) or Grant.of(role, role)
+    b.identities.zap = Zap({b"k": grant, b"root": Grant.of("root", "admin", register=ALL)})  # type: ignore[assignment]
+    announce(b, b"w1", {"login": SECRET}, user=b"root")
+    stub(b).take()
+    assert set(MMI_COMMANDS) == set(b.mmi.TASKS) | set(b.mmi.CONTROLS)
+    for command, action in MMI_COMMANDS.items():
+        kwargs: dict[str, Any] = {"service": "demo", "task_name": "login"}
+        status, body = mmi(b, command, user=b"k", **kwargs)
+        refused = status == nfp.ST_BAD_REQUEST and isinstance(body, dict) and body.get("error") == "forbidden"
+        assert refused is (action not in grant.actions), (role, command, status, body)

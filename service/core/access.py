@@ -2,7 +2,8 @@
 its role, service scope and payloads flag.
 
 Pure (no sockets, no threads, no HTTP): the API enforces it on every route (api/http/auth.py) and the
-broker on every client frame (broker/keyaccess.py), from this one table. The access file is TOML
+broker on every client frame, MMI command and event subscription of a CURVE key (broker/identities.py,
+requests.py, mmi.py, events.py), from this one table; docs/roles.md says it for people. The access file is TOML
 (ZFAB_ACCESS_FILE), read again when it changes (`AccessFile.current`, at most once a second), as the
 broker's CURVE key directory is:
 

@@ -15,7 +15,10 @@ class ApiSettings(Settings):
     api_host: str = Field("127.0.0.1", description="Address the HTTP API binds")
     api_port: int = Field(8000, ge=0, le=65535, description="Port of the HTTP API")
     api_tokens: str = Field(
-        "", description="Comma-separated bearer tokens; empty = no auth, loopback clients only", repr=False
+        "",
+        description="Comma-separated bearer tokens, each an admin (other roles: ZFAB_ACCESS_FILE); none and no "
+        "access file = no auth, loopback clients only",
+        repr=False,
     )
     api_hosts: str = Field(
         "localhost",

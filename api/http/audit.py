@@ -2,8 +2,8 @@
 when, its outcome), bounded by count and age, readable by admins at GET /audit.
 
 Recorded by a middleware once the answer's status is known, for every POST, PUT, PATCH and DELETE behind
-auth, refusals included (a 403 is worth knowing). POST /jobs is not: a submission is a job, recorded with
-its caller in the job table, and an audit row per job would cost the hot path an allocation per job.
+auth, refusals included (a 403 is worth knowing). POST /jobs is not: a submission is a job, recorded in the
+job table, and an audit row per job would cost the hot path an allocation and a write per job.
 MMI actions reach the broker through the API (its routes are audited here); under CURVE the broker
 refuses them to any key whose grant does not allow them, and counts the refusals.
 """
@@ -32,7 +32,7 @@ from .problems import responses
 log = logging.getLogger(__name__)
 
 AUDITED = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-NOT_AUDITED = frozenset({("POST", "/jobs")})  # each job is its own record (the job table, with its caller)
+NOT_AUDITED = frozenset({("POST", "/jobs")})  # each job is its own record (the job table)
 
 
 class AuditEntry(BaseModel):

@@ -19,6 +19,7 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 
 from zfab import tune_process
+from zfab.core.access import AccessError, AccessFile
 from zfab.settings import settings_from as service_settings_from
 
 from .http.app import create_app
@@ -69,13 +70,19 @@ def run_api(ns: argparse.Namespace) -> None:
         level=getattr(logging, s.log_level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if not s.token_list() and not is_loopback_host(s.api_host):
+    if not s.token_list() and not s.access_file and not is_loopback_host(s.api_host):
         print(
             f"zfab api: refusing to listen on {s.api_host} without auth. Set ZFAB_API_TOKENS to one or more "
-            "comma-separated bearer tokens, or listen on 127.0.0.1.",
+            "comma-separated bearer tokens (or ZFAB_ACCESS_FILE: docs/roles.md), or listen on 127.0.0.1.",
             file=sys.stderr,
         )
         raise SystemExit(2)
+    if s.access_file:
+        try:
+            AccessFile(s.access_file)  # read once here: a bad file is one clear line, not a traceback
+        except AccessError as exc:
+            print(f"zfab api: the access file: {exc} (ZFAB_ACCESS_FILE, docs/roles.md)", file=sys.stderr)
+            raise SystemExit(2) from None
     host, port, level, access_log, broker = s.api_host, s.api_port, s.log_level, s.api_access_log, s.broker
     try:
         sock = listen_socket(host, port)

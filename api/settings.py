@@ -15,7 +15,10 @@ class ApiSettings(Settings):
     api_host: str = Field("127.0.0.1", description="Address the HTTP API binds")
     api_port: int = Field(8000, ge=0, le=65535, description="Port of the HTTP API")
     api_tokens: str = Field(
-        "", description="Comma-separated bearer tokens; empty = no auth, loopback clients only", repr=False
+        "",
+        description="Comma-separated bearer tokens, each an admin (other roles: ZFAB_ACCESS_FILE); none and no "
+        "access file = no auth, loopback clients only",
+        repr=False,
     )
     api_hosts: str = Field(
         "localhost",
@@ -84,6 +87,10 @@ class ApiSettings(Settings):
         "(ZFAB_CLIENT_INFLIGHT_BYTES) "
         "one caller (a token; anonymous callers are one) may hold; its next job is a 429 naming the bound",
     )
+    api_audit_count: int = Field(
+        10_000, ge=1, description="Entries of the audit log the API keeps (state-changing calls; GET /audit)"
+    )
+    api_audit_days: float = Field(30.0, gt=0, description="Days the API keeps an audit log entry")
     max_schedules: int = Field(1000, ge=1, description="Most periodic schedules the API keeps (POST /schedules)")
 
     def default_api_db(self) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .settings import ApiSettings
+from .store.audit import AuditStore, PgAudit, SqliteAudit
 from .store.base import JobStore, ScheduleBackend, SqliteJobStore, is_postgres_url
 
 if TYPE_CHECKING:
@@ -27,8 +28,11 @@ class Stores:
     schedules: ScheduleBackend | None = None
     replicas: Replicas | None = None
     database: PgDatabase | None = None
+    audit: AuditStore | None = None  # the audit log's table (api/store/audit.py)
 
     async def close(self) -> None:
+        if self.audit is not None:
+            await self.audit.close()
         if self.jobs is not None:
             await self.jobs.close()
         if self.database is not None:
@@ -39,8 +43,12 @@ async def open_stores(s: ApiSettings) -> Stores:
     """The stores ZFAB_API_DB names (see the module's doc). PostgreSQL: connected and migrated."""
     if not s.api_db:
         return Stores()
+    audit_age = s.api_audit_days * 86400
     if not is_postgres_url(s.api_db):
-        return Stores(jobs=await SqliteJobStore.open(Path(s.api_db), s.job_history))
+        return Stores(
+            jobs=await SqliteJobStore.open(Path(s.api_db), s.job_history),
+            audit=SqliteAudit(Path(s.api_db), s.api_audit_count, audit_age),
+        )
     # Imported here: psycopg is not needed (nor loaded) by an API on SQLite.
     from .replicas.coordination import Replicas, new_replica_id
     from .store.pgschedules import PgSchedules
@@ -54,4 +62,5 @@ async def open_stores(s: ApiSettings) -> Stores:
         schedules=PgSchedules(db, s.job_history),
         replicas=Replicas(db, jobs, s.broker, s.api_replica_timeout, replica),
         database=db,
+        audit=PgAudit(db, s.api_audit_count, audit_age),
     )

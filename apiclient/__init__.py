@@ -1,4 +1,4 @@
-"""`zfab submit|status|result|retry|input|cancel|watch|jobs|schedules`: the CLI as a client of the HTTP API.
+"""`zfab submit|status|result|retry|input|cancel|watch|jobs|schedules|audit`: the CLI as a client of the HTTP API.
 
 Not part of the API server: these commands speak HTTP only (the standard library's urllib, so
 `zfab status` starts fast) and the server never imports them. They join the `zfab` command through
@@ -14,8 +14,10 @@ from typing import Any
 
 def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
     """Add the job and schedule commands to the `zfab` subcommands (`common` is not needed: they speak HTTP)."""
+    from .audit import register as register_audit
     from .jobs import register as register_jobs
     from .schedules import register as register_schedules
 
     register_jobs(sub)
     register_schedules(sub)
+    register_audit(sub)

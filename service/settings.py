@@ -104,6 +104,11 @@ class Settings(BaseSettings):
     curve_server_key: str | None = Field(None, description="Clients/workers: the broker's public certificate")
     curve_clients: str | None = Field(None, description="Broker: directory of accepted public certificates")
     insecure: bool = Field(False, description="Broker: allow a non-loopback endpoint without CURVE")
+    access_file: str | None = Field(
+        None,
+        description="The access file (TOML, docs/roles.md): bearer tokens by sha256 and CURVE keys by name, each with "
+        "its role (viewer, operator, admin), service scope and payloads flag; read again when it changes",
+    )
     hop_traces: bool = Field(
         True,
         description="Time every job at each hop (its final answer carries the durations: docs/protocol.md, Hop "

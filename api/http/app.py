@@ -15,6 +15,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from zfab import AioTransport, Client
+from zfab.core.access import AccessFile
 from zfab.metrics import ClientMetrics, FabricCollector, JobMetrics, version
 
 from ..fabric import FabricView
@@ -26,12 +27,13 @@ from ..settings import ApiSettings
 from ..state import ApiState
 from ..store.persister import Persister
 from ..stores import open_stores
-from . import console, docs, lean, problems
+from . import audit, console, docs, lean, problems
+from .audit import AuditLog, AuditMiddleware
 from .auth import TokenSet
 from .jobmetrics import JobTableCollector
 from .middleware import BodyLimitMiddleware, ContentTypeMiddleware, HeadMiddleware, HttpMetrics, MetricsMiddleware
 from .origins import OriginGuardMiddleware
-from .routes import events, files, jobs, mmi, ops, schedules, topics
+from .routes import access, events, files, jobs, mmi, ops, schedules, topics
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,8 @@ TAGS = [
     {"name": "mmi", "description": "The broker's management interface: workers, services, tasks"},
     {"name": "schedules", "description": "Run a job periodically: every N seconds or on a cron expression"},
     {"name": "ops", "description": "Health, readiness and Prometheus metrics (no auth)"},
+    {"name": "audit", "description": "Who changed what, when, from where, and the outcome (admins)"},
+    {"name": "access", "description": "The caller's role and scope (docs/roles.md)"},
 ]
 
 
@@ -89,7 +93,8 @@ class ZfabAPI(FastAPI):
 def create_app(settings: ApiSettings | None = None) -> FastAPI:
     """A new app with its own metrics registry (so several can live in one process)."""
     s = settings or ApiSettings()
-    tokens = TokenSet(s.token_list())
+    # The access file's tokens, reloaded when it changes (zfab/core/access.py); ZFAB_API_TOKENS' are admins.
+    tokens = TokenSet(s.token_list(), AccessFile(s.access_file) if s.access_file else None)
     tracebacks = TokenSet(s.traceback_token_list()).principals()
     # From here on only the digests: the settings the app keeps no longer carry the tokens.
     s = s.model_copy(update={"api_tokens": "", "api_traceback_tokens": ""})
@@ -101,6 +106,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         table = JobTable(s.job_history, asyncio.get_running_loop(), max_bytes=s.job_history_bytes)
         stores = await open_stores(s)
         store = stores.jobs
+        audit_log.store = stores.audit  # None: memory only (no ZFAB_API_DB)
         if store is not None:
             for rec in await store.load(s.broker):
                 table.add(rec, persist=False)
@@ -180,6 +186,8 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
                 # After the last write: once deregistered, the other replicas adopt our unfinished jobs.
                 await stores.replicas.stop()
             await client.aclose()  # flushes within the loop's linger bound, without blocking the loop
+            await audit_log.drain()
+            audit_log.store = None
             await stores.close()
             log.info("zfab api: fabric client closed")
 
@@ -197,6 +205,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     )
     app.state.registry = registry
     app.state.tokens = tokens
+    app.state.audit = audit_log = AuditLog(s.api_audit_count, s.api_audit_days * 86400)
     app.state.zfab = None
     problems.install(app)
     docs.install(app)
@@ -207,6 +216,8 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.include_router(ops.router)
     app.include_router(schedules.router)  # its lifespan (the scheduler) runs inside the one above
     app.include_router(topics.router)  # GET /events?topic=PREFIX; its lifespan closes the hub
+    app.include_router(audit.router)  # GET /audit, admins only (zfab/core/access.py)
+    app.include_router(access.router)  # GET /me: the caller's role, for the console
     app.include_router(console.router)  # /ui, and / leading to it (api/http/console/)
     lean.install(app)  # in front of the documented POST /jobs: its common request, without FastAPI's per-request work
     # The last middleware added is the outermost: metrics see every answer, 413s and 415s included.
@@ -216,4 +227,5 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     # Before anything reads the request: a rebound Host or another origin's page gets nothing (api/http/origins.py).
     app.add_middleware(OriginGuardMiddleware, hosts=s.host_list(), origins=s.origin_list())
     app.add_middleware(MetricsMiddleware, metrics=HttpMetrics(registry))
+    app.add_middleware(AuditMiddleware, log=audit_log)  # outermost: every state-changing call and its outcome
     return app

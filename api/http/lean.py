@@ -20,11 +20,13 @@ from pydantic import ValidationError
 from starlette.routing import BaseRoute, Match
 from starlette.types import Message, Receive, Scope, Send
 
+from zfab.core.access import Grant
+
 from ..errors import ProblemError
 from ..jobs.operations import submit
 from ..models import JobRequest
 from ..state import ApiState
-from .auth import TokenSet, principal_of
+from .auth import TokenSet, caller_of
 from .routeindex import flat_routes
 from .routes.jobs import submitted
 
@@ -74,13 +76,17 @@ class LeanSubmitRoute(BaseRoute):
         body = b"".join(chunks)
         began = time.monotonic()  # read: the job's `api` hop (its hop trace) starts
         req: JobRequest | None = None
-        caller = _caller(app.state.tokens, scope) if st is not None else None
-        if caller is not None:
+        found = _caller(app.state.tokens, scope) if st is not None else None
+        caller = found[0] if found is not None else None
+        if found is not None and found[1].allows("submit"):
             try:
                 req = JobRequest.model_validate_json(body)
             except ValidationError:
                 req = None  # the documented route names each bad field, or the JSON's line and column
-        if st is None or req is None or caller is None:
+            # Outside the caller's scope: the documented route answers (a dict lookup per job, cached by name).
+            if req is not None and not found[1].sees(req.service):
+                req = None
+        if st is None or req is None or found is None or caller is None:
             await self._documented(scope, receive, send, body)
             return
         query = scope.get("query_string", b"")
@@ -90,7 +96,7 @@ class LeanSubmitRoute(BaseRoute):
         submitting = submit(st, req, None, "", bound, began=began, raw=body, caller=caller)
         del req
         rec, fresh = await submitting
-        answer = await submitted(st, rec, fresh, bound, scope.get("root_path", ""), False, caller)
+        answer = await submitted(st, rec, fresh, bound, scope.get("root_path", ""), False, caller, found[1].payloads)
         await answer(scope, receive, send)
 
     async def _documented(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
@@ -107,13 +113,13 @@ class LeanSubmitRoute(BaseRoute):
         await scope["app"].router(scope, replay, send)
 
 
-def _caller(tokens: TokenSet, scope: Scope) -> str | None:
-    """The principal require_auth accepts (the same principal_of); None sends the request to the
+def _caller(tokens: TokenSet, scope: Scope) -> tuple[str, Grant] | None:
+    """The principal and grant require_auth accepts (the same caller_of); None sends the request to the
     documented route, which gives the 401 or 403."""
     client = scope.get("client")
     token = next((v[7:].decode("latin-1").strip() for n, v in scope["headers"] if n == b"authorization"), None)
     try:
-        return principal_of(tokens, client[0] if client else None, token)
+        return caller_of(tokens, client[0] if client else None, token)
     except ProblemError:
         return None
 

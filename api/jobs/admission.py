@@ -22,6 +22,7 @@ from ..fabric import mmi
 from ..models import JobRequest
 
 TTL = 5.0
+DECLARATION_KEY = "x-zfab"  # where a task's announced schema carries its declaration (worker/task.py)
 MAX_SERVICES = 1000
 
 
@@ -31,6 +32,19 @@ class TaskSchemas:
     def __init__(self) -> None:
         self._cache: BoundedLRU[str, tuple[float, dict[str, Any] | None]] = BoundedLRU(max_count=MAX_SERVICES)
         self._fetching: dict[str, asyncio.Future[tuple[bool, dict[str, Any] | None]]] = {}
+        # service -> {task: the argument names it declares secret}, made once per fetch: what a job's record
+        # redacts is then a dict lookup per job (api/jobs/arguments.py, recorded_json).
+        self._secrets: BoundedLRU[str, dict[str, frozenset[str]]] = BoundedLRU(max_count=MAX_SERVICES)
+
+    def cached(self, service: str) -> dict[str, Any] | None:
+        """The service's tasks as last read (no fetch)."""
+        hit = self._cache.get(service)
+        return hit[1] if hit is not None else None
+
+    def secrets(self, service: str, task: str) -> frozenset[str] | None:
+        """The argument names `task` declares secret, as last read from the broker; None when nothing was read."""
+        found = self._secrets.get(service)
+        return None if found is None else found.get(task, NO_SECRETS)
 
     async def get(self, client: Any, service: str) -> dict[str, Any] | None:
         return (await self.lookup(client, service))[1]
@@ -68,7 +82,23 @@ class TaskSchemas:
         entry = (time.monotonic(), tasks if isinstance(tasks, dict) else None)
         self._cache.put(service, entry)
         self._cache.shed()
+        self._secrets.put(service, _secret_names(entry[1]))
+        self._secrets.shed()
         return True, entry[1]
+
+
+NO_SECRETS: frozenset[str] = frozenset()
+
+
+def _secret_names(tasks: dict[str, Any] | None) -> dict[str, frozenset[str]]:
+    """{task: names declared secret} for the tasks that declare any (`x-zfab` `redact`)."""
+    out: dict[str, frozenset[str]] = {}
+    for task, schema in (tasks or {}).items():
+        decl = schema.get(DECLARATION_KEY) if isinstance(schema, dict) else None
+        names = decl.get("redact") if isinstance(decl, dict) else None
+        if isinstance(names, list) and names:
+            out[task] = frozenset(str(n) for n in names)
+    return out
 
 
 async def check_job(schemas: TaskSchemas, client: Any, req: JobRequest) -> None:

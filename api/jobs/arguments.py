@@ -1,11 +1,12 @@
-"""What GET /jobs/{uuid} shows of a job's arguments: as they were submitted, with the ones its task
-declares secret (`@task(redact=(...))`, announced under the schema's `x-zfab`) shown as "***", and
-nothing past a byte bound, as results are bounded.
+"""A job's arguments as the API keeps and shows them: the ones its task declares secret
+(`@task(redact=(...))`, announced under the schema's `x-zfab`) are replaced by "***" when the job is
+recorded (`recorded_json`), from the declaration at that time, so the clear value reaches the fabric
+and never the API's table, its database (SQLite or PostgreSQL) or its answers. A service's declarations
+are fixed by its first worker (the broker refuses a conflicting announcement: broker/declarations.py).
 
-The task's declaration is read when the job is shown, from the broker's `show_tasks` (cached a few
-seconds): a job submitted before a worker declared a field secret is shown redacted too. When the
-declaration cannot be read (the broker silent, nothing cached) the arguments are withheld, not
-guessed.
+GET shows them as recorded, redacted again by the declaration read then (cached a few seconds), and
+nothing past a byte bound, as results are bounded. When the declaration cannot be read (the broker
+silent, nothing cached) the arguments are withheld, not guessed.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import msgspec
 
 from ..models import JobArguments, JobRequest
 from ..state import ApiState
-from .table import JobRecord
+from .admission import DECLARATION_KEY
+from .table import JobRecord, encode_request
 
 SHOWN_BYTES = 64 * 1024  # arguments larger than this as JSON are not shown (only their size)
 REDACTED = "***"
-DECLARATION_KEY = "x-zfab"
 
 
 class Asked(Protocol):
@@ -82,6 +83,31 @@ def shown(req: Asked, schema: dict[str, Any] | None, *, known: bool = True) -> J
         why = f"{size} bytes of arguments, over the {SHOWN_BYTES} bytes GET shows"
         return JobArguments(args=None, kwargs=None, redacted=hidden, bytes=size, omitted=why)
     return JobArguments(args=args, kwargs=kwargs, redacted=hidden, bytes=size)
+
+
+def recorded_json(st: ApiState, req: JobRequest, raw: bytes | None) -> bytes | None:
+    """The request's JSON as the API records it: `raw` (or None: encoded as usual) when its task declares no
+    secret, else with each secret argument as "***"; every argument withheld when the declaration was never
+    read. A dict lookup per job on names made when the declarations were fetched (check_job fetched them)."""
+    secret = st.schemas.secrets(req.service, req.task)
+    if secret is not None and not secret:
+        return raw
+    if secret is None:
+        hidden = req.model_copy(
+            update={"args": [REDACTED] * len(req.args), "kwargs": dict.fromkeys(req.kwargs, REDACTED)}
+        )
+        return encode_request(hidden)
+    tasks = st.schemas.cached(req.service) or {}
+    schema = tasks.get(req.task)
+    names = list((schema or {}).get("properties") or {}) if isinstance(schema, dict) else []
+    args = [REDACTED if i < len(names) and names[i] in secret else v for i, v in enumerate(req.args)]
+    kwargs = {k: REDACTED if k in secret else v for k, v in req.kwargs.items()}
+    return encode_request(req.model_copy(update={"args": args, "kwargs": kwargs}))
+
+
+def holds_redacted(req: JobRequest) -> bool:
+    """The recorded request has an argument replaced by "***": it cannot be submitted again as it was."""
+    return REDACTED in req.args or REDACTED in req.kwargs.values()
 
 
 def redacted_names(schema: dict[str, Any] | None) -> set[str]:

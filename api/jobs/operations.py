@@ -27,6 +27,7 @@ from ..fabric import wait_done
 from ..models import InputAnswer, Job, JobRequest, JobState
 from ..state import ApiState
 from .admission import check_job
+from .arguments import holds_redacted, recorded_json
 from .recovery import ensure_live
 from .shares import CallerShares
 from .submit import submit_record
@@ -89,8 +90,10 @@ async def submit(
             if shares is not None and caller is not None:
                 raw = raw if raw is not None else encode_request(req)
                 shares.check(caller, len(raw))
-            # Written once the broker has taken it (below): a job it refuses at once is no row.
-            rec = submit_record(st, req, uuid, fp, persist=False, retry_of=retry_of, began=began, raw=raw)
+            # Written once the broker has taken it (below): a job it refuses at once is no row. Recorded with
+            # its secret arguments redacted; the fabric gets them from `req`.
+            kept = recorded_json(st, req, raw)
+            rec = submit_record(st, req, uuid, fp, persist=False, retry_of=retry_of, began=began, raw=kept)
             if shares is not None and caller is not None and rec.future is not None:
                 held(shares, caller, rec.future, len(raw or b""))
             if not deferred:
@@ -279,13 +282,21 @@ async def retry_job(st: ApiState, rec: JobRecord, bound: float | None, caller: s
     if again is not None or rec.retrying:
         detail = f"job {uuid} was submitted again already" + (f", as job {again}" if again else "")
         raise ProblemError(409, "job-retried", "Job retried already", detail, job=again or uuid)
-    if rec.request is None:
+    asked = rec.request
+    if asked is None:
         raise _conflict(
             uuid, "no-request", "Request not kept", f"the API does not hold what job {uuid} was submitted with"
         )
+    if holds_redacted(asked):
+        raise _conflict(
+            uuid,
+            "secret-arguments",
+            "Secret arguments not kept",
+            f"job {uuid} had secret arguments (its task's `redact`), which the API never records: submit it anew",
+        )
     rec.retrying = True  # a second retry arriving while this one awaits the broker is refused, not run twice
     try:
-        new, _ = await submit(st, rec.request, None, "", None, retry_of=uuid, raw=rec.request_json, caller=caller)
+        new, _ = await submit(st, asked, None, "", None, retry_of=uuid, raw=rec.request_json, caller=caller)
     finally:
         rec.retrying = False
     rec.retried_as = new.uuid

@@ -26,6 +26,7 @@ from zfab.errors import JobNotFoundError, JobTimeoutError, OutcomeUnknownError, 
 from ..fabric import mmi, wait_done
 from ..models import Attempt, JobRequest, JobState
 from ..state import ApiState
+from .arguments import holds_redacted
 from .submit import submit_record
 from .table import JobRecord
 
@@ -239,6 +240,11 @@ def _resubmit(
     takes it as a job of a service its first broker knew). As attempt N > 1: the next attempt of a job
     a restart cut short, with the full timeout and one retry fewer."""
     assert rec.stored is not None
+    if holds_redacted(req):
+        # Its secret arguments were never recorded: it cannot be submitted again as it was; its workers are
+        # asked for it instead (ensure_live), and it ends lost with its reason when none knows it.
+        log.info("api: job %s had secret arguments, which the API does not keep: not submitted again", rec.uuid)
+        return
     if attempt > 1:
         again = req.model_copy(update={"retries": max(0, (req.retries or 0) - (attempt - 1)), "delay": 0.0})
     else:

@@ -101,6 +101,22 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
             )""",
         ],
     ),
+    (
+        "the audit log (api/store/audit.py)",
+        [
+            """CREATE TABLE audit (
+                id bigserial PRIMARY KEY,
+                at double precision NOT NULL,
+                actor text NOT NULL,
+                role text NOT NULL,
+                action text NOT NULL,
+                target text NOT NULL,
+                peer text NOT NULL,
+                status integer NOT NULL
+            )""",
+            "CREATE INDEX audit_at ON audit (at)",
+        ],
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

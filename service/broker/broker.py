@@ -78,7 +78,7 @@ class Broker:
         self.shm = ShmArena(s, clock=clock)  # same-host shared memory (transport/shm.py)
         self.inventory = Inventory(s.broker_inventory) if s.broker_inventory else None  # for NorFab workers
         self.memory = MemoryKeeper(trim=glibc_trim())  # gives back what a burst used (memory.py)
-        self.events = events or publisher_for(s, self.loop.context)
+        self.events = events or publisher_for(s, self.loop.context, ids.grants)
         limits = Limiter(self.paused.kept)  # run-time limits: kept, and reread by a new term, as the pauses are
         takeover = (self.paused.kept, self.loop.call, (self.paused.take, limits.take))  # kept.reread's arguments
         self.term = Term.from_settings(s, self.loop, clock, self.endpoint, lambda: reread(*takeover))  # term.py
@@ -101,7 +101,7 @@ class Broker:
     def start(self) -> Broker:
         s = self.settings
         check_bind(s, self.endpoint)
-        self.identities.start_zap(s.curve_secret, s.curve_clients)  # under CURVE: who each key is
+        self.identities.start_zap(s.curve_secret, s.curve_clients, s.access_file)  # under CURVE: who each key is
         for start in (self.paused.load, self.dispatch.limits.load, self.shm.reclaim, *self.hooks.start):
             start()
         self.loop.start()

@@ -12,6 +12,7 @@ from collections.abc import Container
 
 import zmq
 
+from ..core.access import GrantBox
 from ..core.keepalive import Clock
 from ..settings import Settings
 from .events import EventPublisher
@@ -45,8 +46,11 @@ def cross_cutting(
     return Hooks(hooks)
 
 
-def publisher_for(s: Settings, context: zmq.Context[zmq.Socket[bytes]]) -> EventPublisher | None:
-    """The publisher ZFAB_BROKER_EVENTS asks for, in the broker's `context` (its ZAP handler's), or None."""
+def publisher_for(
+    s: Settings, context: zmq.Context[zmq.Socket[bytes]], grants: GrantBox | None = None
+) -> EventPublisher | None:
+    """The publisher ZFAB_BROKER_EVENTS asks for, in the broker's `context` (its ZAP handler's), or None;
+    `grants`: the keys' grants under CURVE (identities.py), which bound each key's subscriptions."""
     if not s.broker_events:
         return None
     return EventPublisher(
@@ -56,4 +60,5 @@ def publisher_for(s: Settings, context: zmq.Context[zmq.Socket[bytes]]) -> Event
         max_subscriptions=s.broker_events_subscriptions,
         curve_secret=s.curve_secret,
         context=context,
+        grants=grants,
     )

@@ -18,9 +18,9 @@ full hand-off drops any event. Nothing reads a result's bytes for a pattern.
 
 Subscriptions are bounded (eventsocket.py, subscriptions.py): a prefix of at most MAX_PREFIX bytes,
 at most `max_subscriptions` at once and `max_per_peer` (a tenth of those by default) per peer (a key
-under CURVE, a connection without), given back when a peer leaves. Each subscriber's pipe holds at
-most `hwm` messages; past it libzmq drops that subscriber's messages, which it sees as `tseq` gaps.
-While nobody is subscribed the loop's cost per event is one attribute read.
+under CURVE, a connection without), given back when a peer leaves; under CURVE each key's grant bounds its
+prefixes (core/access.py). Each subscriber's pipe holds at most `hwm` messages; past it libzmq drops that
+subscriber's messages (`tseq` gaps). While nobody is subscribed the loop's cost per event is one attribute read.
 """
 
 from __future__ import annotations
@@ -36,19 +36,11 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from ..core import protocol as nfp
+from ..core.access import GrantBox, may_subscribe
 from ..core.logbudget import LogBudget
 from ..core.states import State
 from ..transport.waker import Waker
-from .eventbody import (
-    RETRYING,
-    event_body,
-    job_body,
-    queue_body,
-    result_state,
-    topic_part,
-    trace_body,
-    worker_body,
-)
+from .eventbody import RETRYING, event_body, job_body, queue_body, result_state, topic_part, trace_body, worker_body
 from .eventsocket import answer_zap, open_xpub
 from .hooks import Hook
 from .jobqueue import ANY
@@ -108,6 +100,7 @@ class EventPublisher(Hook):
         max_per_peer: int | None = None,
         curve_secret: str | None = None,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        grants: GrantBox | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.hwm = hwm
@@ -125,6 +118,7 @@ class EventPublisher(Hook):
         self.dropped = 0  # broker loop: offered to a full queue
         self.published = 0  # thread: sent to the socket
         self.refused: Counter[str] = Counter()  # thread: subscriptions refused, by reason
+        self.grants = grants if grants is not None else GrantBox()  # under CURVE each key's (identities.py)
         self._peers_seen = 0  # thread: connections named by this thread's ZAP answers (without CURVE)
         self._queue: deque[tuple[Any, ...]] = deque()
         self._names: dict[bytes, tuple[str, str, bool]] = {}  # broker loop only: uuid -> service, task, single
@@ -418,7 +412,10 @@ class EventPublisher(Hook):
             except zmq.ZMQError:
                 user = None  # libzmq's own unsubscription for a pipe that closed: it names no peer
             peer = user.encode() if isinstance(user, str) else None
-            if msg[0] == 1:
+            table = self.grants.table
+            if msg[0] == 1 and table is not None and not may_subscribe(table.get(peer or b""), prefix):
+                self.refused["scope"] += 1  # a key that may not read, or a prefix past its scope
+            elif msg[0] == 1:
                 verdict = self.slots.subscribe(prefix, peer or b"")
                 if verdict.subscribes:
                     # (HELD: another pipe of a peer that holds it already gets it too, no new slot)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import zmq
 
-from ..transport.security import curve_server
+from ..transport.security import EVENTS_DOMAIN, curve_server
 from .subscriptions import MAX_PREFIX
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # RFC 27: where libzmq asks who a connecting peer is
@@ -37,8 +37,8 @@ def open_xpub(
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, hwm)
             sock.setsockopt(zmq.XPUB_MANUAL, 1)
-            if zap is not None:
-                sock.setsockopt(zmq.ZAP_DOMAIN, b"zfab-events")  # NULL mechanism: ZAP names each connection
+            # NULL mechanism: ZAP names each connection; CURVE: the broker's ZAP handler refuses keys that may not read.
+            sock.setsockopt(zmq.ZAP_DOMAIN, EVENTS_DOMAIN)
             if curve_secret:
                 # libzmq applies MAXMSGSIZE to the handshake's commands too, and CURVE's INITIATE (about 300
                 # bytes) and each boxed message (33 bytes more) pass 1 + MAX_PREFIX: a subscriber would be

@@ -13,6 +13,7 @@ import time
 from typing import Any, Protocol
 
 from ..core import protocol as nfp
+from ..core.access import MMI_COMMANDS, Grant, scoped_broker
 from ..core.errors import ProtocolError
 from ..core.keepalive import Clock
 from ..core.limits import read_rule
@@ -55,6 +56,18 @@ class BrokerView(Protocol):
         ...
 
 
+def scoped(grant: Grant | None, task: str, answer: Any) -> Any:
+    """An MMI read as a scoped key sees it: the rows of services in its scope (workers, services, limits),
+    a service's tasks only in it. Unscoped keys and no CURVE: the answer as it is."""
+    if grant is None or grant.everywhere:
+        return answer
+    if isinstance(answer, list):
+        return [r for r in answer if not isinstance(r, dict) or grant.sees(str(r.get("service", "")))]
+    if task == "show_tasks" and isinstance(answer, dict) and not grant.sees(str(answer.get("service", ""))):
+        return None
+    return scoped_broker(grant, answer) if task == "show_broker" and isinstance(answer, dict) else answer
+
+
 class MmiService:
     def __init__(self, view: BrokerView, control: BrokerControl, out: Outbox) -> None:
         self.view = view
@@ -80,12 +93,20 @@ class MmiService:
         `sid.service.broker`; ProtocolError("json", why) when it is malformed."""
         task, kwargs = self._request(body)
         if service == SID_SERVICE:
-            return self.inventory_answer(task, kwargs)
+            return self.inventory_answer(task, kwargs)  # a worker's own inventory: any key may ask
+        ids = self.view.workers.ids
+        if ids.zap is not None and task in MMI_COMMANDS:
+            name = kwargs.get("service")
+            named = name.encode() if task in self.CONTROLS and isinstance(name, str) else None
+            why = ids.refusal(MMI_COMMANDS[task], named)
+            if why is not None:
+                self.controls.count("mmi_refused_by_key")
+                return nfp.ST_BAD_REQUEST, nfp.dumps({"error": "forbidden", "detail": f"forbidden: {why}"})
         if task in self.CONTROLS:
             return self.control(task, kwargs)
         if task not in self.TASKS:
             return nfp.ST_BAD_REQUEST, nfp.dumps(f"Unsupported task '{task}'")
-        return nfp.ST_OK, nfp.dumps(self.run(task, kwargs))
+        return nfp.ST_OK, nfp.dumps(scoped(ids.grant(), task, self.run(task, kwargs)))
 
     @staticmethod
     def _request(body: nfp.Frame) -> tuple[str, dict[str, Any]]:

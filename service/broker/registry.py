@@ -71,6 +71,7 @@ class ServiceRecord:
     workers: dict[bytes, WorkerRecord] = field(default_factory=dict)  # by identity
     queue: ServiceQueue = field(default_factory=ServiceQueue)
     tasks: dict[str, Any] | None = None  # task -> argument schema, from its workers (None: not announced)
+    declared: dict[str, Any] = field(default_factory=dict)  # task -> schema as first declared (declarations.py)
     levels: list[dict[bytes, WorkerRecord]] = field(default_factory=list)  # free workers by jobs in flight
     low: int = 0  # no free worker sits below this level: the search starts here, not at 0
     last_active: float = 0.0  # monotonic: a worker registered or a job came

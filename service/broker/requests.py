@@ -18,6 +18,7 @@ from typing import Any
 
 from ..core import payloads, sizes
 from ..core import protocol as nfp
+from ..core.access import FRAME_ACTIONS
 from ..core.keepalive import Clock, KeepAlive
 from ..core.logbudget import LogBudget
 from ..core.payloads import Word
@@ -80,6 +81,7 @@ class Requests:
 
     def admit(self, sender: bytes, req: nfp.ClientRequest) -> None:
         """A new job (its uuid neither queued, in flight nor finished): queued or sent, or refused."""
+        self.check_key("submit", req)
         job = read_job(sender, req, now=self.clock(), seq=next(self._seq), default_timeout=self.s.default_job_timeout)
         if self.settle_until and self.settle(sender, job, req):  # (one read per job; zero once settled)
             return
@@ -146,8 +148,19 @@ class Requests:
     def resend(self, sender: bytes, req: nfp.ClientRequest, workers: list[WorkerRecord]) -> None:
         """A retried POST of a job in flight or finished: its workers answer with its state instead
         of running it twice."""
+        self.check_key("submit", req)
         self.counts["post_retried"] += 1
         self._to_workers(sender, req, workers, ack=True)
+
+    def check_key(self, action: str, req: nfp.ClientRequest) -> None:
+        """Under CURVE, the frame's key must be allowed `action` on the request's service (core/access.py):
+        a dict lookup on grants made when the keys were read. Refused 400 with the reason, and counted."""
+        if self.ids.zap is None:
+            return
+        why = self.ids.refusal(action, req.service)
+        if why is not None:
+            self.counts["refused_by_key"] += 1
+            raise Refusal(nfp.ST_BAD_REQUEST, Word.FAILED, f"forbidden: {why}")
 
     def _to_workers(self, sender: bytes, req: nfp.ClientRequest, workers: list[WorkerRecord], *, ack: bool) -> None:
         if ack:
@@ -199,6 +212,7 @@ class Requests:
 
     def delete(self, sender: bytes, req: nfp.ClientRequest) -> None:
         """Cancel: a waiting job leaves the queue at once; a dispatched one is asked of its workers."""
+        self.check_key("cancel", req)
         job = self.dispatch.queued.get(req.uuid)
         if job is not None and job.spot is not Spot.DIRECTED:
             self.deadlines.cancel(job)
@@ -211,6 +225,7 @@ class Requests:
 
     def route_request(self, sender: bytes, req: nfp.ClientRequest) -> None:
         """GET/PUT/DELETE go to the workers named (or the job's, for its uuid), as they are now."""
+        self.check_key(FRAME_ACTIONS.get(req.command, "admin-only"), req)
         reg = self.reg
         try:
             target = nfp.parse_target(req.target)

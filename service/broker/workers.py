@@ -20,6 +20,7 @@ from ..core import shmhandle
 from ..core.keepalive import Clock
 from ..core.payloads import MAX_JOB_UUID
 from ..settings import Settings
+from . import declarations
 from .identities import Identities
 from .outbox import Outbox
 from .registry import PROTOCOL_V2, Registry, ServiceRecord, WorkerRecord
@@ -90,8 +91,9 @@ class Workers:
         ann = msg.stats or {}
         name = ann.get("name")
         name_b = name.encode() if isinstance(name, str) and 0 < len(name.encode()) <= nfp.MAX_NAME_BYTES else sender
-        if not self.ids.may_register(name_b):
-            return Ready(refused=("auth", f"READY as {name_b[:64]!r} with a key not issued for that worker name"))
+        if not self.ids.may_register(name_b, msg.service):
+            why = f"READY as {name_b[:64]!r} for {msg.service[:64]!r} with a key not issued for that name or service"
+            return Ready(refused=("auth", why))
         credits = ann.get("credits")
         if isinstance(credits, bool) or not isinstance(credits, int) or credits < 1:
             credits = self.s.default_worker_credits
@@ -122,6 +124,14 @@ class Workers:
             self.counts["services_full"] += 1
             out.refused = ("services_full", f"READY for a new service with {reg.max_services} services known")
             return out
+        if tasks is not None:
+            admin = self.ids.may("limits", None) and self.ids.zap is not None  # an admin key may re-declare
+            clash = None if admin else declarations.conflict(svc.declared, tasks)
+            if clash is not None:
+                self.counts["announcement_refused"] += 1
+                self._refuse(sender, msg.service, "declaration_conflict", clash, v2=ann.get("v") == PROTOCOL_V2)
+                return out
+            declarations.fix(svc.declared, tasks, override=admin)
         out.was_tentative, svc.tentative = svc.tentative, False
         rec = reg.register_worker(sender, name_b, svc, credits=credits, v2=ann.get("v") == PROTOCOL_V2, tasks=tasks)
         rec.host = shmhandle.check_host(ann.get("host"))
@@ -160,16 +170,22 @@ class Workers:
             f"a worker named {holder.label} is already connected from {holder.origin} (for {age:.0f} s); "
             "choose another --name"
         )
-        frames = nfp.broker_control(sender, nfp.DISCONNECT, service)
-        if v2:
-            wait = round(self.reg.silence_bound, 3)
-            frames.append(nfp.dumps({"reason": "name_taken", "detail": why, "retry_after": wait}))
-        self.out.send(frames)
+        self._refuse(sender, service, "name_taken", why, v2=v2)
         # One line for the first refusal of a rival, then one per hundred: a rival that keeps trying
         # (a standby, or a NorFab worker that reconnects at once) cannot flood the log.
         n = holder.rivals
         level = logging.WARNING if n == 1 or n % 100 == 0 else logging.DEBUG
         log.log(level, "refused a worker named %s from %s: %s (%d refused so far)", holder.label, origin, why, n)
+
+    def _refuse(self, sender: bytes, service: bytes, reason: str, why: str, *, v2: bool) -> None:
+        """DISCONNECT a READY the broker will not take, with its reason (a zfab worker backs off and logs it)."""
+        frames = nfp.broker_control(sender, nfp.DISCONNECT, service)
+        if v2:
+            wait = round(self.reg.silence_bound, 3)
+            frames.append(nfp.dumps({"reason": reason, "detail": why, "retry_after": wait}))
+        self.out.send(frames)
+        if reason != "name_taken":
+            log.warning("refused a READY for service %s: %s", service[:64].decode(errors="replace"), why)
 
     # ---- keepalives, purge, loss ----------------------------------------------------------
 

@@ -97,6 +97,7 @@ def bind_error(exc: Exception) -> bool:
 def cmd_broker(ns: argparse.Namespace) -> int:
     from ..broker.broker import Broker
     from ..broker.inventory import InventoryError
+    from ..core.access import AccessError
     from ..errors import ZfabError
 
     s = settings_of(ns)
@@ -119,6 +120,8 @@ def cmd_broker(ns: argparse.Namespace) -> int:
         server.shutdown()
         if bind_error(exc):
             raise UsageError(f"cannot bind {endpoint}: {exc} (--endpoint, ZFAB_ENDPOINT)") from None
+        if isinstance(exc, AccessError):
+            raise UsageError(f"the access file: {exc} (ZFAB_ACCESS_FILE, docs/roles.md)") from None
         raise
     tune_process()
     curve = " (CURVE)" if s.curve_secret else ""

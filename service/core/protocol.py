@@ -157,7 +157,7 @@ class BrokerControl:
 
     command: bytes
     service: bytes
-    reason: str | None = None  # zfab: why a DISCONNECT (purged, replaced, name_taken)
+    reason: str | None = None  # zfab: why a DISCONNECT (purged, replaced, name_taken, declaration_conflict)
     detail: str | None = None  # zfab: the broker's sentence for a refusal (name_taken), at most MAX_DETAIL
     retry_after: float | None = None  # zfab: seconds the broker suggests waiting before a new READY
     epoch: int | None = None  # zfab: the broker's term on a lease (KEEPALIVE; docs/failover.md)

@@ -20,6 +20,7 @@ import zmq
 import zmq.auth
 from zmq.utils import z85
 
+from ..core.access import ALL, AccessFile, Grant, GrantBox
 from ..core.names import check_path_name
 from ..errors import SecurityError
 from .waker import Waker
@@ -27,6 +28,7 @@ from .waker import Waker
 log = logging.getLogger(__name__)
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+EVENTS_DOMAIN = b"zfab-events"  # the ZAP domain of the broker's event publisher (broker/eventsocket.py)
 
 
 def create_keys(key_dir: Path, name: str, worker: str | None = None) -> tuple[Path, Path]:
@@ -106,11 +108,21 @@ class ZapHandler:
 
     RESCAN = 1.0  # seconds between looks at the clients directory
 
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], clients_dir: str) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context[zmq.Socket[bytes]],
+        clients_dir: str,
+        access: AccessFile | None = None,
+        box: GrantBox | None = None,
+    ) -> None:
         self.ctx = ctx
         self.clients_dir = Path(clients_dir)
+        self.access = access
         self.keys: dict[bytes, Peer] = {}
         self.by_name: dict[bytes, Peer] = {}
+        self.grants: dict[bytes, Grant] = {}  # ZAP user id (certificate name) -> what its key may do
+        self._table: object = None  # the access table the grants were made from
+        self.box = box if box is not None else GrantBox()  # where others read the grants (the event publisher)
         self._stamp: tuple[object, ...] = ()
         self._scanned_at = 0.0
         self.reloads = 0
@@ -139,6 +151,28 @@ class ZapHandler:
         # Whole dicts replaced at once: the broker's thread reads by_name while this one reloads.
         self.keys, self.by_name = keys, {p.name.encode(): p for p in keys.values()}
         self._stamp = self._fingerprint(certs)
+        self._grant_all()
+
+    def _grant_all(self) -> None:
+        """Each key's grant: its entry in the access file, else what its certificate says (a key issued
+        for a worker registers and does nothing else; any other key may do everything, as before roles)."""
+        table = self.access.table if self.access is not None else None
+        grants: dict[bytes, Grant] = {}
+        for name, peer in self.by_name.items():
+            entry = table.keys.get(peer.name) if table is not None else None
+            if entry is None:
+                entry = (
+                    Grant.of(peer.name, "viewer", register=ALL, client=False)
+                    if peer.worker is not None
+                    else Grant.of(peer.name, "admin")
+                )
+            grants[name] = entry
+        self.grants = grants
+        self._table = table
+        self.box.table = grants
+
+    def grant_of(self, user_id: bytes | None) -> Grant | None:
+        return self.grants.get(user_id or b"")
 
     def _fingerprint(self, certs: list[Path]) -> tuple[object, ...]:
         out: list[object] = []
@@ -155,6 +189,8 @@ class ZapHandler:
         if now - self._scanned_at < self.RESCAN:
             return False
         self._scanned_at = now
+        if self.access is not None and self.access.current(now) is not self._table:
+            self._grant_all()  # the access file changed: the keys' grants follow at once
         if self._fingerprint(sorted(self.clients_dir.glob("*.key"))) == self._stamp:
             return False
         self._load()
@@ -192,11 +228,15 @@ class ZapHandler:
             self._sock.close(0)
             self._waker.close()
 
-    def may_register(self, name: bytes, user_id: bytes | None) -> bool:
+    def may_register(self, name: bytes, user_id: bytes | None, service: bytes | None = None) -> bool:
         """True when the key a worker's READY came with was issued for this worker name: exactly,
-        or by a prefix ending in `*` (one key for a Deployment's replicas, e.g. `zfab-worker-*`)."""
+        or by a prefix ending in `*` (one key for a Deployment's replicas, e.g. `zfab-worker-*`), and its
+        entry in the access file lets it register `service`."""
         peer = self.by_name.get(user_id or b"")
         if peer is None or peer.worker is None:
+            return False
+        grant = self.grants.get(user_id or b"")
+        if service is not None and (grant is None or not grant.may_register(service.decode(errors="replace"))):
             return False
         issued = peer.worker.encode()
         return name.startswith(issued[:-1]) if issued.endswith(b"*") else name == issued
@@ -222,6 +262,9 @@ class ZapHandler:
         peer = self.keys.get(creds[0])
         if peer is None:
             return reply(b"400", "unknown public key")
+        grant = self.grants.get(peer.name.encode())
+        if _domain == EVENTS_DOMAIN and (grant is None or not grant.allows("read")):
+            return reply(b"400", f"key {peer.name} may not subscribe to the broker's events (its access entry)")
         # ZAP does not see the peer's identity: the broker checks worker names per frame
         # against the user id returned here (see may_register).
         return reply(b"200", "OK", peer.name.encode())

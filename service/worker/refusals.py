@@ -36,7 +36,7 @@ class NameRefusals:
         if self.count == 1:
             why = msg.detail or f"another worker is registered as {self.name}"
             log.warning(
-                "worker %s: the broker refused it: %s. Trying again every %.0f s at most, until the name is free",
+                "worker %s: the broker refused it: %s. Trying again every %.0f s at most",
                 self.name,
                 why,
                 ka.hold_time,

@@ -347,7 +347,7 @@ class Worker:
                 self.refusals.registered()
                 if self.keepalive.answers():  # with the broker's wave, not on a clock of our own
                     self._send_keepalive()
-            elif msg.reason == "name_taken":
+            elif msg.reason in ("name_taken", "declaration_conflict"):  # refused: back off, then try again
                 self._heard_since_ready = False  # not registered: not ready
                 self.refusals.refused(msg)
             elif self.refusals.retry_at is not None:

@@ -72,3 +72,14 @@ def marks(path: Path, token: str) -> int:
     if not path.exists():
         return 0
     return sum(1 for line in path.read_text().splitlines() if line == token)
+
+
+class LeakySecrets(Worker):
+    """The `secrets` service's `login` announced without its `redact`: the broker must refuse it, not adopt it."""
+
+    service = "secrets"
+
+    @task
+    def login(self, user: str, password: str, site: str = "lab") -> dict[str, str]:
+        """The same task, its secret no longer declared."""
+        return {"user": user, "site": site}

@@ -22,7 +22,7 @@ from zfab.api.settings import ApiSettings
 
 pytestmark = pytest.mark.timeout(60)
 
-PAGES = ["/ui", "/ui/jobs/0123abcd", "/ui/queues", "/ui/workers", "/ui/schedules"]
+PAGES = ["/ui", "/ui/jobs/0123abcd", "/ui/queues", "/ui/workers", "/ui/schedules", "/ui/audit"]
 LINK = re.compile(r"""(?:src|href)\s*=\s*["']([^"']+)["']""")
 OUTSIDE = re.compile(r"""\bhttps?://(?!www\.w3\.org/2000/svg)[^\s"'<>]+""")  # an SVG's xmlns names, fetches nothing
 REMOTE = ("10.1.2.3", 40000)

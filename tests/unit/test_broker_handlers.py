@@ -605,7 +605,8 @@ def test_a_worker_that_reconnects_names_its_previous_connection_and_takes_its_na
 
 def test_under_curve_only_the_holders_key_may_say_it_was_the_previous_connection(clock: FakeClock) -> None:
     b = make_broker(clock)
-    b.identities.zap = type("Zap", (), {"may_register": staticmethod(lambda name, user: True)})()  # every key may be w1
+    # every key may be w1 (and register any service)
+    b.identities.zap = type("Zap", (), {"may_register": staticmethod(lambda name, user, *_: True), "grants": {}})()
     ann = nfp.dumps({"v": 2, "name": "w1", "credits": 2, "tasks": TASKS})
     stub(b).feed([b"w1~aaaa", b"", nfp.WORKER, nfp.READY, b"demo", ann], user_id=b"key-a")
     other = nfp.dumps({"v": 2, "name": "w1", "credits": 2, "tasks": TASKS, "previous": "w1~aaaa"})

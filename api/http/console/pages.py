@@ -19,6 +19,8 @@ VIEWS = {
     "workers": ("/workers", "Workers", True),
     "schedules": ("/schedules", "Schedules", True),
 }
+# Views for a role's eyes only: (path, title, the action their link needs: hidden from the others).
+ROLE_VIEWS = {"audit": ("/audit", "Audit", "audit")}
 # The scripts of each view, in order: core.js first (every view script reads it), then what the view needs.
 SCRIPTS = {
     "jobs": ("core.js", "forms.js", "jobs.js"),
@@ -26,6 +28,7 @@ SCRIPTS = {
     "queues": ("core.js", "mmi.js"),
     "workers": ("core.js", "mmi.js"),
     "schedules": ("core.js", "forms.js", "schedules.js"),
+    "audit": ("core.js", "audit.js"),
 }
 MEDIA_TYPES = {
     ".css": "text/css; charset=utf-8",
@@ -71,9 +74,12 @@ def render(view: str, root: str, job: str = "") -> str:
         f'<a href="{root}/ui{path}"{" aria-current=page" if name == view else ""}>{title}</a>'
         for name, (path, title, shown) in VIEWS.items()
         if shown
+    ) + "".join(
+        f'<a href="{root}/ui{path}" data-needs="{needs}"{" aria-current=page" if name == view else ""}>{title}</a>'
+        for name, (path, title, needs) in ROLE_VIEWS.items()
     )
     body = template(view).substitute(root=root, job=job, jobform=template("jobform").template)
-    title = VIEWS[view][1] + (f" {job}" if job else "")
+    title = (VIEWS[view][1] if view in VIEWS else ROLE_VIEWS[view][1]) + (f" {job}" if job else "")
     return template("layout").substitute(
         title=title,
         view=view,

@@ -19,7 +19,7 @@ from zfab import MAX_JOB_UUID
 from ...errors import ProblemError
 from ...jobs.arguments import arguments_of
 from ...jobs.operations import known_job
-from ..auth import Principal, require_auth
+from ..auth import Principal, caller_of, grant_of, not_found_outside
 from ..state import api_state
 from .pages import assets, render
 
@@ -43,7 +43,8 @@ JobUuid = Annotated[str, Path(description="The job's uuid", max_length=MAX_JOB_U
 async def shell_access(request: Request) -> None:
     """No token configured: loopback peers only, as for every job and MMI route (403 otherwise)."""
     if not request.app.state.tokens:
-        await require_auth(request, None)
+        # The shell holds no data (its pages ask the API with the caller's token): no role to check.
+        caller_of(request.app.state.tokens, request.client.host if request.client else None, None)
 
 
 router = APIRouter(include_in_schema=False)
@@ -96,6 +97,12 @@ async def schedules_page(request: Request) -> HTMLResponse:
     return _page(request, "schedules")
 
 
+@shell.get("/audit")
+async def audit_page(request: Request) -> HTMLResponse:
+    """The audit log (GET /audit: admins; anyone else's page says the API refused it)."""
+    return _page(request, "audit")
+
+
 @shell.get("/static/{name}")
 async def asset(request: Request, name: Annotated[str, Path(max_length=64)]) -> Response:
     """A packaged asset. Pages name it with its version (?v=), so that URL may be cached for good."""
@@ -125,7 +132,8 @@ async def job_request(request: Request, uuid: JobUuid, _: Principal) -> JSONResp
     names it, and none past GET's byte bound (`omitted` says why). 404 when the API does not hold it."""
     st = api_state(request)
     rec = await known_job(st, uuid)
-    shown = await arguments_of(st, rec)
+    not_found_outside(request, rec.service, uuid)
+    shown = await arguments_of(st, rec) if grant_of(request).payloads else None
     if rec.request is None or shown is None:
         raise ProblemError(404, "request-unknown", "Request not known", f"the API does not hold what job {uuid} asked")
     body = rec.request.model_dump(mode="json")

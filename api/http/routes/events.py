@@ -25,7 +25,7 @@ from ...jobs.recovery import ensure_live
 from ...jobs.table import JobRecord
 from ...models import InputAnswer, Job
 from ...state import ApiState
-from ..auth import Principal
+from ..auth import Principal, grant_of, not_found_outside
 from ..problems import responses
 from ..sse import PING, EventStreamResponse, comment, frame, json_frame
 from ..state import api_state
@@ -147,7 +147,9 @@ def from_database(st: ApiState, rec: JobRecord) -> bool:
     return st.cluster is not None and (rec.remote or (rec.live is None and rec.stored is not None and rec.done))
 
 
-async def event_stream(st: ApiState, rec: JobRecord, after: int, tracebacks: bool) -> AsyncIterator[bytes]:
+async def event_stream(
+    st: ApiState, rec: JobRecord, after: int, tracebacks: bool, payloads: bool = True
+) -> AsyncIterator[bytes]:
     if from_database(st, rec):
         async for chunk in _from_database(st, rec, after):
             yield chunk
@@ -160,7 +162,10 @@ async def event_stream(st: ApiState, rec: JobRecord, after: int, tracebacks: boo
             yield chunk
     # Without `end`, the server is stopping: the caller reconnects (to the restarted API) with Last-Event-ID.
     if rec.done:
-        yield end_frame(rec.view(tracebacks=tracebacks))
+        view = rec.view(tracebacks=tracebacks)
+        if not payloads:  # a caller without the payloads flag: the finished job without its results
+            view.results = None
+        yield end_frame(view)
 
 
 @router.get(
@@ -190,13 +195,14 @@ async def job_events(
     """
     st = api_state(request)
     rec = await known_job(st, uuid)
+    not_found_outside(request, rec.service, uuid)
     if not rec.remote:
         await ensure_live(st, rec)
     if last_event_id == "end" and rec.done:
         return Response(status_code=204)
     after = int(last_event_id) if last_event_id != "end" else 0
     tracebacks = st.settings.tracebacks_for(principal)
-    return EventStreamResponse(event_stream(st, rec, after, tracebacks))
+    return EventStreamResponse(event_stream(st, rec, after, tracebacks, grant_of(request).payloads))
 
 
 @router.post(
@@ -213,6 +219,7 @@ async def send_input(uuid: JobUuid, answer: InputAnswer, request: Request, princ
     the job is not waiting for input."""
     st = api_state(request)
     rec = await known_job(st, uuid)
+    not_found_outside(request, rec.service, uuid)
     if rec.remote:
         if rec.done:
             raise ProblemError(409, "job-finished", "Job already finished", f"job {uuid} already finished", job=uuid)

@@ -25,7 +25,7 @@ from zfab.errors import BadRequestError, JobTimeoutError, ZfabError
 from ...errors import ProblemError, from_fabric_error
 from ...fabric import await_result, wait_done
 from ...models import MMI_SERVICE
-from ..auth import Principal
+from ..auth import Principal, grant_of
 from ..problems import responses
 from ..state import api_state
 
@@ -47,9 +47,10 @@ def refuse(status: int, slug: str, title: str, detail: str, **headers: str) -> P
     return ProblemError(status, slug, title, detail, headers)
 
 
-def check_service(service: str) -> None:
-    """404 for a name no files service can have (checked here, not in the schema: it counts UTF-8 bytes)."""
-    if len(service.encode()) > MAX_NAME_BYTES or service == MMI_SERVICE:
+def check_service(service: str, request: Request) -> None:
+    """404 for a name no files service can have (checked here, not in the schema: it counts UTF-8 bytes),
+    or one outside the caller's scope."""
+    if len(service.encode()) > MAX_NAME_BYTES or service == MMI_SERVICE or not grant_of(request).sees(service):
         raise refuse(404, "no-such-service", "No such files service", f"no files service can be named '{service}'")
 
 
@@ -201,7 +202,7 @@ def file_headers(path: str, details: dict[str, Any]) -> dict[str, str]:
 async def head_file(service: FileService, path: FilePath, request: Request, _: Principal) -> Response:
     """What `GET` would answer, without the content: `Content-Length`, `ETag`, `X-Checksum-Sha256`."""
     st = api_state(request)
-    check_service(service)
+    check_service(service, request)
     check_path(path)
     _, details = await file_details(st.client, service, path)
     headers = file_headers(path, details) | {"Content-Length": str(int(details["size"]))}
@@ -238,7 +239,7 @@ async def download_file(
     are problems with the worker's reason; a transfer that breaks midway cuts the connection,
     so a caller never takes a short file for a whole one."""
     st = api_state(request)
-    check_service(service)
+    check_service(service, request)
     check_path(path)
     worker, details = await file_details(st.client, service, path)
     size, sha256 = int(details["size"]), str(details["sha256"])

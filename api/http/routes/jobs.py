@@ -23,7 +23,7 @@ from ...jobs.recovery import ensure_live
 from ...jobs.table import JobRecord, fingerprint, job_uuid_for_key
 from ...models import Job, JobPage, JobRequest, JobState, JobSummary
 from ...state import ApiState
-from ..auth import Principal
+from ..auth import Principal, forbidden_role, grant_of, not_found_outside
 from ..problems import responses
 from ..state import api_state
 
@@ -109,21 +109,47 @@ async def submit_job(
     """
     began = time.monotonic()
     st = api_state(request)
+    if not grant_of(request).sees(req.service):
+        raise out_of_scope(req.service)
     uuid, fp = (job_uuid_for_key(idempotency_key, principal), fingerprint(req)) if idempotency_key else (None, "")
     bound = wait_bound(wait, prefer, st.settings.default_wait_max)
     rec, fresh = await submit(st, req, uuid, fp, bound, began=began, caller=principal)
-    return await submitted(st, rec, fresh, bound, request.scope.get("root_path", ""), wait is None, principal)
+    return await submitted(
+        st, rec, fresh, bound, request.scope.get("root_path", ""), wait is None, principal, grant_of(request).payloads
+    )
+
+
+def out_of_scope(service: str) -> ProblemError:
+    """A service outside the caller's scope is, to it, a service that does not exist."""
+    return ProblemError(404, "unknown-service", "Unknown service", f"no service {service!r} for this caller")
+
+
+def without_payloads(view: Job) -> Job:
+    """A caller without the payloads flag sees a job's outline: no arguments, no results."""
+    view.arguments = None
+    view.results = None
+    return view
 
 
 async def submitted(
-    st: ApiState, rec: JobRecord, fresh: bool, bound: float | None, root: str, preferred: bool, principal: str
+    st: ApiState,
+    rec: JobRecord,
+    fresh: bool,
+    bound: float | None,
+    root: str,
+    preferred: bool,
+    principal: str,
+    payloads: bool = True,
 ) -> Response:
     """POST /jobs' answer. 200 with a finished job: one that ended within the wait bound, or a retried
     POST of one that had ended. A job this request submitted without waiting is always 202, even when
     it was quick enough to finish before the answer went out: the status must not depend on a race.
     The job as GET /jobs/{uuid} shows it, `arguments` included."""
     view = rec.view(tracebacks=st.settings.tracebacks_for(principal))
-    view.arguments = await arguments_of(st, rec)
+    if payloads:
+        view.arguments = await arguments_of(st, rec)
+    else:
+        without_payloads(view)
     status = 200 if view.state.final and (bound is not None or not fresh) else 202
     headers = {"Location": f"{root}/jobs/{rec.uuid}"}
     if bound is not None and preferred:  # the wait came from `Prefer: wait=N`, not ?wait=
@@ -152,6 +178,7 @@ async def get_job(
     `attempts` the attempts of a retried job, each earlier one with its error."""
     st = api_state(request)
     rec = await known_job(st, uuid)
+    not_found_outside(request, rec.service, uuid)
     if not rec.remote:
         await ensure_live(st, rec)
     bound = wait_bound(wait, prefer, st.settings.default_wait_max)
@@ -164,6 +191,8 @@ async def get_job(
     scheduler = getattr(request.app.state, "schedules", None)
     if scheduler is not None:
         view.schedule = scheduler.schedule_of(uuid)
+    if not grant_of(request).payloads:
+        return without_payloads(view)
     view.arguments = await arguments_of(st, rec)
     return view
 
@@ -181,6 +210,7 @@ async def cancel_job(uuid: JobUuid, request: Request, principal: Principal) -> J
     running one is asked to stop, and ends as its workers report (`cancelled`, or its result)."""
     st = api_state(request)
     rec = await known_job(st, uuid)
+    not_found_outside(request, rec.service, uuid)
     if rec.remote:
         if rec.done:
             raise ProblemError(
@@ -188,7 +218,8 @@ async def cancel_job(uuid: JobUuid, request: Request, principal: Principal) -> J
             )
         assert st.cluster is not None  # only a replica's jobs are remote
         return await st.cluster.forward(rec, "cancel", {})
-    return await cancel_local(st, rec, tracebacks=st.settings.tracebacks_for(principal))
+    done = await cancel_local(st, rec, tracebacks=st.settings.tracebacks_for(principal))
+    return done if grant_of(request).payloads else without_payloads(done)
 
 
 @router.post(
@@ -214,9 +245,11 @@ async def retry_dead_job(
     (the problem's `job` names the job that took over)."""
     st = api_state(request)
     rec = await known_job(st, uuid)
+    not_found_outside(request, rec.service, uuid)
     bound = wait_bound(wait, prefer, st.settings.default_wait_max)
     new = await retry_job(st, rec, bound, caller=principal)
-    return await submitted(st, new, True, bound, request.scope.get("root_path", ""), wait is None, principal)
+    root = request.scope.get("root_path", "")
+    return await submitted(st, new, True, bound, root, wait is None, principal, grant_of(request).payloads)
 
 
 StateFilter = Annotated[list[JobState] | None, Query(description="Only jobs in these states (repeat the parameter)")]
@@ -267,10 +300,15 @@ async def list_jobs(
         total = len(st.jobs)
     items: list[Job | JobSummary] = []
     tracebacks = st.settings.tracebacks_for(principal)
+    grant = grant_of(request)
+    if include == "results" and not grant.payloads:
+        raise forbidden_role(grant, "read", "include=results (jobs' results) for a caller without the payloads flag")
     last: int | None = None
     more = False
     for seq, found, sid in rows:
         rec = st.jobs.get(found.uuid) or found  # this replica's own jobs from memory, where they are fresher
+        if not grant.sees(rec.service):
+            continue  # outside the caller's scope: as if it did not exist
         view = rec.view(tracebacks=tracebacks)
         view.schedule = sid or (scheduler.schedule_of(rec.uuid) if scheduler is not None else None)
         if not flt.matches(view, rec):
@@ -281,6 +319,8 @@ async def list_jobs(
         items.append(view if include == "results" else JobSummary.of(view))
         last = seq
     nxt = str(request.url.include_query_params(cursor=str(last))) if more and last is not None else None
+    if not grant.everywhere:
+        total = sum(1 for rec in st.jobs.newest(None) if grant.sees(rec.service))  # not the others' count
     return JobPage(items=items, total=total, limit=limit, next=nxt)
 
 

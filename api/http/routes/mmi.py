@@ -7,12 +7,13 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Path, Query, Request
 
 from zfab import MAX_NAME_BYTES
+from zfab.core.access import scoped_broker
 from zfab.errors import BadRequestError, NoWorkersError, ZfabError
 
 from ...errors import ProblemError, from_fabric_error, unavailable
 from ...fabric import MMI_TIMEOUT, mmi, wait_done
 from ...models import MMI_SERVICE, TaskLimits
-from ..auth import Principal
+from ..auth import Principal, grant_of
 from ..problems import responses
 from ..state import api_state
 
@@ -52,7 +53,7 @@ async def _ask(request: Request, task: str, **kwargs: Any) -> Any:
 )
 async def show_broker(request: Request, _: Principal) -> dict[str, Any]:
     result: dict[str, Any] = await _ask(request, "show_broker")
-    return result
+    return scoped_broker(grant_of(request), result)
 
 
 @router.get(
@@ -73,7 +74,7 @@ async def show_workers(
 ) -> list[dict[str, Any]]:
     kwargs = {k: v for k, v in (("service", service), ("status", status)) if v}
     result: list[dict[str, Any]] = await _ask(request, "show_workers", **kwargs)
-    return result
+    return _scoped(request, result)
 
 
 @router.get(
@@ -94,7 +95,7 @@ async def show_workers(
 )
 async def show_services(request: Request, _: Principal) -> list[dict[str, Any]]:
     result: list[dict[str, Any]] = await _ask(request, "show_services")
-    return result
+    return _scoped(request, result)
 
 
 @router.get(
@@ -120,7 +121,7 @@ async def list_tasks(
 ) -> list[dict[str, Any]]:
     """Runs the service's built-in `list_tasks` task on one of its workers."""
     st = api_state(request)
-    if service == MMI_SERVICE or len(service.encode()) > MAX_NAME_BYTES:
+    if service == MMI_SERVICE or len(service.encode()) > MAX_NAME_BYTES or not grant_of(request).sees(service):
         raise _no_service(f"'{service}' is not a worker service")
     if not st.client.broker_alive:
         raise unavailable(f"the broker at {st.client.broker} is not answering; retry shortly")
@@ -203,7 +204,7 @@ _LIMIT_EXAMPLE = {
 )
 async def show_limits(request: Request, _: Principal) -> list[dict[str, Any]]:
     result: list[dict[str, Any]] = await _ask(request, "show_limits")
-    return result
+    return _scoped(request, result)
 
 
 @router.put(
@@ -242,6 +243,8 @@ async def clear_limit(request: Request, _: Principal, service: ServicePath, task
 async def _control(request: Request, command: str, service: str, **kwargs: Any) -> dict[str, Any]:
     if service == MMI_SERVICE or len(service.encode()) > MAX_NAME_BYTES:
         raise _no_service(f"'{service}' is not a worker service")
+    if not grant_of(request).sees(service):  # outside the caller's scope: as if it did not exist
+        raise _no_service(f"service '{service}' is unknown: no worker has registered it with the broker")
     try:
         result: dict[str, Any] = await mmi(api_state(request).client, command, MMI_TIMEOUT, service=service, **kwargs)
     except BadRequestError as exc:
@@ -257,6 +260,14 @@ async def _control(request: Request, command: str, service: str, **kwargs: Any) 
     except ZfabError as exc:
         raise from_fabric_error(exc) from None
     return result
+
+
+def _scoped(request: Request, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows (workers, services, limits) of services in the caller's scope."""
+    grant = grant_of(request)
+    if grant.everywhere:
+        return rows
+    return [r for r in rows if isinstance(r, dict) and grant.sees(str(r.get("service", "")))]
 
 
 def _no_service(detail: str) -> ProblemError:

@@ -29,7 +29,7 @@ from ...settings import ApiSettings
 from ...state import ApiState
 from ...store.base import ScheduleBackend, StoreError, is_postgres_url
 from ...store.schedules import LAST_JOBS, ScheduleRecord, ScheduleStore
-from ..auth import Principal
+from ..auth import Principal, grant_of
 from ..problems import responses
 
 log = logging.getLogger(__name__)
@@ -241,8 +241,8 @@ def scheduler_of(request: Request) -> Scheduler:
     return sched
 
 
-async def known(sched: Scheduler, sid: str) -> ScheduleRecord:
-    """The schedule by id, or by its name."""
+async def known(sched: Scheduler, sid: str, request: Request | None = None) -> ScheduleRecord:
+    """The schedule by id, or by its name; with the request, 404 for one of a service outside its caller's scope."""
     try:
         rec = await sched.fetch(sid)  # PostgreSQL: one made on another replica a moment ago is read
     except Exception as exc:
@@ -252,7 +252,7 @@ async def known(sched: Scheduler, sid: str) -> ScheduleRecord:
         raise ProblemError(
             409, "schedule-name-ambiguous", "Schedule name not unique", f"schedules {ids} are named {sid!r}: use an id"
         )
-    if rec is None:
+    if rec is None or (request is not None and not grant_of(request).sees(str(rec.job.get("service", "")))):
         raise ProblemError(404, "schedule-not-found", "Schedule not found", f"no schedule with id or name {sid!r}")
     return rec
 
@@ -289,6 +289,8 @@ async def create_schedule(body: ScheduleRequest, request: Request, response: Res
     for arguments its schema refuses. 409 for a name another schedule has, or when ZFAB_MAX_SCHEDULES
     schedules exist."""
     sched = scheduler_of(request)
+    if not grant_of(request).sees(body.job.service):
+        raise ProblemError(404, "service-not-found", "Service not found", f"no service {body.job.service!r}")
     name_free(sched, body.name)
     await checked(request, body.job)
     if sched.full():
@@ -321,7 +323,8 @@ async def list_schedules(
     offset: Annotated[int, Query(ge=0, description="Schedules to skip")] = 0,
 ) -> SchedulePage:
     sched = scheduler_of(request)
-    recs = list(sched.schedules.values())
+    grant = grant_of(request)
+    recs = [r for r in sched.schedules.values() if grant.sees(str(r.job.get("service", "")))]
     return SchedulePage(
         items=[view(r) for r in recs[offset : offset + limit]], total=len(recs), limit=limit, offset=offset
     )
@@ -335,7 +338,7 @@ async def list_schedules(
     responses=responses(401, 403, 404, 409, 422),
 )
 async def get_schedule(sid: ScheduleId, request: Request, _: Principal) -> Schedule:
-    return view(await known(scheduler_of(request), sid))
+    return view(await known(scheduler_of(request), sid, request))
 
 
 @router.patch(
@@ -350,7 +353,7 @@ async def update_schedule(sid: ScheduleId, patch: SchedulePatch, request: Reques
     `every` or `cron` re-times it from now; `name` and `job` replace those (a new `job` is checked as
     POST /schedules checks one; a name another schedule has is 409)."""
     sched = scheduler_of(request)
-    rec = await known(sched, sid)
+    rec = await known(sched, sid, request)
     changes = patch.model_dump(exclude_unset=True)
     if "job" in changes and patch.job is not None:
         changes["job"] = patch.job.model_dump(mode="json")
@@ -358,6 +361,8 @@ async def update_schedule(sid: ScheduleId, patch: SchedulePatch, request: Reques
         if key in changes and changes[key] is None:
             raise ProblemError(422, "validation", "Invalid request", f"body.{key}: may not be null")
     name_free(sched, changes.get("name"), by=rec.id)
+    if patch.job is not None and not grant_of(request).sees(patch.job.service):
+        raise ProblemError(404, "service-not-found", "Service not found", f"no service {patch.job.service!r}")
     if patch.job is not None:
         await checked(request, patch.job)
     if ("every" in changes or "cron" in changes) and changes.get("every") is None and changes.get("cron") is None:
@@ -378,7 +383,7 @@ async def update_schedule(sid: ScheduleId, patch: SchedulePatch, request: Reques
 )
 async def delete_schedule(sid: ScheduleId, request: Request, _: Principal) -> Response:
     sched = scheduler_of(request)
-    rec = await known(sched, sid)
+    rec = await known(sched, sid, request)
     try:
         await sched.delete(rec)
     except StoreError as exc:

@@ -34,9 +34,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from zfab import Subscriber, ZfabError
+from zfab.core.access import ANONYMOUS, Grant, topic_service
 
 from ...errors import ProblemError, unavailable
-from ..auth import Principal
+from ..auth import Principal, grant_of
 from ..problems import responses
 from ..sse import PING, EventStreamResponse, comment, json_frame
 from ..state import api_state
@@ -213,9 +214,12 @@ class TopicHub:
         reader.waiter = fut
         return fut
 
-    def after(self, last: int, topic: str, max_bytes: int = CHUNK_BYTES) -> tuple[int, int, list[bytes]]:
-        """Frames after id `last` whose topic starts with `topic`, up to about `max_bytes` of them:
-        (the last id read, ids missed, frames)."""
+    def after(
+        self, last: int, topic: str, max_bytes: int = CHUNK_BYTES, grant: Grant = ANONYMOUS
+    ) -> tuple[int, int, list[bytes]]:
+        """Frames after id `last` whose topic starts with `topic` and names a service in the grant's scope,
+        up to about `max_bytes` of them: (the last id read, ids missed, frames)."""
+        everywhere = grant.everywhere
         with self._lock:
             if not self.ring or self.last_id <= last:
                 return last, 0, []
@@ -226,7 +230,7 @@ class TopicHub:
             size, seen = 0, last
             for i, t, f in islice(self.ring, start, None):
                 seen = i
-                if t.startswith(topic):
+                if t.startswith(topic) and (everywhere or grant.sees(topic_service(t))):
                     frames.append(f)
                     size += len(f)
                     if size >= max_bytes:
@@ -319,6 +323,7 @@ async def topic_events(
     the API still holds (ZFAB_API_EVENTS_BUFFER); older ones are announced as an `event: gap`. A comment line
     every ZFAB_SSE_PING_SECONDS keeps an idle stream open."""
     hub = _hub(request)
+    grant = grant_of(request)
     if hub.streams >= hub.max_streams:
         raise unavailable(
             f"{hub.max_streams} event streams are open already (ZFAB_API_EVENT_STREAMS)", "too-many-streams"
@@ -342,7 +347,7 @@ async def topic_events(
             while not hub.closing:
                 waiter = hub.arm(reader)
                 last = reader.last
-                last_now, missed, frames = hub.after(last, topic)
+                last_now, missed, frames = hub.after(last, topic, grant=grant)
                 if missed:
                     yield json_frame({"missed": missed, "after": last}, event="gap")
                 reader.last = max(reader.last, last_now)

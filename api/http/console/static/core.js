@@ -335,8 +335,24 @@
     views: {},
   };
 
-  document.addEventListener('DOMContentLoaded', () => {
+  /**
+   * What the caller may do (GET /me): each allowed action becomes a class `can-<action>` on the body, and
+   * console.css hides every element whose `data-needs` names an action the caller lacks. The API refuses
+   * those calls all the same; this only spares a viewer buttons that would answer 403.
+   */
+  async function whoami() {
+    try {
+      const me = await api('/me');
+      for (const a of me.actions || []) body.classList.add(`can-${a}`);
+      body.dataset.role = me.role || '';
+    } catch (e) {
+      body.dataset.role = ''; // not signed in (the sign-in form is up), or an older API: nothing is shown
+    }
+  }
+
+  document.addEventListener('DOMContentLoaded', async () => {
     fabricStatus();
+    await whoami(); // before the view: its buttons are shown or hidden before its first data
     const view = window.zfab.views[VIEW];
     if (view) view();
   });

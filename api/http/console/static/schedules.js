@@ -22,10 +22,10 @@
       const next = epochOf(s.next_run_at);
       const last = epochOf(s.last_run_at);
       const pauseBtn = h('button', {
-        type: 'button', class: 'small', dataset: { action: s.paused ? 'resume' : 'pause' },
+        type: 'button', class: 'small', dataset: { action: s.paused ? 'resume' : 'pause', needs: 'schedule' },
         onclick: () => act(() => api(`/schedules/${enc(s.id)}`, { method: 'PATCH', body: { paused: !s.paused } })),
       }, s.paused ? 'Resume' : 'Pause');
-      const deleteBtn = h('button', { type: 'button', class: 'small danger', dataset: { action: 'delete' } }, 'Delete');
+      const deleteBtn = h('button', { type: 'button', class: 'small danger', dataset: { action: 'delete', needs: 'schedule' } }, 'Delete');
       deleteBtn.addEventListener('click', () => {
         if (deleteBtn.dataset.armed) { act(() => api(`/schedules/${enc(s.id)}`, { method: 'DELETE' })); return; }
         deleteBtn.dataset.armed = '1';

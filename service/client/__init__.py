@@ -3,7 +3,6 @@
 its `JobFuture`; `filestream` and `interaction` are file downloads under a credit window, event streams
 and input answers."""
 
-from . import clientdocs as clientdocs  # the Args, Returns, Raises, Example of Client's docstrings
 from .client import Client
 from .filestream import FileStream
 from .future import JobFuture

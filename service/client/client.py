@@ -44,8 +44,37 @@ _REQUEST_HEAD = len(nfp.CLIENT) + len(nfp.POST)
 class Client:
     """Talk to a zfab (or NorFab) broker. Use as a context manager, or call start()/close().
 
-    `acks=False` asks the broker and workers to skip the per-job 202/201 acknowledgements
-    (faster; see docs/protocol.md); `push=True` (default) has results pushed when ready.
+    Args:
+        broker: the broker's endpoint, e.g. `"tcp://127.0.0.1:5555"` (default: `ZFAB_BROKER`).
+        name: the client's name, as the broker shows it (`show_clients`).
+        settings: bounds and timings (default: `Settings()`, read from the `ZFAB_*` environment).
+        acks: `False` asks the broker and workers to skip the per-job 202/201 acknowledgements: faster,
+            at the cost the wire protocol (docs/protocol.md) describes.
+        push: `True` (default) has results pushed when ready; `False` polls for them.
+        poll_after: seconds before a job with no news is asked about (default: two keepalive intervals).
+        queued_notice: seconds a job may wait in the broker's queue before the broker says "queued" (the
+            future's admission and its "queued" timing); a job dispatched sooner costs no such message.
+            0 asks for it at once (the API does: its POST answers with the state).
+        encoded_results: hold finished results as the JSON they came as, decoded at each `result()`, so
+            what a holder of many finished futures keeps (the API's job table) is the bytes that came,
+            not several times as much in Python objects.
+        on_complete: callables run on the client's loop thread as each job ends, with (future, service,
+            state, results): the API's latency metrics (metrics/client.py JobMetrics.observe).
+        transport: for tests: a `StubTransport` (`zfab.transport.stub`).
+        clock: for tests: the stub's `FakeClock`.
+
+    One `Client` may be shared by many threads: its socket is owned by its own loop, and each
+    method here may be called from any thread.
+
+    Example:
+        ```python
+        from zfab import Client
+
+        with Client(broker="tcp://127.0.0.1:5555", name="me") as client:
+            results = client.run_job("demo", "echo", kwargs={"data": "hi"})
+            for worker, entry in results.items():
+                print(worker, entry["result"])             # demo-1 hi
+        ```
     """
 
     def __init__(
@@ -63,15 +92,6 @@ class Client:
         encoded_results: bool = False,
         on_complete: Sequence[CompletionHook] = (),
     ) -> None:
-        """`encoded_results`: a finished job's future holds its result as the JSON it came as and
-        decodes it at each `result()`, so what a holder of many finished futures keeps (the API's job
-        table) is the bytes that came, not several times as much in Python objects.
-        `queued_notice`: seconds a job may wait in the broker's queue before the broker says
-        "queued" (the future's admission and its "queued" timing); a job dispatched sooner costs
-        no such message. 0 asks for it at once (the API does: its POST answers with the state).
-        `on_complete`: called on the client's owner thread as each job ends, with (future, service,
-        state, results): the API's latency metrics (metrics/client.py JobMetrics.observe).
-        `transport` and `clock` are for tests: a StubTransport and its FakeClock (transport/stub.py)."""
         self.settings = s = settings or Settings()
         self.broker = broker or s.broker
         self.name = name
@@ -194,6 +214,40 @@ class Client:
         of this process: its service counts as known, and a refusal means its outcome is unknown.
         `attempt` > 1 starts it as that attempt (a new wire uuid, `uuid~N`): a job whose earlier attempt
         a restart cut short runs again visibly, never under the uuid its earlier attempt had.
+
+        Args:
+            service: the service whose workers run it.
+            task: the task's name.
+            args: positional arguments, as JSON.
+            kwargs: keyword arguments, as JSON; checked against the task's schema before it runs.
+            workers: `"any"` (one worker), `"all"` (every worker of the service), a worker's name, or a
+                list of names.
+            timeout: seconds the job may take, end to end, counted from the end of its delay.
+            on_event: called with each of the job's events as it arrives, on the client's loop thread.
+            uuid: the job's id (default: a new one).
+            retries: attempts after the first when the task raises or its worker is lost.
+            priority: 0-9, higher first (default 5).
+            delay: seconds the broker holds the job before it is sent.
+            not_before: an epoch time before which it is not sent (instead of `delay`).
+            resubmit: send again a job the broker admitted before (same uuid).
+            backoff: the wait between attempts: seconds (doubling), or a `Backoff`.
+            attempt: start it as this attempt.
+
+        Returns:
+            The job's `JobFuture`; its `result()` waits for `{worker name: result entry}`.
+
+        Raises:
+            ValueError: a timeout, priority, delay or retries out of range.
+            BusyError: this client already holds `ZFAB_MAX_CLIENT_JOBS` jobs, or their bytes.
+            PayloadTooLargeError: the request is over the message limit.
+            ClosedError: the client is closing.
+
+        Example:
+            ```python
+            futures = [client.submit("demo", "add", args=[i, i]) for i in range(10)]
+            print([next(iter(f.result(10).values()))["result"] for f in futures])     # [0, 2, 4, ...]
+            later = client.submit("demo", "echo", kwargs={"data": 1}, delay=2, priority=9, retries=2)
+            ```
         """
         submission.check(timeout, priority, delay, retries)
         began = self.clock()  # the job's hop trace starts: its encoding is the client's time, too
@@ -231,7 +285,35 @@ class Client:
         workers: Workers = "any",
         timeout: float = 60.0,
     ) -> dict[str, Any]:
-        """Run a job and return {worker name: result entry}; raises a JobError subclass otherwise."""
+        """Run a job and return {worker name: result entry}; raises a JobError subclass otherwise.
+
+        Args:
+            service: the service whose workers run it.
+            task: the task's name.
+            args: positional arguments, as JSON.
+            kwargs: keyword arguments, as JSON.
+            workers: `"any"`, `"all"`, a worker's name or a list of names.
+            timeout: seconds the job may take.
+
+        Returns:
+            `{worker name: result entry}`; an entry has `result`, `failed`, `errors`, `messages`, `juuid`,
+            `task`, `status`, `task_started`, `task_completed` and `service`. A task that raised is an entry
+            with `failed: True` and its traceback in `errors`, not an exception.
+
+        Raises:
+            NoWorkersError: no live worker of the service matched `workers`.
+            BadRequestError: an unknown task, or arguments its schema refuses.
+            BusyError: a queue on the way is full; retry later.
+            JobTimeoutError: the job did not finish within `timeout`.
+            WorkerLostError: its worker was lost before it answered.
+            BrokerUnavailableError: the broker did not answer within its hold time.
+
+        Example:
+            ```python
+            results = client.run_job("demo", "add", kwargs={"a": 1, "b": 2})
+            assert [entry["result"] for entry in results.values()] == [3]
+            ```
+        """
         fut = self.submit(service, task, args, kwargs, workers, timeout)
         result: dict[str, Any] = fut.result(timeout + 5.0)
         return result
@@ -243,8 +325,28 @@ class Client:
 
         The future resolves like submit()'s: the result dictionary once every worker has a
         final answer (a job cut short by a worker restart reads as failed: interrupted), or
-        JobNotFoundError when no worker knows the job. `attempt`: the attempt to ask for (a retried
-        job's later attempts travel under their own wire uuid).
+        JobNotFoundError when no worker knows the job.
+
+        Args:
+            service: the job's service.
+            uuid: the job's id.
+            workers: the names of the workers that ran it.
+            timeout: seconds to wait for their answers.
+            attempt: the attempt to ask for (a retried job's later attempts travel under their own wire
+                uuid).
+
+        Returns:
+            A `JobFuture` that resolves like `submit()`'s; it runs nothing again.
+
+        Raises:
+            ValueError: no worker names given.
+            JobNotFoundError: (from the future) no worker knows the job.
+
+        Example:
+            ```python
+            fut = client.recover("demo", uuid, ["demo-1"])
+            print(fut.result(30))
+            ```
         """
         if not workers:
             raise ValueError("recover needs the names of the workers that ran the job")
@@ -259,15 +361,55 @@ class Client:
         )
 
     def subscribe(self, prefix: str = "", *, endpoint: str | None = None, queue_size: int = 10_000) -> Subscriber:
-        """The broker's events whose topic starts with `prefix` (e.g. "job.demo."), started and confirmed:
-        iterate it, close it (or use it in a with block). Its endpoint is ZFAB_BROKER_EVENTS unless given."""
+        """The broker's events whose topic starts with `prefix`, started and confirmed.
+
+        Args:
+            prefix: a topic prefix, e.g. `"job.demo."` (every state change of the demo service's jobs).
+            endpoint: the broker's event publisher (default: `ZFAB_BROKER_EVENTS`).
+            queue_size: events held for this subscriber before the oldest are dropped (counted).
+
+        Returns:
+            A started `Subscriber`: iterate it, and close it (or use it in a `with` block).
+
+        Raises:
+            ValueError: no events endpoint is configured.
+            SubscriptionError: the publisher did not confirm the subscription in time.
+
+        Example:
+            ```python
+            with client.subscribe("job.demo.") as events:
+                for event in events:
+                    print(event["topic"], event["state"])          # job.demo.echo.completed completed
+            ```
+        """
         where = endpoint or self.settings.broker_events
         if not where:
             raise ValueError("no events endpoint: set ZFAB_BROKER_EVENTS (the broker's --events-endpoint)")
         return Subscriber(where, prefix, queue_size=queue_size, settings=self.settings).start()
 
     def mmi(self, task: str, timeout: float = 5.0, **kwargs: Any) -> Any:
-        """Ask the broker's management interface, e.g. mmi("show_workers")."""
+        """Ask the broker's management interface, e.g. mmi("show_workers").
+
+        Args:
+            task: `show_workers`, `show_services`, `show_broker`, `show_clients`, `show_limits`,
+                `pause_service`, `resume_service`, `set_limit`...
+            timeout: seconds to wait for the answer.
+            **kwargs: the task's arguments, e.g. `service="demo"`.
+
+        Returns:
+            The broker's answer, as JSON (a list of workers, a dictionary...).
+
+        Raises:
+            BrokerUnavailableError: the broker did not answer within its hold time.
+            BadRequestError: an unknown MMI task, or bad arguments.
+
+        Example:
+            ```python
+            print([w["name"] for w in client.mmi("show_workers")])
+            client.mmi("pause_service", service="demo")        # jobs queue, none is sent...
+            client.mmi("resume_service", service="demo")       # ...until it resumes
+            ```
+        """
         return self.mmi_future(task, timeout, **kwargs).result(timeout + 5.0)["result"]
 
     def mmi_future(self, task: str, timeout: float = 5.0, **kwargs: Any) -> JobFuture:
@@ -280,7 +422,21 @@ class Client:
         return job.future if job is not None else None
 
     def cancel(self, uuid: str) -> bool:
-        """Ask the job's workers to cancel it. False when this client does not track the job."""
+        """Ask the job's workers to cancel it.
+
+        Args:
+            uuid: the job's id (`future.uuid`).
+
+        Returns:
+            False when this client does not track the job, True once the cancel is sent. A queued job
+            leaves the queue; a running one is asked to stop (its task sees it at `job.check()`).
+
+        Example:
+            ```python
+            fut = client.submit("demo", "sleep", kwargs={"seconds": 30})
+            client.cancel(fut.uuid)
+            ```
+        """
         job = self.jobs.get(uuid)
         if job is None:
             return False
@@ -289,17 +445,67 @@ class Client:
         return True
 
     def events(self, fut: JobFuture, timeout: float = 60.0) -> Iterator[dict[str, Any]]:
-        """Yield the job's events in order as they arrive, until it finishes or the timeout passes."""
+        """Yield the job's events in order as they arrive, until it finishes or the timeout passes.
+
+        Args:
+            fut: the job's future.
+            timeout: seconds to follow it at most.
+
+        Returns:
+            An iterator of event dictionaries (`message`, `progress`, `event_type`, `worker`...).
+
+        Example:
+            ```python
+            fut = client.submit("demo", "progress", kwargs={"steps": 3})
+            for event in client.events(fut):
+                print(event["message"], event.get("progress"))
+            ```
+        """
         return iter_events(fut, timeout)
 
     def job_events(self, service: str, uuid: str, worker: str, timeout: float = 10.0) -> list[dict[str, Any]]:
-        """Read back the events a (finished) job emitted, from the worker's job store."""
+        """Read back the events a (finished) job emitted, from the worker's job store.
+
+        Args:
+            service: the job's service.
+            uuid: the job's id.
+            worker: the worker that ran it.
+            timeout: seconds to wait for the worker.
+
+        Returns:
+            The job's events, oldest first.
+
+        Example:
+            ```python
+            events = client.job_events("demo", fut.uuid, "demo-1")
+            ```
+        """
         r = self.run_job(service, "job_events", kwargs={"uuid": uuid}, workers=worker, timeout=timeout)
         events: list[dict[str, Any]] = r[worker]["result"] or []
         return events
 
     def send_input(self, uuid: str, value: Any, input_id: str | None = None, timeout: float = 10.0) -> None:
-        """Answer a job's input request (PUT). Raises BadRequestError if the worker refuses it."""
+        """Answer a job's input request (PUT).
+
+        Args:
+            uuid: the job's id.
+            value: the answer, as JSON; the worker checks it against the request's schema.
+            input_id: which request it answers (default: the one open).
+            timeout: seconds to wait for the worker to take it.
+
+        Raises:
+            JobNotFoundError: this client does not track the job.
+            BadRequestError: the worker refused the answer (not what the schema asks, or no request open).
+
+        Example:
+            ```python
+            fut = client.submit("demo", "ask", kwargs={"question": "name?"})
+            for event in client.events(fut):
+                if event.get("event_type") == "input_request":   # the task asks
+                    client.send_input(fut.uuid, "Ada")
+            print(fut.result(10))                              # {worker: {"result": {"answer": "Ada", ...}}}
+            ```
+        """
         job = self.jobs.get(uuid)
         if job is None:
             raise JobNotFoundError(f"this client does not track job {uuid}", uuid=uuid)
@@ -324,7 +530,30 @@ class Client:
         window: int = 8,
         timeout: float = 600.0,
     ) -> FileStream:
-        """Start streaming a file from a files-service worker; iterate the result for its chunks."""
+        """Start streaming a file from a files-service worker; iterate the result for its chunks.
+
+        Args:
+            service: the files service.
+            path: the file's path inside the worker's root.
+            workers: `"any"` or one worker's name.
+            offset: the byte to start from.
+            chunk_size: bytes per chunk.
+            window: chunks in flight at once.
+            timeout: seconds the whole transfer may take.
+
+        Returns:
+            A `FileStream`: iterate it for the file's chunks, in order.
+
+        Raises:
+            ValueError: `workers` names more than one worker.
+
+        Example:
+            ```python
+            with open("copy.csv", "wb") as out:
+                for chunk in client.open_stream("files", "reports/2026.csv"):
+                    out.write(chunk)
+            ```
+        """
         if workers == "all" or workers.startswith("["):
             raise ValueError("a stream comes from one worker: use 'any' or a worker name")
         body = stream_request(path, offset=offset, chunk_size=chunk_size, window=window, timeout=timeout)
@@ -344,7 +573,30 @@ class Client:
         window: int = 8,
         timeout: float = 600.0,
     ) -> dict[str, Any]:
-        """Download a file to dest and verify its sha256. With resume, continue a partial dest."""
+        """Download a file to `dest` and verify its sha256.
+
+        Args:
+            service: the files service (`zfab worker --service files --root DIR`).
+            path: the file's path inside the worker's root.
+            dest: where to write it.
+            workers: `"any"` or one worker's name.
+            resume: continue a partial `dest` instead of starting over.
+            chunk_size: bytes per chunk.
+            window: chunks in flight at once: a slow disk throttles the worker, memory stays bounded.
+            timeout: seconds the whole transfer may take.
+
+        Returns:
+            The file's details from its worker (`path`, `size`, `sha256`...).
+
+        Raises:
+            ChecksumError: the download's sha256 differs from the worker's.
+            BadRequestError: a path outside the worker's root, or no such file.
+
+        Example:
+            ```python
+            details = client.fetch_file("files", "reports/2026.csv", "/tmp/2026.csv", resume=True)
+            ```
+        """
         target = Path(dest)
         offset = resume_offset(target, resume)
         stream = self.open_stream(

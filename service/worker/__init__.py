@@ -2,7 +2,6 @@
 validation, the runner and its bounded pool (jobs never run on the owner loop), `Job` (what task
 code talks back through), and the durable job store (SQLite, one writer thread, group commit)."""
 
-from . import workerdocs as workerdocs  # the Args, Raises, Example of Worker's docstrings
 from .job import Job
 from .task import task
 from .worker import Worker

@@ -58,7 +58,43 @@ CUT_OFF = (
 
 
 class Worker:
-    """Subclass it, set `service`, and mark task methods with `@task`."""
+    """Subclass it, set `service`, and mark task methods with `@task`.
+
+    A task's type hints are its arguments' schema (`list_tasks` serves it). Jobs run on a bounded
+    pool of threads (`ZFAB_POOL_SIZE`), or on the worker's event loop for `async def` tasks, never
+    on the socket's loop, and are recorded in the worker's job store (SQLite, under `ZFAB_DATA_DIR`).
+    `zfab worker --worker module:Class` runs one; so does `start()` in your own process.
+
+    Args:
+        broker: the broker's endpoint (default: `ZFAB_BROKER`).
+        name: the worker's name (default: `SERVICE-HOSTNAME`, stable across restarts); one process
+            holds a name at a time.
+        service: the service's name, instead of the class's `service`.
+        settings: bounds and timings (default: `Settings()`, from the `ZFAB_*` environment).
+        transport: for tests: a `StubTransport` (`zfab.transport.stub`).
+        clock: for tests: the stub's `FakeClock`.
+
+    Raises:
+        ValueError: the class has no service name and none was given.
+
+    Example:
+        ```python
+        from zfab import Job, Worker, task
+
+
+        class Inventory(Worker):
+            service = "inventory"
+
+            @task
+            def count(self, job: Job, site: str, limit: int = 10) -> int:
+                job.event(f"counting {site}", progress=0.5)
+                return min(limit, 42)
+
+
+        with Inventory(broker="tcp://127.0.0.1:5555", name="inv-1"):
+            ...                                   # serves jobs until the block ends
+        ```
+    """
 
     service: ClassVar[str] = ""
 
@@ -72,7 +108,6 @@ class Worker:
         transport: LoopFactory | None = None,
         clock: Clock = time.monotonic,
     ) -> None:
-        """`transport` and `clock` are for tests: a StubTransport and its FakeClock (transport/stub.py)."""
         self.settings = s = settings or Settings()
         self.broker = broker or s.broker
         self.service_name = service or type(self).service
@@ -172,6 +207,17 @@ class Worker:
     # ---- lifecycle -------------------------------------------------------------
 
     def start(self) -> Worker:
+        """Opens its job store, starts its pool and connects to the broker; returns the worker itself, so
+        `worker = MyWorker().start()` reads well. A `with` block starts and stops it.
+
+        Returns:
+            The worker, started.
+
+        Example:
+            ```python
+            worker = Inventory(name="inv-1").start()
+            ```
+        """
         self.shm.reclaim()  # blocks of processes that died since the last zfab process looked
         self.store.open()
         self.pool.start()
@@ -183,7 +229,16 @@ class Worker:
 
     def stop(self, drain: float | None = None) -> None:
         """Refuse new jobs (busy), let admitted ones finish and send their results for up to
-        `drain` seconds (ZFAB_DRAIN_TIMEOUT), then disconnect and close the job store."""
+        `drain` seconds (ZFAB_DRAIN_TIMEOUT), then disconnect and close the job store.
+
+        Args:
+            drain: seconds its admitted jobs may take to finish (default: `ZFAB_DRAIN_TIMEOUT`).
+
+        Example:
+            ```python
+            worker.stop(drain=10)
+            ```
+        """
         self.admission.draining = True
         try:
             # Tell the broker now (not at the next keepalive) so it stops picking this worker.

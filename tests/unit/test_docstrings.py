@@ -1,13 +1,15 @@
 """The public face's docstrings say what each argument is, what comes back, what is raised, and show an
 example (issue 43): every argument a docstring's Args section names is one the callable takes, every one it
-takes is named, and each has an Example. client.py and worker.py keep to their size, so theirs are
-appended at import (service/client/clientdocs.py, service/worker/workerdocs.py): checked here the same."""
+takes is named, and each has an Example. They are written where the code is (the size limits of
+tests/unit/test_layout.py count code, not docstrings), so what `help()` shows is what the source says."""
 
 from __future__ import annotations
 
+import ast
 import inspect
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -100,13 +102,18 @@ def test_the_public_face_shows_an_example(obj: object) -> None:
     assert re.search(r"^Example:\n    ```python\n", doc, re.M), f"{obj}: no Example section with code"
 
 
-def test_the_appended_sections_are_there_once_even_after_a_second_import() -> None:
-    import importlib
-
-    from zfab.client import clientdocs
-    from zfab.worker import workerdocs
-
-    importlib.reload(clientdocs)
-    importlib.reload(workerdocs)
+def test_the_sections_are_in_the_source_where_the_code_is() -> None:
+    """What `help()` and the Python reference show is the docstring in client.py and worker.py as written:
+    nothing is appended at import, and no section is there twice."""
+    for cls in (Client, Worker):
+        tree = ast.parse(Path(inspect.getfile(cls)).read_text())
+        (node,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls.__name__]
+        methods = [f for f in node.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)]
+        written = {"": ast.get_docstring(node)} | {f.name: ast.get_docstring(f) for f in methods}
+        for name, source_doc in written.items():
+            loaded = (getattr(cls, name) if name else cls).__doc__
+            assert (inspect.cleandoc(loaded) if loaded else None) == source_doc, (
+                f"{cls.__name__}.{name}: its docstring is not the one its source has"
+            )
     assert (Client.submit.__doc__ or "").count("Args:") == 1
     assert (Worker.__doc__ or "").count("Example:") == 1

@@ -8,7 +8,9 @@ imports under `if TYPE_CHECKING:` are left out: they never run.
 from __future__ import annotations
 
 import ast
+import io
 import re
+import tokenize
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -141,9 +143,75 @@ def test_top_level_of_api_stays_small() -> None:
     assert len(flat) <= 10, flat
 
 
-# Issue 40's size fact (no module in service/ past ~450 lines), enforced here for the parts that meet
-# it: the owner loops (one core, two adapters) and the worker, split along their concepts.
+# Issue 40's size facts (no module in service/ past ~450 lines, broker.py at most ~300) measure code: a
+# line counts when it holds code, not when it is blank, only a comment, or part of a docstring, so the
+# public face's documentation is written where its code is without pushing a module over its limit.
 MAX_MODULE_LINES = 450
+MAX_BROKER_LINES = 300
+WHAT_COUNTS = "lines of code (docstrings, comments and blank lines not counted)"
+# Tokens that are no code of their own: a comment, the end of a line, indentation.
+NOT_CODE = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT}
+NOT_CODE |= {tokenize.ENCODING, tokenize.ENDMARKER}
+
+
+def code_lines(source: str) -> int:
+    """The lines of `source` that hold code: a token other than a comment, in a statement other than a
+    docstring (the string that is the first statement of a module, class or function)."""
+    docstrings: list[range] = []
+    for node in ast.walk(ast.parse(source)):
+        documented = isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        if documented and ast.get_docstring(node, clean=False) is not None:
+            first = node.body[0]
+            docstrings.append(range(first.lineno, (first.end_lineno or first.lineno) + 1))
+    lines: set[int] = set()
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type in NOT_CODE:
+            continue
+        # A docstring's string token is skipped; the `def f():` of a one-line `def f(): "doc"` still counts.
+        if tok.type == tokenize.STRING and any(tok.start[0] in rows for rows in docstrings):
+            continue
+        lines.update(range(tok.start[0], tok.end[0] + 1))  # a string value over several lines counts whole
+    return len(lines)
+
+
+def code_lines_of(path: Path) -> int:
+    return code_lines(path.read_text())
+
+
+SIZE_SAMPLE = '''"""A module's docstring,
+on two lines."""
+
+# a comment
+import os  # a comment after code
+
+
+class A:
+    """A class's docstring."""
+
+    x = """a string that is a value,
+    not a docstring"""
+
+    async def f(self) -> None:
+        """A method's docstring,
+
+        with a blank line in it."""
+        # why it returns
+        return None
+
+
+def g() -> str: "a one-line function's docstring"
+y = ("a", "b")
+'''
+
+
+def test_the_size_rule_counts_code_not_docstrings_comments_or_blank_lines() -> None:
+    # import, class, the two lines of x, async def, return, def g, y
+    assert code_lines(SIZE_SAMPLE) == 8
+    assert code_lines(SIZE_SAMPLE + '"""a string after the first statement is no docstring"""\n') == 9
+    assert code_lines(SIZE_SAMPLE + "\n\n# more said\n") == 8
+
+
+# The parts that meet it: the owner loops (one core, two adapters) and the worker, split along their concepts.
 SIZED_MODULES = (
     "transport/owner.py",
     "transport/loop.py",
@@ -160,8 +228,10 @@ SIZED_MODULES = (
 
 @pytest.mark.parametrize("module", SIZED_MODULES)
 def test_the_owner_loops_and_the_worker_stay_small(module: str) -> None:
-    lines = len((ROOT / "service" / module).read_text().splitlines())
-    assert lines <= MAX_MODULE_LINES, f"service/{module} has {lines} lines: find the second concept in it"
+    lines = code_lines_of(ROOT / "service" / module)
+    assert lines <= MAX_MODULE_LINES, (
+        f"service/{module} has {lines} {WHAT_COUNTS}, over {MAX_MODULE_LINES}: find the second concept in it"
+    )
 
 
 def test_both_owner_loops_are_adapters_of_one_core() -> None:
@@ -240,10 +310,11 @@ def test_no_two_test_files_share_a_name() -> None:
     assert sorted({n for n in names if names.count(n) > 1}) == []
 
 
-# Issue 40: no module of service/ past ~450 lines: one past it has a second concept hiding in it.
+# Issue 40: no module of service/ past ~450 lines of code: one past it has a second concept hiding in it.
 def test_no_module_of_the_fabric_passes_450_lines() -> None:
-    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in (ROOT / "service").rglob("*.py")}
-    assert {path: n for path, n in sizes.items() if n > 450} == {}
+    sizes = {str(p.relative_to(ROOT)): code_lines_of(p) for p in (ROOT / "service").rglob("*.py")}
+    over = {path: n for path, n in sizes.items() if n > MAX_MODULE_LINES}
+    assert over == {}, f"{WHAT_COUNTS} over {MAX_MODULE_LINES}: {over}"
 
 
 # ---- the broker as a mediator of composed parts (issue 40) ----------------------------------------
@@ -253,10 +324,12 @@ BROKER = ROOT / "service" / "broker"
 
 def test_the_broker_module_is_a_mediator_of_about_300_lines_and_its_parts_stay_small() -> None:
     """Majordomo's broker is ~300 lines around one mediate(); ours keeps that shape (broker.py), and
-    each part holds one concept: a module past ~450 lines has a second one hiding in it."""
-    assert len((BROKER / "broker.py").read_text().splitlines()) <= 300
-    sizes = {p.name: len(p.read_text().splitlines()) for p in BROKER.glob("*.py")}
-    assert not {name: n for name, n in sizes.items() if n > 450}, sizes
+    each part holds one concept: a module past ~450 lines of code has a second one hiding in it."""
+    lines = code_lines_of(BROKER / "broker.py")
+    assert lines <= MAX_BROKER_LINES, f"broker.py has {lines} {WHAT_COUNTS}, over {MAX_BROKER_LINES}"
+    sizes = {p.name: code_lines_of(p) for p in BROKER.glob("*.py")}
+    over = {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES}
+    assert not over, f"{WHAT_COUNTS} over {MAX_MODULE_LINES}: {over}"
 
 
 def test_nothing_in_the_broker_is_guarded_per_concern_or_called_back_after_construction() -> None:
@@ -270,10 +343,11 @@ def test_nothing_in_the_broker_is_guarded_per_concern_or_called_back_after_const
                 found.append(f"{path.name}:{n}: {line.strip()}")
     assert not found, found
     assert not (BROKER / "workerside.py").exists()  # the Broker is one class, composed (no mixin)
+
+
 # ---- the client's layout (issue 40) -----------------------------------------------------------
 
 CLIENT = ROOT / "service" / "client"
-MAX_MODULE_LINES = 450
 # What runs for every job, on the submitting thread and the owner loop: an optional part is a tuple
 # (empty when unused), never a `self.x is not None` test per job.
 CLIENT_HOT_PATH = {
@@ -283,8 +357,9 @@ CLIENT_HOT_PATH = {
 
 
 def test_every_client_module_stays_under_its_size() -> None:
-    sizes = {p.name: len(p.read_text().splitlines()) for p in CLIENT.glob("*.py")}
-    assert {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES} == {}
+    sizes = {p.name: code_lines_of(p) for p in CLIENT.glob("*.py")}
+    over = {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES}
+    assert over == {}, f"{WHAT_COUNTS} over {MAX_MODULE_LINES}: {over}"
 
 
 def test_the_client_is_no_mixin_and_its_session_no_callback_wired_after_construction() -> None:

@@ -1,9 +1,9 @@
 """The audit log in the API's database: a table `audit` beside the job table, in the SQLite file or the shared
 PostgreSQL database ZFAB_API_DB names, bounded by count and age (ZFAB_API_AUDIT_COUNT, ZFAB_API_AUDIT_DAYS).
 
-An entry is written when a state-changing call has its answer (api/http/audit.py), once per call: these are
-operators' actions, not jobs, so a write each is cheap. SQLite writes go to a thread; PostgreSQL's through
-the API's pool. Pruning (the oldest past the count, any past the age) runs with a write, at most every
+Entries come in batches (api/http/audit.py's writer: whatever gathered while the previous write ran, job
+submissions included), one executemany each. SQLite writes go to a thread; PostgreSQL's through the
+API's pool. Pruning (the oldest past the count, any past the age) runs with a write, at most every
 PRUNE_EVERY seconds.
 """
 

@@ -117,6 +117,10 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
             "CREATE INDEX audit_at ON audit (at)",
         ],
     ),
+    (
+        "who submitted each job (docs/roles.md)",
+        ["ALTER TABLE jobs ADD COLUMN submitter text NOT NULL DEFAULT ''"],
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

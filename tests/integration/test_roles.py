@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -201,6 +202,44 @@ def test_roles_scopes_a_refused_announcement_a_secret_never_stored_and_the_audit
     assert PASSWORD not in f.log("api") and PASSWORD not in f.log("broker")
 
 
+def test_a_job_submission_is_audited_and_its_job_names_who_submitted_it(tmp_path: Path) -> None:
+    db = tmp_path / "api.sqlite"
+    with fabric(tmp_path) as f:
+        f.broker()
+        f.worker("w1")
+        with f.client() as c:
+            wait_workers(c, {"w1"})
+        base = start_api(f, env={"ZFAB_ACCESS_FILE": str(access_file(tmp_path)), "ZFAB_API_DB": str(db)})
+        with httpx.Client(base_url=base, timeout=20) as h:
+            wait_for(lambda: h.get("/readyz").status_code == 200, 20, what="/readyz 200")
+            job = {"service": "demo", "task": "echo", "kwargs": {"data": 1}}
+            # The lean path (a bearer token, ?wait only) and the documented one (an Idempotency-Key).
+            lean = h.post("/jobs?wait=10", json=job, headers=auth("operator"))
+            assert lean.status_code == 200 and lean.json()["submitted_by"] == "operator", lean.text
+            documented = h.post("/jobs", json=job, headers={**auth("admin"), "Idempotency-Key": "k-1"})
+            assert documented.status_code == 202 and documented.json()["submitted_by"] == "admin", documented.text
+            again = h.post("/jobs", json=job, headers={**auth("admin"), "Idempotency-Key": "k-1"})
+            assert again.json()["uuid"] == documented.json()["uuid"]  # a replay: no second job, no second entry
+            assert forbidden(h.post("/jobs", json=job, headers=auth("viewer")), "operator")
+            # Whoever may read the job sees who submitted it.
+            read = h.get(f"/jobs/{lean.json()['uuid']}", headers=auth("viewer")).json()
+            assert read["submitted_by"] == "operator"
+            entries = h.get("/audit", params={"action": "POST /jobs"}, headers=auth("admin")).json()["items"]
+            did = [(e["actor"], e["target"], e["status"], e["origin"]) for e in entries if e["action"] == "POST /jobs"]
+            assert ("operator", lean.json()["uuid"], 200, "api") in did
+            assert ("admin", documented.json()["uuid"], 202, "api") in did
+            assert ("viewer", "/jobs", 403, "api") in did
+            assert len(did) == 3, did
+        f.signal("api", 15)
+        f.procs["api"].wait(15)
+    # The job's row names its submitter (a column of the job table), and its audit rows were written.
+    with sqlite3.connect(db) as conn:
+        rows = dict(conn.execute("SELECT uuid, submitter FROM jobs").fetchall())
+        audited = conn.execute("SELECT actor, target FROM audit WHERE action = 'POST /jobs'").fetchall()
+    assert rows[lean.json()["uuid"]] == "operator" and rows[documented.json()["uuid"]] == "admin"
+    assert ("operator", lean.json()["uuid"]) in audited and ("viewer", "/jobs") in audited
+
+
 def test_a_worker_key_cannot_submit_pause_or_subscribe_and_a_client_key_has_its_role(tmp_path: Path) -> None:
     (tmp_path / "keys").mkdir()
     allowed = tmp_path / "allowed"
@@ -276,6 +315,7 @@ def test_on_postgresql_the_secret_is_not_stored_and_the_audit_log_is_in_the_shar
                 wait_for(lambda: len(pg.sql(url, "SELECT 1 FROM jobs")) >= 1, 10, what="the job's row")
             stored = json.dumps([list(map(str, r)) for r in pg.sql(url, "SELECT * FROM jobs")])
             assert "ada" in stored and PASSWORD not in stored
+            assert [r[0] for r in pg.sql(url, "SELECT submitter FROM jobs")] == ["operator"]  # who submitted it
             assert PASSWORD not in f.log("api")
     finally:
         pg.destroy()

@@ -289,6 +289,68 @@ def test_a_worker_key_cannot_submit_pause_or_subscribe_and_a_client_key_has_its_
             assert not ops.mmi("show_services")[0].get("paused", False)
 
 
+def test_mmi_commands_a_key_sends_the_broker_directly_are_in_the_apis_audit_log_once(tmp_path: Path) -> None:
+    (tmp_path / "keys").mkdir()
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    k = {n: create_keys(tmp_path / "keys", n) for n in ("broker", "api", "root", "ops")}
+    k["w1"] = create_keys(tmp_path / "keys", "w1", worker="w1")
+    for name in ("api", "root", "ops", "w1"):
+        (allowed / f"{name}.key").write_bytes(k[name][0].read_bytes())
+    keys = '\n[[key]]\nname = "ops"\nrole = "operator"\n'  # api and root: no entry, so admins
+    access = access_file(tmp_path, keys)
+    with fabric(tmp_path) as f:
+        f.env.update(
+            ZFAB_CURVE_SECRET=str(k["broker"][1]), ZFAB_CURVE_CLIENTS=str(allowed), ZFAB_ACCESS_FILE=str(access)
+        )
+        f.broker()
+        f.env.pop("ZFAB_CURVE_CLIENTS")
+        f.env.update(ZFAB_CURVE_SECRET=str(k["w1"][1]), ZFAB_CURVE_SERVER_KEY=str(k["broker"][0]))
+        f.worker("w1")
+        f.env.update(ZFAB_CURVE_SECRET=str(k["api"][1]))
+        base = start_api(f)
+        with (
+            curve_client(f, k["root"][1], k["broker"][0], "root") as root,
+            curve_client(f, k["ops"][1], k["broker"][0], "ops") as ops,
+            httpx.Client(base_url=base, timeout=20) as h,
+        ):
+            wait_for(lambda: {w["name"] for w in root.mmi("show_workers", timeout=1)} == {"w1"}, 20, what="w1")
+            wait_for(lambda: h.get("/readyz").status_code == 200, 20, what="/readyz 200")
+            # Straight to the broker: an admin key pauses and resumes, an operator key is refused.
+            assert root.mmi("pause_service", service="demo")["paused"] is True
+            with pytest.raises(ZfabError, match="needs the role admin"):
+                ops.mmi("pause_service", service="demo")
+            assert root.mmi("resume_service", service="demo")["paused"] is False
+            # Through the API: audited by the API with the token's name, and not again as the broker's.
+            assert h.post("/mmi/services/demo/pause", headers=auth("admin")).json()["paused"] is True
+            assert h.post("/mmi/services/demo/resume", headers=auth("admin")).json()["paused"] is False
+            page = root.mmi("show_audit")
+            assert page["you"] == "root" and len(page["entries"]) == 5  # the API's two calls are its key's
+            assert {e["key"] for e in page["entries"]} == {"root", "ops", "api"}
+            with pytest.raises(ZfabError, match="needs the role admin"):
+                ops.mmi("show_audit")
+
+            def audited() -> list[tuple[str, str, str, int, str]]:
+                items = h.get("/audit", params={"limit": 1000}, headers=auth("admin")).json()["items"]
+                return [(e["actor"], e["action"], e["target"], e["status"], e["origin"]) for e in items]
+
+            wait_for(lambda: len([e for e in audited() if e[4] == "broker"]) >= 3, 15, what="the broker's entries")
+            rows = audited()
+            broker = [e for e in rows if e[4] == "broker"]
+            assert sorted(broker) == sorted(
+                [
+                    ("root", "MMI pause_service", "demo", 200, "broker"),
+                    ("ops", "MMI pause_service", "demo", 400, "broker"),
+                    ("root", "MMI resume_service", "demo", 200, "broker"),
+                ]
+            ), rows
+            assert ("admin", "POST /mmi/services/{service}/pause", "/mmi/services/demo/pause", 200, "api") in rows
+            assert not any(e[0] == "api" for e in rows)  # the API's own MMI calls: once, under the token's name
+            only = h.get("/audit", params={"actor": "ops"}, headers=auth("admin")).json()["items"]
+            assert [(e["action"], e["origin"]) for e in only] == [("MMI pause_service", "broker")]
+            assert 'zfab_table_size{table="broker_mmi_audit"} 5.0' in h.get("/metrics").text
+
+
 def test_on_postgresql_the_secret_is_not_stored_and_the_audit_log_is_in_the_shared_database(tmp_path: Path) -> None:
     import pgserver
 

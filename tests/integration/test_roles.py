@@ -351,6 +351,51 @@ def test_mmi_commands_a_key_sends_the_broker_directly_are_in_the_apis_audit_log_
             assert 'zfab_table_size{table="broker_mmi_audit"} 5.0' in h.get("/metrics").text
 
 
+def test_a_schedule_giving_a_secret_argument_is_refused_through_rest_and_the_cli(tmp_path: Path) -> None:
+    db = tmp_path / "api.sqlite"
+    with fabric(tmp_path) as f:
+        f.broker()
+        f.worker("w1")
+        f.start("s1", "worker", "--worker", f"{DECLARED}:Secrets", "--name", "s1")
+        with f.client() as c:
+            wait_workers(c, {"w1", "s1"})
+        base = start_api(f, env={"ZFAB_ACCESS_FILE": str(access_file(tmp_path)), "ZFAB_API_DB": str(db)})
+        with httpx.Client(base_url=base, timeout=20) as h:
+            wait_for(lambda: h.get("/readyz").status_code == 200, 20, what="/readyz 200")
+            secret = {"service": "secrets", "task": "login", "kwargs": {"user": "ada", "password": PASSWORD}}
+            r = h.post("/schedules", json={"job": secret, "every": 60}, headers=auth("operator"))
+            assert r.status_code == 422 and r.json()["type"].endswith("secret-arguments"), r.text
+            assert "'password'" in r.json()["detail"] and "never written" in r.json()["detail"]
+            assert r.json()["arguments"] == ["password"]
+            positional = {"service": "secrets", "task": "login", "args": ["ada", PASSWORD]}
+            r = h.post("/schedules", json={"job": positional, "every": 60}, headers=auth("operator"))
+            assert r.status_code == 422 and r.json()["arguments"] == ["password"], r.text
+            # A schedule changed to give one is refused too, and stays as it was.
+            job = {"service": "demo", "task": "echo", "kwargs": {"data": 1}}
+            made = h.post("/schedules", json={"job": job, "every": 60, "paused": True}, headers=auth("operator"))
+            assert made.status_code == 201, made.text
+            sid = made.json()["id"]
+            r = h.patch(f"/schedules/{sid}", json={"job": secret}, headers=auth("operator"))
+            assert r.status_code == 422 and "'password'" in r.json()["detail"], r.text
+            assert h.get(f"/schedules/{sid}", headers=auth("operator")).json()["job"]["service"] == "demo"
+            cli = subprocess.run(
+                [
+                    *(sys.executable, "-m", "zfab.cli", "schedules", "add", "secrets", "login", "--every", "60"),
+                    *("--kwargs", json.dumps(secret["kwargs"]), "--api", base, "--token", TOKENS["operator"]),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            assert cli.returncode != 0 and "'password'" in cli.stderr and "secret" in cli.stderr, cli.stderr
+            assert PASSWORD not in cli.stderr
+            assert len(h.get("/schedules", headers=auth("operator")).json()["items"]) == 1
+        f.signal("api", 15)
+        f.procs["api"].wait(15)
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("api.sqlite*"))
+    assert stored and PASSWORD.encode() not in stored
+
+
 def test_on_postgresql_the_secret_is_not_stored_and_the_audit_log_is_in_the_shared_database(tmp_path: Path) -> None:
     import pgserver
 

@@ -39,6 +39,7 @@ AUDITED = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # middleware records only a refused one.
 SUBMISSIONS = frozenset({("POST", "/jobs")})
 SUBMIT = "POST /jobs"  # a submission's action; its target is the job's uuid
+READ_WAIT = 2.0  # GET /audit waits at most this long for the entries being written
 
 
 class AuditEntry(BaseModel):
@@ -89,6 +90,8 @@ class AuditLog:
         self.store: AuditStore | None = None
         self._pending: list[Row] = []
         self._kick = asyncio.Event()
+        self._idle = asyncio.Event()  # nothing waits for the database: a read finds every entry made so far
+        self._idle.set()
         self._writer: asyncio.Task[None] | None = None
         self._writing = False
         self.written = 0
@@ -110,6 +113,7 @@ class AuditLog:
             self.dropped += 1
             return
         self._pending.append(row)
+        self._idle.clear()
         if self._writer is None:
             self._writer = asyncio.get_running_loop().create_task(self._write_loop(), name="api audit writer")
         self._kick.set()
@@ -137,6 +141,7 @@ class AuditLog:
             store = self.store
             rows, self._pending = self._pending, []
             if store is None or not rows:
+                self._idle.set()
                 continue
             self._writing = True
             try:
@@ -148,6 +153,8 @@ class AuditLog:
                     log.warning("audit log: %d entries could not be written to the database: %s", len(rows), exc)
             finally:
                 self._writing = False
+                if not self._pending:
+                    self._idle.set()
 
     async def drain(self) -> None:
         """Wait (up to 5 s) for the entries still to be written (the API is stopping), then stop the writer."""
@@ -164,6 +171,8 @@ class AuditLog:
         self, actor: str | None, action: str | None, since: float | None, limit: int, offset: int
     ) -> tuple[list[AuditEntry], int]:
         if self.store is not None:
+            with suppress(TimeoutError):  # what was recorded before this read is in its answer (a bounded wait)
+                await asyncio.wait_for(self._idle.wait(), READ_WAIT)
             rows, total = await self.store.page(actor, action, since, limit, offset)
         else:
             found = [

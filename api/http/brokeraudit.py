@@ -5,7 +5,9 @@ Every POLL_SECONDS the API reads the broker's log with MMI `show_audit` after th
 adds each entry to its own log (GET /audit, origin `broker`, action `MMI <command>`), except those of
 its own key (`you` in the answer): the API made those calls itself and audited them already, with the
 token behind them. Without CURVE there is no key to tell them apart, so none is taken. A broker that
-restarted has another log (`log`): its entries are read from its beginning. The API's key must be an
+restarted has another log (`log`): its entries are read from its beginning. Each entry's peer is
+`broker:<log>:<seq>`, unique in the API's database (api/store/audit.py): an entry taken again (by another
+replica on the same PostgreSQL, or by this API after a restart) is stored once. The API's key must be an
 admin's (a key without an access-file entry is); otherwise the broker refuses and the API logs why.
 """
 
@@ -69,12 +71,12 @@ class BrokerAudit:
                 if self.cursors[found] != after:
                     continue
             entries = page.get("entries") or []
-            self.take(entries, str(page.get("you", "")))
+            self.take(found, entries, str(page.get("you", "")))
             self.cursors[found] = int(page.get("next", after))
             if len(entries) < PAGE:
                 return
 
-    def take(self, entries: list[dict[str, Any]], you: str) -> None:
+    def take(self, log_id: str, entries: list[dict[str, Any]], you: str) -> None:
         for e in entries:
             key = str(e.get("key", ""))
             if key == you:
@@ -86,7 +88,7 @@ class BrokerAudit:
                     str(e.get("role", ""))[:TEXT_CHARS],
                     BROKER_ACTION + str(e.get("command", ""))[:TEXT_CHARS],
                     str(e.get("target", ""))[:TEXT_CHARS],
-                    "broker",
+                    f"broker:{log_id[:32]}:{int(e.get('seq', 0))}",  # unique: stored once however often taken
                     int(e.get("status", 0)),
                 )
             )

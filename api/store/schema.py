@@ -118,8 +118,12 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
         ],
     ),
     (
-        "who submitted each job (docs/roles.md)",
-        ["ALTER TABLE jobs ADD COLUMN submitter text NOT NULL DEFAULT ''"],
+        "who submitted each job; each broker audit entry once (docs/roles.md)",
+        [
+            "ALTER TABLE jobs ADD COLUMN submitter text NOT NULL DEFAULT ''",
+            # Every replica takes the broker's entries (api/http/brokeraudit.py); their peer names them.
+            "CREATE UNIQUE INDEX audit_broker_once ON audit (peer) WHERE peer LIKE 'broker:%'",
+        ],
     ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -308,7 +308,7 @@ def test_mmi_commands_a_key_sends_the_broker_directly_are_in_the_apis_audit_log_
         f.env.update(ZFAB_CURVE_SECRET=str(k["w1"][1]), ZFAB_CURVE_SERVER_KEY=str(k["broker"][0]))
         f.worker("w1")
         f.env.update(ZFAB_CURVE_SECRET=str(k["api"][1]))
-        base = start_api(f)
+        base = start_api(f, env={"ZFAB_API_DB": str(tmp_path / "api.sqlite")})
         with (
             curve_client(f, k["root"][1], k["broker"][0], "root") as root,
             curve_client(f, k["ops"][1], k["broker"][0], "ops") as ops,
@@ -349,6 +349,18 @@ def test_mmi_commands_a_key_sends_the_broker_directly_are_in_the_apis_audit_log_
             only = h.get("/audit", params={"actor": "ops"}, headers=auth("admin")).json()["items"]
             assert [(e["action"], e["origin"]) for e in only] == [("MMI pause_service", "broker")]
             assert 'zfab_table_size{table="broker_mmi_audit"} 5.0' in h.get("/metrics").text
+        # A restarted API reads the broker's log from its start again: each entry stays in its database once.
+        f.signal("api", 15)
+        f.procs["api"].wait(15)
+        base = start_api(f, env={"ZFAB_API_DB": str(tmp_path / "api.sqlite")})
+        with (
+            curve_client(f, k["root"][1], k["broker"][0], "root2") as root,
+            httpx.Client(base_url=base, timeout=20) as h,
+        ):
+            wait_for(lambda: h.get("/readyz").status_code == 200, 20, what="/readyz 200")
+            assert root.mmi("pause_service", service="demo")["paused"] is True
+            wait_for(lambda: len([e for e in audited() if e[4] == "broker"]) >= 4, 15, what="the new entry")
+            assert len([e for e in audited() if e[4] == "broker"]) == 4, audited()
 
 
 def test_a_schedule_giving_a_secret_argument_is_refused_through_rest_and_the_cli(tmp_path: Path) -> None:

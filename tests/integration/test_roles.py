@@ -221,6 +221,8 @@ def test_a_job_submission_is_audited_and_its_job_names_who_submitted_it(tmp_path
             again = h.post("/jobs", json=job, headers={**auth("admin"), "Idempotency-Key": "k-1"})
             assert again.json()["uuid"] == documented.json()["uuid"]  # a replay: no second job, no second entry
             assert forbidden(h.post("/jobs", json=job, headers=auth("viewer")), "operator")
+            unknown = {"service": "nope", "task": "echo"}  # refused by the fabric on the lean path: its actor too
+            assert h.post("/jobs", json=unknown, headers=auth("operator")).status_code == 404
             # Whoever may read the job sees who submitted it.
             read = h.get(f"/jobs/{lean.json()['uuid']}", headers=auth("viewer")).json()
             assert read["submitted_by"] == "operator"
@@ -229,7 +231,8 @@ def test_a_job_submission_is_audited_and_its_job_names_who_submitted_it(tmp_path
             assert ("operator", lean.json()["uuid"], 200, "api") in did
             assert ("admin", documented.json()["uuid"], 202, "api") in did
             assert ("viewer", "/jobs", 403, "api") in did
-            assert len(did) == 3, did
+            assert ("operator", "/jobs", 404, "api") in did
+            assert len(did) == 4, did
         f.signal("api", 15)
         f.procs["api"].wait(15)
     # The job's row names its submitter (a column of the job table), and its audit rows were written.

@@ -137,7 +137,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         view = FabricView(client, s.mmi_cache_seconds)
         shares = CallerShares(s.max_client_jobs, s.client_inflight_bytes, s.api_caller_share)
         merged = MergedCollector(
-            [client_metrics, FabricCollector(view.snapshot, role="api"), JobTableCollector(table, shares)]
+            [client_metrics, FabricCollector(view.snapshot, role="api"), JobTableCollector(table, shares, audit_log)]
         )
         registry.register(merged)
         persister = Persister(store, table, s.broker) if store is not None else None

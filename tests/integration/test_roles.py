@@ -233,6 +233,9 @@ def test_a_job_submission_is_audited_and_its_job_names_who_submitted_it(tmp_path
             assert ("viewer", "/jobs", 403, "api") in did
             assert ("operator", "/jobs", 404, "api") in did
             assert len(did) == 4, did
+            metrics = h.get("/metrics").text
+            assert 'zfab_table_size{table="api_audit_pending"} 0.0' in metrics  # all written: none waits
+            assert "zfab_api_audit_dropped_total 0.0" in metrics
         f.signal("api", 15)
         f.procs["api"].wait(15)
     # The job's row names its submitter (a column of the job table), and its audit rows were written.

@@ -101,7 +101,7 @@ class AuditLog:
 
     @property
     def pending(self) -> int:
-        """Entries waiting for the database (a metric: zfab_api_audit_pending)."""
+        """Entries waiting for the database (a metric: zfab_table_size{table="api_audit_pending"})."""
         return len(self._pending)
 
     def add(self, row: Row) -> None:

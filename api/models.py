@@ -267,6 +267,11 @@ class Job(BaseModel):
     )
     retry_of: str | None = Field(None, description="The job this one submitted again (POST /jobs/{uuid}/retry)")
     retried_as: str | None = Field(None, description="The job that submitted this one again")
+    submitted_by: str | None = Field(
+        None,
+        description="Who submitted it: the token's or key's name, as the audit log names it (`anonymous` on "
+        "loopback); none for a schedule's job (see `schedule`) or one recorded before zfab kept it",
+    )
     schedule: str | None = Field(None, description="The schedule that fired it, if one did")
     submitted_at: datetime
     queued_at: datetime | None = Field(None, description="When the broker admitted it to its queue")

@@ -30,6 +30,7 @@ from ..stores import open_stores
 from . import audit, console, docs, lean, problems
 from .audit import AuditLog, AuditMiddleware
 from .auth import TokenSet
+from .brokeraudit import BrokerAudit
 from .jobmetrics import JobTableCollector
 from .middleware import BodyLimitMiddleware, ContentTypeMiddleware, HeadMiddleware, HttpMetrics, MetricsMiddleware
 from .origins import OriginGuardMiddleware
@@ -129,12 +130,14 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             on_complete=(job_metrics.observe,),
         )
         client.start()
+        # The MMI commands keys sent the broker directly, into the audit log (api/http/brokeraudit.py).
+        broker_audit = asyncio.create_task(BrokerAudit(client, audit_log).run(), name="api broker audit")
         # Merged with the fabric's families: both export zfab_queue_depth, and a family may appear once.
         client_metrics = ClientMetrics(client, registry, jobs=job_metrics, register=False)
         view = FabricView(client, s.mmi_cache_seconds)
         shares = CallerShares(s.max_client_jobs, s.client_inflight_bytes, s.api_caller_share)
         merged = MergedCollector(
-            [client_metrics, FabricCollector(view.snapshot, role="api"), JobTableCollector(table, shares)]
+            [client_metrics, FabricCollector(view.snapshot, role="api"), JobTableCollector(table, shares, audit_log)]
         )
         registry.register(merged)
         persister = Persister(store, table, s.broker) if store is not None else None
@@ -176,6 +179,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             yield
         finally:
             recovering.cancel()
+            broker_audit.cancel()
             app.state.zfab = None
             for collector in (merged, job_metrics.duration, job_metrics.hop):
                 registry.unregister(collector)

@@ -26,7 +26,7 @@ from ..errors import ProblemError
 from ..jobs.operations import submit
 from ..models import JobRequest
 from ..state import ApiState
-from .auth import TokenSet, caller_of
+from .auth import GRANT, TokenSet, caller_of
 from .routeindex import flat_routes
 from .routes.jobs import submitted
 
@@ -91,12 +91,16 @@ class LeanSubmitRoute(BaseRoute):
             return
         query = scope.get("query_string", b"")
         bound = min(float(query[5:]), st.settings.default_wait_max) if query else None
+        grant = found[1]
+        # The audit log's actor, a refusal's too (auth.py's require_auth leaves it there on the other route).
+        scope[GRANT] = grant
         # The coroutine holds the request until it has submitted it; this frame lets go of it now, so a
         # long ?wait does not pin its decoded arguments (the table holds its JSON, `body`, counted).
-        submitting = submit(st, req, None, "", bound, began=began, raw=body, caller=caller)
+        submitting = submit(st, req, None, "", bound, began=began, raw=body, caller=caller, submitter=grant.name)
         del req
         rec, fresh = await submitting
-        answer = await submitted(st, rec, fresh, bound, scope.get("root_path", ""), False, caller, found[1].payloads)
+        answer = await submitted(st, rec, fresh, bound, scope.get("root_path", ""), False, caller, grant.payloads)
+        app.state.audit.submitted(scope, rec.uuid, answer.status_code)
         await answer(scope, receive, send)
 
     async def _documented(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:

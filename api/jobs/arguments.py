@@ -97,12 +97,27 @@ def recorded_json(st: ApiState, req: JobRequest, raw: bytes | None) -> bytes | N
             update={"args": [REDACTED] * len(req.args), "kwargs": dict.fromkeys(req.kwargs, REDACTED)}
         )
         return encode_request(hidden)
-    tasks = st.schemas.cached(req.service) or {}
-    schema = tasks.get(req.task)
-    names = list((schema or {}).get("properties") or {}) if isinstance(schema, dict) else []
+    names = argument_names(st, req)
     args = [REDACTED if i < len(names) and names[i] in secret else v for i, v in enumerate(req.args)]
     kwargs = {k: REDACTED if k in secret else v for k, v in req.kwargs.items()}
     return encode_request(req.model_copy(update={"args": args, "kwargs": kwargs}))
+
+
+def argument_names(st: ApiState, req: JobRequest) -> list[str]:
+    """The task's argument names in order, from its announced schema (what a positional argument is)."""
+    schema = (st.schemas.cached(req.service) or {}).get(req.task)
+    return list((schema or {}).get("properties") or {}) if isinstance(schema, dict) else []
+
+
+def secrets_given(st: ApiState, req: JobRequest) -> list[str]:
+    """The secret arguments (its task's `redact`, as last read from the broker) `req` gives a value, by name;
+    none when the task declares none or no declaration was read."""
+    secret = st.schemas.secrets(req.service, req.task)
+    if not secret:
+        return []
+    names = argument_names(st, req)
+    given = {names[i] for i in range(min(len(req.args), len(names))) if names[i] in secret}
+    return sorted(given | {k for k in req.kwargs if k in secret})
 
 
 def holds_redacted(req: JobRequest) -> bool:

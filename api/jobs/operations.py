@@ -51,12 +51,14 @@ async def submit(
     began: float | None = None,
     raw: bytes | None = None,
     caller: str | None = None,
+    submitter: str = "",
 ) -> tuple[JobRecord, bool]:
     """POST /jobs: submit the job (or find the one its Idempotency-Key names: `uuid` and the request's
     fingerprint `fp`), wait until the broker admitted it and, with a `bound`, up to that long for its
     end. The record as it then stands, and whether this call started it (`fresh`). `began`: the
     monotonic time the request was read (the job's `api` hop runs from then to its submission). `caller`:
-    the principal a new job counts for while it is in flight (api/jobs/shares.py); None: no caller's."""
+    the principal a new job counts for while it is in flight (api/jobs/shares.py); None: no caller's.
+    `submitter`: the caller's name, kept in the job's row and answer (`submitted_by`)."""
     cluster = st.cluster
     if cluster is not None and not cluster.ok:
         # A job this replica could not record would be invisible to the others (and an Idempotency-Key
@@ -93,7 +95,9 @@ async def submit(
             # Written once the broker has taken it (below): a job it refuses at once is no row. Recorded with
             # its secret arguments redacted; the fabric gets them from `req`.
             kept = recorded_json(st, req, raw)
-            rec = submit_record(st, req, uuid, fp, persist=False, retry_of=retry_of, began=began, raw=kept)
+            rec = submit_record(
+                st, req, uuid, fp, persist=False, retry_of=retry_of, began=began, raw=kept, submitter=submitter
+            )
             if shares is not None and caller is not None and rec.future is not None:
                 held(shares, caller, rec.future, len(raw or b""))
             if not deferred:
@@ -264,7 +268,9 @@ def _conflict(uuid: str, slug: str, title: str, detail: str) -> ProblemError:
     return ProblemError(409, slug, title, detail, job=uuid)
 
 
-async def retry_job(st: ApiState, rec: JobRecord, bound: float | None, caller: str | None = None) -> JobRecord:
+async def retry_job(
+    st: ApiState, rec: JobRecord, bound: float | None, caller: str | None = None, submitter: str = ""
+) -> JobRecord:
     """POST /jobs/{uuid}/retry: submit a finished job that did not complete again, with the same
     request, as a new job linked to it (`retry_of`, and the old one's `retried_as`). The new job
     as it stands once admitted, or once it ended within `bound` seconds."""
@@ -296,7 +302,9 @@ async def retry_job(st: ApiState, rec: JobRecord, bound: float | None, caller: s
         )
     rec.retrying = True  # a second retry arriving while this one awaits the broker is refused, not run twice
     try:
-        new, _ = await submit(st, asked, None, "", None, retry_of=uuid, raw=rec.request_json, caller=caller)
+        new, _ = await submit(
+            st, asked, None, "", None, retry_of=uuid, raw=rec.request_json, caller=caller, submitter=submitter
+        )
     finally:
         rec.retrying = False
     rec.retried_as = new.uuid

@@ -252,7 +252,9 @@ def _resubmit(
         left = timeout_left(job_deadline(submitted, req.timeout, req.delay), now, req.timeout)
         again = req.model_copy(update={"timeout": round(left, 3), "delay": max(0.0, submitted + req.delay - now)})
     try:
-        fresh = submit_record(st, again, rec.uuid, rec.fingerprint, resubmit=True, attempt=attempt)
+        fresh = submit_record(
+            st, again, rec.uuid, rec.fingerprint, resubmit=True, attempt=attempt, submitter=rec.submitter
+        )
     except Exception as exc:  # no broker yet: the next read tries again
         log.info("api: cannot submit job %s again yet: %s", rec.uuid, exc)
         return

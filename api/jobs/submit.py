@@ -37,6 +37,7 @@ def submit_record(
     began: float | None = None,
     raw: bytes | None = None,
     attempt: int = 1,
+    submitter: str = "",
 ) -> JobRecord:
     """Submit a job to the fabric and remember it in the table (POST /jobs, schedules, recovery).
 
@@ -44,7 +45,8 @@ def submit_record(
     `retry_of`: the dead job this one submits again (POST /jobs/{uuid}/retry). `began`: the monotonic
     time its request was read, the start of its hop trace's `api` hop. `raw`: the request's JSON as it
     came, when the caller has it (else it is encoded): the table holds that, not the decoded request.
-    `attempt` > 1: the next attempt of a job a restart cut short (api/jobs/recovery.py)."""
+    `attempt` > 1: the next attempt of a job a restart cut short (api/jobs/recovery.py). `submitter`: who
+    asked for it (its row and answer name them: api/http/audit.py)."""
     if not st.client.broker_alive:
         raise unavailable(f"the broker at {st.client.broker} is not answering; retry shortly")
     juuid = uuid or new_job_uuid()
@@ -83,6 +85,7 @@ def submit_record(
         priority=req.priority,
         retries=req.retries,
         retry_of=retry_of,
+        submitter=submitter,
     )
     table.add(rec, persist=persist)
     return rec

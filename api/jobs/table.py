@@ -124,6 +124,7 @@ class JobRecord:
     final_written: bool = False  # its finished state is committed to the shared store
     written: bool = False  # a row of it is committed (POST waits for it: api/jobs/operations.py recorded())
     retry_of: str | None = None  # the dead job this one submitted again
+    submitter: str = ""  # who submitted it (the audit log's actor: a grant's name, made once); "" unknown
     retried_as: str | None = None  # the job that submitted this one again
     retrying: bool = False  # POST /jobs/{uuid}/retry is submitting it again right now
     row_once_taken: bool = False  # a POST's job: no row until the broker takes it (see `writable`)
@@ -306,6 +307,7 @@ class JobRecord:
             dead=state in DEAD_STATES and self.retried_as is None and not refused_at_admission(fut),
             retry_of=self.retry_of,
             retried_as=self.retried_as,
+            submitted_by=self.submitter or None,
             outcome_unknown=self.unconfirmed and not state.final and not fut.admission.done(),
         )
 

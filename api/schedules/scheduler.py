@@ -41,6 +41,7 @@ from prometheus_client.registry import Collector
 from zfab import DEAD_ENDS, BoundedLRU
 
 from ..errors import ProblemError
+from ..jobs.arguments import recorded_json
 from ..jobs.submit import submit_record
 from ..jobs.table import JobRecord
 from ..models import JobRequest, JobState
@@ -410,7 +411,11 @@ class Scheduler:
         try:
             if st is None:
                 raise ProblemError(503, "starting", "API starting", "the API is starting or stopping")
-            made = submit_record(st, JobRequest.model_validate(rec.job), None, "")
+            req = JobRequest.model_validate(rec.job)
+            # A template made before its task's declaration was known may give a secret: its job is
+            # recorded with it redacted all the same (routes/schedules.py refuses such a schedule otherwise).
+            kept = recorded_json(st, req, None) if st.schemas.secrets(req.service, req.task) else None
+            made = submit_record(st, req, None, "", raw=kept)
             job = made.uuid
         except ProblemError as exc:
             rec.failures += 1

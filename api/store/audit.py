@@ -1,10 +1,11 @@
 """The audit log in the API's database: a table `audit` beside the job table, in the SQLite file or the shared
 PostgreSQL database ZFAB_API_DB names, bounded by count and age (ZFAB_API_AUDIT_COUNT, ZFAB_API_AUDIT_DAYS).
 
-An entry is written when a state-changing call has its answer (api/http/audit.py), once per call: these are
-operators' actions, not jobs, so a write each is cheap. SQLite writes go to a thread; PostgreSQL's through
-the API's pool. Pruning (the oldest past the count, any past the age) runs with a write, at most every
-PRUNE_EVERY seconds.
+Entries come in batches (api/http/audit.py's writer: whatever gathered while the previous write ran, job
+submissions included), one executemany each. SQLite writes go to a thread; PostgreSQL's through the
+API's pool. Pruning (the oldest past the count, any past the age) runs with a write, at most every
+PRUNE_EVERY seconds. An entry taken from the broker's log (api/http/brokeraudit.py) has the peer
+`broker:<log>:<seq>`, unique: taken twice (by two replicas, or after a restart), it is stored once.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ CREATE TABLE IF NOT EXISTS audit (
     target TEXT NOT NULL, peer TEXT NOT NULL, status INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS audit_at ON audit(at);
+CREATE UNIQUE INDEX IF NOT EXISTS audit_broker_once ON audit(peer) WHERE peer LIKE 'broker:%';
 """
 
 
@@ -75,7 +77,8 @@ class SqliteAudit:
 
     def _add(self, rows: Sequence[Row]) -> None:
         with self._lock:
-            self._conn.executemany(f"INSERT INTO audit ({COLUMNS}) VALUES (?,?,?,?,?,?,?)", rows)
+            # OR IGNORE: a broker's entry taken again (an API restarted reads the broker's log from its start)
+            self._conn.executemany(f"INSERT OR IGNORE INTO audit ({COLUMNS}) VALUES (?,?,?,?,?,?,?)", rows)
             if time.monotonic() - self._pruned_at >= PRUNE_EVERY:
                 self._pruned_at = time.monotonic()
                 self._conn.execute("DELETE FROM audit WHERE at < ?", (time.time() - self.max_age,))
@@ -117,7 +120,10 @@ class PgAudit:
     async def add(self, rows: Sequence[Row]) -> None:
         async with self.db.connection() as conn:
             async with conn.cursor() as cur:
-                await cur.executemany(f"INSERT INTO audit ({COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s)", rows)
+                # A broker's entry that another replica (or this one before a restart) took already: once.
+                await cur.executemany(
+                    f"INSERT INTO audit ({COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s) ON CONFLICT DO NOTHING", rows
+                )
             if time.monotonic() - self._pruned_at >= PRUNE_EVERY:
                 self._pruned_at = time.monotonic()
                 await conn.execute("DELETE FROM audit WHERE at < %s", (time.time() - self.max_age,))

@@ -47,19 +47,19 @@ PRUNE_LOCK = 0x7A6661622D707275  # "zfab-pru": one replica prunes at a time; the
 COLUMNS: LiteralString = "uuid, service, task, target, workers, fingerprint, timeout, job, request, owner"
 INSERT_JOB: LiteralString = """
 INSERT INTO jobs (uuid, broker, service, task, target, state, workers, fingerprint, timeout, submitted_at,
-                  completed_at, job, request, owner, bytes)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                  completed_at, job, request, owner, bytes, submitter)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 """
 CLAIM: LiteralString = INSERT_JOB + "ON CONFLICT (uuid) DO NOTHING RETURNING uuid"
 JOB_FIELDS: LiteralString = (
     "uuid, broker, service, task, target, state, workers, fingerprint, timeout, submitted_at, completed_at, job, "
-    "request, owner, bytes"
+    "request, owner, bytes, submitter"
 )
 # A batch of rows and events as arrays, upserted in one statement whose last step notifies their uuids.
 WRITE: LiteralString = (
     "WITH r AS (SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], "
     "%s::text[], %s::text[], %s::float8[], %s::float8[], %s::float8[], %s::text[], %s::text[], %s::text[], "
-    "%s::int8[]) AS t(" + JOB_FIELDS + ")), "
+    "%s::int8[], %s::text[]) AS t(" + JOB_FIELDS + ")), "
     "up AS (INSERT INTO jobs (" + JOB_FIELDS + ") SELECT " + JOB_FIELDS + " FROM r "
     "ON CONFLICT (uuid) DO UPDATE SET state = excluded.state, workers = excluded.workers, "
     "completed_at = excluded.completed_at, job = excluded.job, owner = excluded.owner, bytes = excluded.bytes, "
@@ -118,7 +118,7 @@ def written(rec: JobRecord, broker: str, owner: str) -> Written:
             ebytes += len(text)
     job, request = base[11], base[12]
     size = len(job) + len(request or "") + ebytes
-    return Written(rec, (*base, owner, size), events, total, ebytes)
+    return Written(rec, (*base[:13], owner, size, base[13]), events, total, ebytes)  # submitter last
 
 
 class PgDatabase:

@@ -117,6 +117,14 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
             "CREATE INDEX audit_at ON audit (at)",
         ],
     ),
+    (
+        "who submitted each job; each broker audit entry once (docs/roles.md)",
+        [
+            "ALTER TABLE jobs ADD COLUMN submitter text NOT NULL DEFAULT ''",
+            # Every replica takes the broker's entries (api/http/brokeraudit.py); their peer names them.
+            "CREATE UNIQUE INDEX audit_broker_once ON audit (peer) WHERE peer LIKE 'broker:%'",
+        ],
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

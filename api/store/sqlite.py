@@ -37,23 +37,27 @@ CREATE TABLE IF NOT EXISTS jobs (
     submitted_at REAL NOT NULL,
     completed_at REAL,
     job TEXT NOT NULL,
-    request TEXT
+    request TEXT,
+    submitter TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS jobs_broker ON jobs(broker);
 """
-SCHEMA_VERSION = 2
-MIGRATIONS = {2: "ALTER TABLE jobs ADD COLUMN request TEXT"}  # v2: what was asked, to submit it again
+SCHEMA_VERSION = 3
+MIGRATIONS = {
+    2: "ALTER TABLE jobs ADD COLUMN request TEXT",  # v2: what was asked, to submit it again
+    3: "ALTER TABLE jobs ADD COLUMN submitter TEXT NOT NULL DEFAULT ''",  # v3: who submitted it (docs/roles.md)
+}
 # `target` is the JSON of what the job was sent to ("any", "all", a name, a list); `workers` the
 # JSON list of the workers known to run it (recovery asks them); `job` the body GET answers.
 # Rows keep their first rowid on update, so rowid order is submission order.
 UPSERT = """
 INSERT INTO jobs (uuid, broker, service, task, target, state, workers, fingerprint, timeout, submitted_at,
-                  completed_at, job, request)
-VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)
+                  completed_at, job, request, submitter)
+VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)
 ON CONFLICT(uuid) DO UPDATE SET state=excluded.state, workers=excluded.workers, completed_at=excluded.completed_at,
     job=excluded.job
 """
-Row = tuple[str, str, str, str, str, str, str, str, float, float, float | None, str, str | None]
+Row = tuple[str, str, str, str, str, str, str, str, float, float, float | None, str, str | None, str]
 COLUMNS = "uuid, service, task, target, workers, fingerprint, timeout, job, request"
 
 
@@ -87,6 +91,7 @@ def row_of(rec: JobRecord, broker: str, *, keep_waiting: bool = False) -> Row:
         done,
         job.model_dump_json(),
         rec.request_json.decode() if rec.request_json is not None else None,
+        rec.submitter,
     )
 
 
@@ -120,6 +125,7 @@ def record_of(
         retries=stored.retries,
         retry_of=stored.retry_of,
         retried_as=stored.retried_as,
+        submitter=stored.submitted_by or "",
     )
 
 

@@ -22,6 +22,7 @@ from . import norfab
 from .control import BrokerControl
 from .dispatch import MAX_NOTICES, Dispatch
 from .inventory import Inventory, InventoryError
+from .mmiaudit import AUDITED, MmiAuditLog
 from .outbox import Outbox
 from .paused import PausedServices
 from .registry import Registry
@@ -73,6 +74,7 @@ class MmiService:
         self.view = view
         self.out = out
         self.controls = control
+        self.audit = MmiAuditLog()  # the state-changing commands, by any key (mmiaudit.py)
 
     def serve(self, sender: bytes, req: nfp.ClientRequest) -> ProtocolError | None:
         """Answer an MMI request (its malformed body answered 400, and returned to be counted)."""
@@ -92,6 +94,13 @@ class MmiService:
         """(status, JSON payload) for an MMI request body to `mmi.service.broker` or
         `sid.service.broker`; ProtocolError("json", why) when it is malformed."""
         task, kwargs = self._request(body)
+        status, answer = self._answer(task, kwargs, service)
+        if task in AUDITED and service != SID_SERVICE:  # a change, or a refused one: who, what, the outcome
+            self.audit.record(self.view.workers.ids.grant(), task, kwargs, status)
+            self.controls.count("mmi_audited")
+        return status, answer
+
+    def _answer(self, task: str, kwargs: dict[str, Any], service: bytes) -> tuple[bytes, bytes]:
         if service == SID_SERVICE:
             return self.inventory_answer(task, kwargs)  # a worker's own inventory: any key may ask
         ids = self.view.workers.ids
@@ -104,6 +113,11 @@ class MmiService:
                 return nfp.ST_BAD_REQUEST, nfp.dumps({"error": "forbidden", "detail": f"forbidden: {why}"})
         if task in self.CONTROLS:
             return self.control(task, kwargs)
+        if task == "show_audit":
+            try:
+                return nfp.ST_OK, nfp.dumps(self.audit.page(kwargs, ids.grant()))
+            except ValueError as exc:
+                return nfp.ST_BAD_REQUEST, nfp.dumps({"error": "bad-request", "detail": str(exc)})
         if task not in self.TASKS:
             return nfp.ST_BAD_REQUEST, nfp.dumps(f"Unsupported task '{task}'")
         return nfp.ST_OK, nfp.dumps(scoped(ids.grant(), task, self.run(task, kwargs)))
@@ -178,6 +192,7 @@ class MmiService:
         "get_stats",
         "show_broker_version",
         "show_broker_inventory",
+        "show_audit",  # answered by _answer (its page or a 400), before run()
     )
 
     def run(self, task: str, kwargs: dict[str, Any]) -> Any:
@@ -412,6 +427,8 @@ class MmiService:
             "paused_services": b.paused.labels(),
             "paused_services_capacity": b.paused.capacity,
             "paused_write_errors": b.paused.write_errors,
+            **self.audit.figures(),
+            "mmi_audit_evicted": self.audit.evicted,
         }
 
     def get_status(self) -> dict[str, Any]:

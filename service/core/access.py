@@ -98,6 +98,7 @@ MMI_COMMANDS: dict[str, str] = {
     "resume_service": "pause",
     "set_limit": "limits",
     "clear_limit": "limits",
+    "show_audit": "audit",  # the broker's log of state-changing MMI commands (broker/mmiaudit.py)
 }
 
 # What a client's NFP frames do (the broker's check per frame: a lookup in Grant.actions).

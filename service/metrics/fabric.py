@@ -184,6 +184,7 @@ def _broker(broker: dict[str, Any], depth: GaugeMetricFamily, cap: GaugeMetricFa
         ("broker_client_keepalives", "client_keepalives", "client_keepalives_capacity"),
         ("broker_queued_notices", "queued_notices", "queued_notices_capacity"),
         ("broker_limit_buckets", "limit_buckets", "limit_buckets_capacity"),
+        ("broker_mmi_audit", "mmi_audit_entries", "mmi_audit_capacity"),
     ):
         tables.add_metric([table], broker.get(size, 0))
         table_caps.add_metric([table], broker.get(capacity, 0))

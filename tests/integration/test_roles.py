@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -201,6 +202,50 @@ def test_roles_scopes_a_refused_announcement_a_secret_never_stored_and_the_audit
     assert PASSWORD not in f.log("api") and PASSWORD not in f.log("broker")
 
 
+def test_a_job_submission_is_audited_and_its_job_names_who_submitted_it(tmp_path: Path) -> None:
+    db = tmp_path / "api.sqlite"
+    with fabric(tmp_path) as f:
+        f.broker()
+        f.worker("w1")
+        with f.client() as c:
+            wait_workers(c, {"w1"})
+        base = start_api(f, env={"ZFAB_ACCESS_FILE": str(access_file(tmp_path)), "ZFAB_API_DB": str(db)})
+        with httpx.Client(base_url=base, timeout=20) as h:
+            wait_for(lambda: h.get("/readyz").status_code == 200, 20, what="/readyz 200")
+            job = {"service": "demo", "task": "echo", "kwargs": {"data": 1}}
+            # The lean path (a bearer token, ?wait only) and the documented one (an Idempotency-Key).
+            lean = h.post("/jobs?wait=10", json=job, headers=auth("operator"))
+            assert lean.status_code == 200 and lean.json()["submitted_by"] == "operator", lean.text
+            documented = h.post("/jobs", json=job, headers={**auth("admin"), "Idempotency-Key": "k-1"})
+            assert documented.status_code == 202 and documented.json()["submitted_by"] == "admin", documented.text
+            again = h.post("/jobs", json=job, headers={**auth("admin"), "Idempotency-Key": "k-1"})
+            assert again.json()["uuid"] == documented.json()["uuid"]  # a replay: no second job, no second entry
+            assert forbidden(h.post("/jobs", json=job, headers=auth("viewer")), "operator")
+            unknown = {"service": "nope", "task": "echo"}  # refused by the fabric on the lean path: its actor too
+            assert h.post("/jobs", json=unknown, headers=auth("operator")).status_code == 404
+            # Whoever may read the job sees who submitted it.
+            read = h.get(f"/jobs/{lean.json()['uuid']}", headers=auth("viewer")).json()
+            assert read["submitted_by"] == "operator"
+            entries = h.get("/audit", params={"action": "POST /jobs"}, headers=auth("admin")).json()["items"]
+            did = [(e["actor"], e["target"], e["status"], e["origin"]) for e in entries if e["action"] == "POST /jobs"]
+            assert ("operator", lean.json()["uuid"], 200, "api") in did
+            assert ("admin", documented.json()["uuid"], 202, "api") in did
+            assert ("viewer", "/jobs", 403, "api") in did
+            assert ("operator", "/jobs", 404, "api") in did
+            assert len(did) == 4, did
+            metrics = h.get("/metrics").text
+            assert 'zfab_table_size{table="api_audit_pending"} 0.0' in metrics  # all written: none waits
+            assert "zfab_api_audit_dropped_total 0.0" in metrics
+        f.signal("api", 15)
+        f.procs["api"].wait(15)
+    # The job's row names its submitter (a column of the job table), and its audit rows were written.
+    with sqlite3.connect(db) as conn:
+        rows = dict(conn.execute("SELECT uuid, submitter FROM jobs").fetchall())
+        audited = conn.execute("SELECT actor, target FROM audit WHERE action = 'POST /jobs'").fetchall()
+    assert rows[lean.json()["uuid"]] == "operator" and rows[documented.json()["uuid"]] == "admin"
+    assert ("operator", lean.json()["uuid"]) in audited and ("viewer", "/jobs") in audited
+
+
 def test_a_worker_key_cannot_submit_pause_or_subscribe_and_a_client_key_has_its_role(tmp_path: Path) -> None:
     (tmp_path / "keys").mkdir()
     allowed = tmp_path / "allowed"
@@ -250,6 +295,125 @@ def test_a_worker_key_cannot_submit_pause_or_subscribe_and_a_client_key_has_its_
             assert not ops.mmi("show_services")[0].get("paused", False)
 
 
+def test_mmi_commands_a_key_sends_the_broker_directly_are_in_the_apis_audit_log_once(tmp_path: Path) -> None:
+    (tmp_path / "keys").mkdir()
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    k = {n: create_keys(tmp_path / "keys", n) for n in ("broker", "api", "root", "ops")}
+    k["w1"] = create_keys(tmp_path / "keys", "w1", worker="w1")
+    for name in ("api", "root", "ops", "w1"):
+        (allowed / f"{name}.key").write_bytes(k[name][0].read_bytes())
+    keys = '\n[[key]]\nname = "ops"\nrole = "operator"\n'  # api and root: no entry, so admins
+    access = access_file(tmp_path, keys)
+    with fabric(tmp_path) as f:
+        f.env.update(
+            ZFAB_CURVE_SECRET=str(k["broker"][1]), ZFAB_CURVE_CLIENTS=str(allowed), ZFAB_ACCESS_FILE=str(access)
+        )
+        f.broker()
+        f.env.pop("ZFAB_CURVE_CLIENTS")
+        f.env.update(ZFAB_CURVE_SECRET=str(k["w1"][1]), ZFAB_CURVE_SERVER_KEY=str(k["broker"][0]))
+        f.worker("w1")
+        f.env.update(ZFAB_CURVE_SECRET=str(k["api"][1]))
+        base = start_api(f, env={"ZFAB_API_DB": str(tmp_path / "api.sqlite")})
+        with (
+            curve_client(f, k["root"][1], k["broker"][0], "root") as root,
+            curve_client(f, k["ops"][1], k["broker"][0], "ops") as ops,
+            httpx.Client(base_url=base, timeout=20) as h,
+        ):
+            wait_for(lambda: {w["name"] for w in root.mmi("show_workers", timeout=1)} == {"w1"}, 20, what="w1")
+            wait_for(lambda: h.get("/readyz").status_code == 200, 20, what="/readyz 200")
+            # Straight to the broker: an admin key pauses and resumes, an operator key is refused.
+            assert root.mmi("pause_service", service="demo")["paused"] is True
+            with pytest.raises(ZfabError, match="needs the role admin"):
+                ops.mmi("pause_service", service="demo")
+            assert root.mmi("resume_service", service="demo")["paused"] is False
+            # Through the API: audited by the API with the token's name, and not again as the broker's.
+            assert h.post("/mmi/services/demo/pause", headers=auth("admin")).json()["paused"] is True
+            assert h.post("/mmi/services/demo/resume", headers=auth("admin")).json()["paused"] is False
+            page = root.mmi("show_audit")
+            assert page["you"] == "root" and len(page["entries"]) == 5  # the API's two calls are its key's
+            assert {e["key"] for e in page["entries"]} == {"root", "ops", "api"}
+            with pytest.raises(ZfabError, match="needs the role admin"):
+                ops.mmi("show_audit")
+
+            def audited() -> list[tuple[str, str, str, int, str]]:
+                items = h.get("/audit", params={"limit": 1000}, headers=auth("admin")).json()["items"]
+                return [(e["actor"], e["action"], e["target"], e["status"], e["origin"]) for e in items]
+
+            wait_for(lambda: len([e for e in audited() if e[4] == "broker"]) >= 3, 15, what="the broker's entries")
+            rows = audited()
+            broker = [e for e in rows if e[4] == "broker"]
+            assert sorted(broker) == sorted(
+                [
+                    ("root", "MMI pause_service", "demo", 200, "broker"),
+                    ("ops", "MMI pause_service", "demo", 400, "broker"),
+                    ("root", "MMI resume_service", "demo", 200, "broker"),
+                ]
+            ), rows
+            assert ("admin", "POST /mmi/services/{service}/pause", "/mmi/services/demo/pause", 200, "api") in rows
+            assert not any(e[0] == "api" for e in rows)  # the API's own MMI calls: once, under the token's name
+            only = h.get("/audit", params={"actor": "ops"}, headers=auth("admin")).json()["items"]
+            assert [(e["action"], e["origin"]) for e in only] == [("MMI pause_service", "broker")]
+            assert 'zfab_table_size{table="broker_mmi_audit"} 5.0' in h.get("/metrics").text
+        # A restarted API reads the broker's log from its start again: each entry stays in its database once.
+        f.signal("api", 15)
+        f.procs["api"].wait(15)
+        base = start_api(f, env={"ZFAB_API_DB": str(tmp_path / "api.sqlite")})
+        with (
+            curve_client(f, k["root"][1], k["broker"][0], "root2") as root,
+            httpx.Client(base_url=base, timeout=20) as h,
+        ):
+            wait_for(lambda: h.get("/readyz").status_code == 200, 20, what="/readyz 200")
+            assert root.mmi("pause_service", service="demo")["paused"] is True
+            wait_for(lambda: len([e for e in audited() if e[4] == "broker"]) >= 4, 15, what="the new entry")
+            assert len([e for e in audited() if e[4] == "broker"]) == 4, audited()
+
+
+def test_a_schedule_giving_a_secret_argument_is_refused_through_rest_and_the_cli(tmp_path: Path) -> None:
+    db = tmp_path / "api.sqlite"
+    with fabric(tmp_path) as f:
+        f.broker()
+        f.worker("w1")
+        f.start("s1", "worker", "--worker", f"{DECLARED}:Secrets", "--name", "s1")
+        with f.client() as c:
+            wait_workers(c, {"w1", "s1"})
+        base = start_api(f, env={"ZFAB_ACCESS_FILE": str(access_file(tmp_path)), "ZFAB_API_DB": str(db)})
+        with httpx.Client(base_url=base, timeout=20) as h:
+            wait_for(lambda: h.get("/readyz").status_code == 200, 20, what="/readyz 200")
+            secret = {"service": "secrets", "task": "login", "kwargs": {"user": "ada", "password": PASSWORD}}
+            r = h.post("/schedules", json={"job": secret, "every": 60}, headers=auth("operator"))
+            assert r.status_code == 422 and r.json()["type"].endswith("secret-arguments"), r.text
+            assert "'password'" in r.json()["detail"] and "never written" in r.json()["detail"]
+            assert r.json()["arguments"] == ["password"]
+            positional = {"service": "secrets", "task": "login", "args": ["ada", PASSWORD]}
+            r = h.post("/schedules", json={"job": positional, "every": 60}, headers=auth("operator"))
+            assert r.status_code == 422 and r.json()["arguments"] == ["password"], r.text
+            # A schedule changed to give one is refused too, and stays as it was.
+            job = {"service": "demo", "task": "echo", "kwargs": {"data": 1}}
+            made = h.post("/schedules", json={"job": job, "every": 60, "paused": True}, headers=auth("operator"))
+            assert made.status_code == 201, made.text
+            sid = made.json()["id"]
+            r = h.patch(f"/schedules/{sid}", json={"job": secret}, headers=auth("operator"))
+            assert r.status_code == 422 and "'password'" in r.json()["detail"], r.text
+            assert h.get(f"/schedules/{sid}", headers=auth("operator")).json()["job"]["service"] == "demo"
+            cli = subprocess.run(
+                [
+                    *(sys.executable, "-m", "zfab.cli", "schedules", "add", "secrets", "login", "--every", "60"),
+                    *("--kwargs", json.dumps(secret["kwargs"]), "--api", base, "--token", TOKENS["operator"]),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            assert cli.returncode != 0 and "'password'" in cli.stderr and "secret" in cli.stderr, cli.stderr
+            assert PASSWORD not in cli.stderr
+            assert len(h.get("/schedules", headers=auth("operator")).json()["items"]) == 1
+        f.signal("api", 15)
+        f.procs["api"].wait(15)
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("api.sqlite*"))
+    assert stored and PASSWORD.encode() not in stored
+
+
 def test_on_postgresql_the_secret_is_not_stored_and_the_audit_log_is_in_the_shared_database(tmp_path: Path) -> None:
     import pgserver
 
@@ -276,6 +440,7 @@ def test_on_postgresql_the_secret_is_not_stored_and_the_audit_log_is_in_the_shar
                 wait_for(lambda: len(pg.sql(url, "SELECT 1 FROM jobs")) >= 1, 10, what="the job's row")
             stored = json.dumps([list(map(str, r)) for r in pg.sql(url, "SELECT * FROM jobs")])
             assert "ada" in stored and PASSWORD not in stored
+            assert [r[0] for r in pg.sql(url, "SELECT submitter FROM jobs")] == ["operator"]  # who submitted it
             assert PASSWORD not in f.log("api")
     finally:
         pg.destroy()

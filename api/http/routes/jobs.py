@@ -113,10 +113,14 @@ async def submit_job(
         raise out_of_scope(req.service)
     uuid, fp = (job_uuid_for_key(idempotency_key, principal), fingerprint(req)) if idempotency_key else (None, "")
     bound = wait_bound(wait, prefer, st.settings.default_wait_max)
-    rec, fresh = await submit(st, req, uuid, fp, bound, began=began, caller=principal)
-    return await submitted(
-        st, rec, fresh, bound, request.scope.get("root_path", ""), wait is None, principal, grant_of(request).payloads
+    grant = grant_of(request)
+    rec, fresh = await submit(st, req, uuid, fp, bound, began=began, caller=principal, submitter=grant.name)
+    answer = await submitted(
+        st, rec, fresh, bound, request.scope.get("root_path", ""), wait is None, principal, grant.payloads
     )
+    if fresh:
+        request.app.state.audit.submitted(request.scope, rec.uuid, answer.status_code)
+    return answer
 
 
 def out_of_scope(service: str) -> ProblemError:
@@ -247,7 +251,7 @@ async def retry_dead_job(
     rec = await known_job(st, uuid)
     not_found_outside(request, rec.service, uuid)
     bound = wait_bound(wait, prefer, st.settings.default_wait_max)
-    new = await retry_job(st, rec, bound, caller=principal)
+    new = await retry_job(st, rec, bound, caller=principal, submitter=grant_of(request).name)
     root = request.scope.get("root_path", "")
     return await submitted(st, new, True, bound, root, wait is None, principal, grant_of(request).payloads)
 

@@ -22,6 +22,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from ...errors import ProblemError, database_unavailable, unavailable
 from ...jobs.admission import check_template
+from ...jobs.arguments import secrets_given
 from ...models import JobRequest
 from ...schedules.scheduler import Scheduler
 from ...schedules.timing import CRON_PATTERN, cron_problem
@@ -268,10 +269,24 @@ def name_free(sched: Scheduler, name: str | None, by: str | None = None) -> None
 
 
 async def checked(request: Request, job: JobRequest) -> None:
-    """The job a schedule will submit, checked now as POST /jobs would be (api/jobs/admission.py)."""
+    """The job a schedule will submit, checked now as POST /jobs would be (api/jobs/admission.py); 422 when it
+    gives a secret argument: a schedule keeps its job, arguments included, in the API's store, where a
+    redacted value is never written (and a job's clear value is never kept to fill it in later)."""
     st: ApiState | None = getattr(request.app.state, "zfab", None)
     if st is not None:
         await check_template(st.schemas, st.client, job)
+        secret = secrets_given(st, job)
+        if secret:
+            raise ProblemError(
+                422,
+                "secret-arguments",
+                "Secret arguments in a schedule",
+                f"task {job.task!r} of service {job.service!r} declares {', '.join(map(repr, secret))} secret "
+                "(its `redact`): a schedule keeps its job's arguments in the API's store, where a secret is "
+                "never written. Leave the secret out of the schedule (the worker can take it from its own "
+                "inventory or environment), or submit such jobs with POST /jobs",
+                arguments=secret,
+            )
 
 
 @router.post(

@@ -6,10 +6,32 @@ import asyncio
 import os
 import shutil
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import NoReturn
 
 import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _the_runs_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """No test reads or writes the user's data directory (~/.local/share/zfab): a broker made with default
+    settings keeps paused queues and run-time limits there, and every later broker would start with them.
+    Module- and session-scoped fixtures get this run's directory; each test gets one of its own (below)."""
+    old = os.environ.get("ZFAB_DATA_DIR")
+    os.environ["ZFAB_DATA_DIR"] = str(tmp_path_factory.mktemp("zfab-data"))
+    yield
+    if old is None:
+        os.environ.pop("ZFAB_DATA_DIR", None)
+    else:
+        os.environ["ZFAB_DATA_DIR"] = old
+
+
+@pytest.fixture(autouse=True)
+def _a_tests_data_dir(
+    _the_runs_data_dir: None, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What one test's brokers and workers keep (paused queues, limits, job stores) is not the next test's."""
+    monkeypatch.setenv("ZFAB_DATA_DIR", str(tmp_path_factory.mktemp("data", numbered=True)))
 
 
 def wait_for(cond: Callable[[], bool], timeout: float, interval: float = 0.05, what: str = "condition") -> None:

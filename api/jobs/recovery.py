@@ -23,7 +23,7 @@ from typing import Any
 from zfab import JobFuture, State, interrupted, job_deadline, timeout_left
 from zfab.errors import JobNotFoundError, JobTimeoutError, OutcomeUnknownError, WorkerLostError, ZfabError
 
-from ..fabric import mmi, wait_done
+from ..fabric import mmi
 from ..models import Attempt, JobRequest, JobState
 from ..state import ApiState
 from .arguments import holds_redacted
@@ -36,9 +36,6 @@ log = logging.getLogger(__name__)
 # long ago: its workers then answer the first GET at once).
 RECOVER_MIN = 10.0
 RECOVER_GRACE = 5.0
-# A job last known queued: how long its service's workers have to say whether one of them holds it
-# (they answer from memory or their store, in milliseconds) before it is followed as they say.
-ASK_QUEUED = 2.0
 
 
 async def _service_workers(st: ApiState, service: str) -> list[str]:
@@ -114,12 +111,11 @@ def _ask(st: ApiState, rec: JobRecord, workers: list[str], *, probe: bool = Fals
     def ended(f: JobFuture) -> None:
         # Before the table's own callback, so an attempt that runs again is never written, or
         # answered to a waiter, as the job's end. The API's client settles futures on this loop.
-        if probe and not f.cancelled() and isinstance(f.exception(), JobNotFoundError):
-            return
+        then = _requeue if probe else _after_recovery
         if _running_loop() is loop:
-            _after_recovery(st, rec, f)
+            then(st, rec, f)
         else:
-            loop.call_soon_threadsafe(_after_recovery, st, rec, f)
+            loop.call_soon_threadsafe(then, st, rec, f)
 
     fut.add_done_callback(ended)  # type: ignore[arg-type]
     st.jobs.watch(fut)
@@ -159,16 +155,25 @@ async def _recover_queued(st: ApiState, rec: JobRecord, req: JobRequest) -> None
     ask the service's workers, and submit it again only when none of them knows it."""
     workers = await _service_workers(st, rec.service)
     if workers and rec.live is None:
-        fut = _ask(st, rec, workers, probe=True)
-        if fut is None:
-            return
-        await wait_done(fut, ASK_QUEUED)
-        if not (fut.done() and not fut.cancelled() and isinstance(fut.exception(), JobNotFoundError)):
-            log.info("api: job %s, last known queued, is held by a worker: following it", rec.uuid)
-            return
-        rec.future = None  # nobody has it: it never left the broker's queue (or never reached one)
-    if rec.live is None:
+        # Their answer decides, however late it comes (_requeue): a worker just restarted may take longer
+        # than any wait here, and a "nobody knows it" after the wait must still send the job again.
+        _ask(st, rec, workers, probe=True)
+    elif rec.live is None:
         _resubmit(st, rec, req)
+
+
+def _requeue(st: ApiState, rec: JobRecord, fut: JobFuture) -> None:
+    """A probe of a job last known queued ended (event loop). Nobody knows it: it never left the broker's
+    queue (or never reached one), so it is submitted again as the same attempt; else its workers' answer
+    is the job's, as any recovered attempt's."""
+    if not fut.cancelled() and isinstance(fut.exception(), JobNotFoundError):
+        if rec.future is fut and rec.request is not None:
+            rec.future = None
+            if rec.live is None:
+                _resubmit(st, rec, rec.request)
+        return
+    log.info("api: job %s, last known queued, was held by a worker: its answer is the job's", rec.uuid)
+    _after_recovery(st, rec, fut)
 
 
 def cut_short(fut: JobFuture) -> str | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -95,7 +96,10 @@ class Term(Hook):
             lease = open_lease(url, timeout=s.broker_lease_duration)
         except ValueError as exc:
             raise ZfabError(str(exc)) from None
-        holder, d, r = advertised(endpoint), s.broker_lease_duration, s.broker_lease_renew
+        # A process's own holder id: a broker restarted under its endpoint is a new holder, which waits for
+        # the lease like any standby and serves a new epoch, never its dead predecessor's term.
+        holder = f"{advertised(endpoint)} (boot {os.urandom(4).hex()})"
+        d, r = s.broker_lease_duration, s.broker_lease_renew
         if r >= d - fence_margin(d):
             raise ZfabError(f"ZFAB_BROKER_LEASE_RENEW ({r:g} s) must be well under the duration ({d:g} s)")
 

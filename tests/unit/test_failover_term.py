@@ -279,3 +279,12 @@ def test_a_standby_rereads_what_a_user_set_before_its_first_held_answer_reaches_
     b.term.hand_over(held(epoch=2), clock())  # its own renewal
     b.loop.flush()
     assert seen == [f"{STANDBY} 0"]
+
+
+def test_a_broker_restarted_under_its_endpoint_is_a_new_holder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its holder id is its endpoint and its process's boot: a restart waits for the lease like any standby
+    (its dead predecessor's term is not its own), and takes it with a new epoch."""
+    clock = FakeClock()
+    first, again = leased_broker(clock, monkeypatch), leased_broker(clock, monkeypatch)
+    assert first.term.holder.startswith(ME) and again.term.holder.startswith(ME)
+    assert first.term.holder != again.term.holder

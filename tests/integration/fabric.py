@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -100,26 +100,37 @@ class Fabric:
         os.killpg(self.procs[name].pid, sig)
 
     def kill(self, name: str) -> None:
-        p = self.procs[name]
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-        p.wait(10)
+        kill_group(self.procs[name])
 
     def stop(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGCONT)
-                    os.killpg(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + 10
-        for p in self.procs.values():
+        stop_groups(self.procs.values())
+
+
+def kill_group(p: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a process started in a group of its own, and reap it."""
+    if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
+    p.wait(10)
+
+
+def stop_groups(procs: Iterable[subprocess.Popen[bytes]], grace: float = 10.0) -> None:
+    """SIGTERM each process group (continued first, in case a test stopped it), then SIGKILL what is
+    still there after `grace` seconds in all."""
+    procs = list(procs)
+    for p in procs:
+        if p.poll() is None:
             try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(5)
+                os.killpg(p.pid, signal.SIGCONT)
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(5)
 
 
 @contextmanager

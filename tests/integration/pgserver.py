@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -166,6 +167,15 @@ class PgServer:
         with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
             cur = conn.execute(query.encode(), params)  # bytes: a literal query, no LiteralString check
             return list(cur.fetchall()) if cur.description else []
+
+
+def serving() -> Iterator[PgServer]:
+    """A test module's PostgreSQL (its `pg` fixture yields from this): started, then destroyed."""
+    server = started()
+    try:
+        yield server
+    finally:
+        server.destroy()
 
 
 def started(also: str | None = None, peer: str | None = None) -> PgServer:

@@ -26,11 +26,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 @pytest.fixture(scope="module")
 def pg() -> Iterator[pgserver.PgServer]:
-    server = pgserver.started()
-    try:
-        yield server
-    finally:
-        server.destroy()
+    yield from pgserver.serving()
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -20,7 +19,7 @@ from pathlib import Path
 import httpx
 import pgserver
 import pytest
-from fabric import ROOT, free_port, wait_for, wait_workers
+from fabric import ROOT, free_port, kill_group, stop_groups, wait_for, wait_workers
 from netns import netns
 
 from zfab import Client, JobFuture, Settings
@@ -76,26 +75,14 @@ class Pair:
         return ready[0] if len(ready) == 1 else None
 
     def kill(self, name: str) -> None:
-        p = self.procs[name]
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-        p.wait(10)
+        kill_group(self.procs[name])
 
     def log(self, name: str) -> str:
         path = self.tmp / f"{name}.log"
         return path.read_text(errors="replace")[-3000:] if path.exists() else ""
 
     def stop(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for p in self.procs.values():
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(5)
+        stop_groups(self.procs.values())
 
 
 @contextmanager

@@ -31,11 +31,7 @@ REPLICA_TIMEOUT = "3"  # seconds: a killed replica's jobs are adopted within a f
 
 @pytest.fixture(scope="module")
 def pg() -> Iterator[pgserver.PgServer]:
-    server = pgserver.started()
-    try:
-        yield server
-    finally:
-        server.destroy()
+    yield from pgserver.serving()
 
 
 def start_api(f: Fabric, name: str, port: int, url: str, **env: str) -> None:

@@ -25,11 +25,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 @pytest.fixture(scope="module")
 def pg() -> Iterator[pgserver.PgServer]:
-    server = pgserver.started()
-    try:
-        yield server
-    finally:
-        server.destroy()
+    yield from pgserver.serving()
 
 
 def finished(uuid: str, value: Any = 1, events: int = 0, event_size: int = 10) -> JobRecord:

@@ -6,6 +6,11 @@ Each answer goes with the moment its request was SENT: a renewal counts from the
 answer came, so a broker whose answers come late believes its lease shorter than the engine does.
 A standby reads the lease as often as the holder renews it and, once the lease is about to expire, right
 after its expiry: no busy polling, and the take-over comes within a few milliseconds of the expiry.
+
+A broker that started less than a lease duration ago (most often one restarted after a crash) reads an
+expiring lease one renewal later than that: the standby that watched the last holder, already warm, takes
+over, and a broker that keeps crashing cannot keep taking the lease back from it. It is client-go's rule (a
+newcomer counts a lease's time from when it first saw it) on the engines whose clock decides expiry.
 """
 
 from __future__ import annotations
@@ -24,11 +29,16 @@ EXPIRY_SLACK = 0.01  # s after the expiry a standby reads it again: the engine's
 Heard = Callable[[LeaseState | None, float], None]  # (the answer, or None: the engine unreachable; sent at)
 
 
-def next_round(state: LeaseState | None, sent_at: float, renew: float) -> float:
-    """When the next round trip goes (on the clock `sent_at` is on)."""
+def next_round(state: LeaseState | None, sent_at: float, renew: float, *, newcomer: bool = False) -> float:
+    """When the next round trip goes (on the clock `sent_at` is on); a `newcomer` never reads another
+    holder's lease between its expiry and a renewal after it (the module's docstring says why)."""
     if state is None or state.held or not state.holder:
         return sent_at + renew
-    return sent_at + min(renew, max(0.0, state.expires_in) + EXPIRY_SLACK)
+    expires = max(0.0, state.expires_in)
+    at = sent_at + min(renew, expires + EXPIRY_SLACK)
+    if newcomer and at >= sent_at + expires:
+        at = sent_at + expires + EXPIRY_SLACK + renew
+    return at
 
 
 class LeaseKeeper:
@@ -39,11 +49,13 @@ class LeaseKeeper:
         self.heard, self.clock = heard, clock
         self.rounds = 0  # round trips made (bench: what an idle standby costs the engine)
         self.last_read: float | None = None  # monotonic: the last answer that came
+        self.started_at = 0.0  # monotonic: start(); a newcomer until a duration after it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.release_on_stop = False  # set by the term while this broker holds the lease
 
     def start(self) -> None:
+        self.started_at = self.clock()
         self._thread = threading.Thread(target=self._run, name="zfab-lease-keeper", daemon=True)
         self._thread.start()
 
@@ -77,4 +89,6 @@ class LeaseKeeper:
             if self._stop.is_set():
                 return
             self.heard(state, sent)
-            self._stop.wait(max(0.0, next_round(state, sent, self.renew) - self.clock()))
+            newcomer = sent - self.started_at < self.duration
+            at = next_round(state, sent, self.renew, newcomer=newcomer)
+            self._stop.wait(max(0.0, at - self.clock()))

@@ -100,6 +100,12 @@ def active(p: Project) -> str | None:
     return ready[0] if len(ready) == 1 else None
 
 
+def broker_logs(p: Project) -> str:
+    """The brokers' last lines, for a failure's message."""
+    r = p.compose("logs", "--no-color", "--tail", "40", *BROKERS, timeout=60, check=False)
+    return r.stdout[-6000:] + r.stderr[-1000:]
+
+
 def container(p: Project, service: str) -> str:
     (c,) = p.containers(service)
     return str(c["ID"])
@@ -192,7 +198,7 @@ def test_kill_9_of_the_active_broker_and_the_standby_serves(stack: Stack, round_
         kill_9(p, was)
         killed_at = time.monotonic()  # after: a job sent while `docker exec` ran may still have gone through
         now = poll("the standby ready", SERVE_AGAIN_BOUND, lambda: active(p))
-        assert now != was
+        assert now != was, broker_logs(p)  # keeper.py's newcomer rule: the restarted one waits for the standby
         ready_after = time.monotonic() - killed_at
 
         def after_kill() -> list[float]:  # answers to jobs sent once the broker was dead

@@ -169,6 +169,37 @@ def test_a_kill_9_of_the_active_broker_under_load_loses_no_job_and_runs_none_twi
         pg.destroy()
 
 
+def test_a_broker_restarted_at_once_after_a_kill_9_leaves_the_lease_to_the_watching_standby(tmp_path: Path) -> None:
+    """The restart policy's case: the killed broker is back before its lease expires. It must not race the
+    standby for it (a coin flip before keeper.py's newcomer rule: the compose failover test saw the killed
+    container serve again); the standby takes over, each time, with a new epoch."""
+    pg = pgserver.started()
+    try:
+        lease = pg.create_database("fonew")
+        with pair(tmp_path, lease) as f:
+            f.broker("a")
+            wait_for(lambda: f.active() == "a", 20, what="broker a active")
+            f.broker("b")
+            wait_for(lambda: f.readyz("b") == 503, 20, what="broker b standing by")
+            epochs: list[int] = []
+            for _ in range(3):
+                victim = f.active()
+                assert victim is not None, "no single active broker (its /readyz)"
+                standby = next(n for n in f.endpoints if n != victim)
+                f.kill(victim)
+                f.restart(victim)
+                both_up = lambda v=victim: f.active() is not None and f.readyz(v) == 503  # noqa: E731
+                wait_for(both_up, 20, what="both brokers up again")
+                assert f.active() == standby, (f.log(victim), f.log(standby))
+                host, port = f.metrics[standby]
+                text = httpx.get(f"http://{host}:{port}/metrics", timeout=5).text
+                lines = text.splitlines()
+                epochs += [int(float(ln.split()[-1])) for ln in lines if ln.startswith("zfab_broker_epoch ")]
+            assert epochs == sorted(set(epochs)) and len(epochs) == 3, epochs
+    finally:
+        pg.destroy()
+
+
 def test_an_active_broker_cut_off_from_postgresql_stops_before_the_standby_takes_over(tmp_path: Path) -> None:
     with netns() as ns:
         pg = pgserver.started(also=ns.host_ip, peer=ns.ns_ip)

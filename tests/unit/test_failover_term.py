@@ -197,6 +197,17 @@ def test_a_standby_reads_the_lease_right_after_it_expires_and_no_more_often_than
     assert next_round(None, 100.0, RENEW) == pytest.approx(100.0 + RENEW)
 
 
+def test_a_newcomer_reads_an_expiring_lease_a_renewal_after_the_standby_that_watched_it() -> None:
+    other = LeaseState(False, 3, "tcp://b:1", 0.1)
+    assert next_round(other, 100.0, RENEW, newcomer=True) == pytest.approx(100.0 + 0.1 + EXPIRY_SLACK + RENEW)
+    expired = LeaseState(False, 3, "tcp://b:1", -0.5)  # read after its expiry: still a renewal later
+    assert next_round(expired, 100.0, RENEW, newcomer=True) == pytest.approx(100.0 + EXPIRY_SLACK + RENEW)
+    far = LeaseState(False, 3, "tcp://b:1", 1.4)  # not about to expire: the same cadence as anyone's
+    assert next_round(far, 100.0, RENEW, newcomer=True) == pytest.approx(100.0 + RENEW)
+    free = LeaseState(False, 3, "", 0.0)  # nobody holds it: a newcomer takes it at its next round
+    assert next_round(free, 100.0, RENEW, newcomer=True) == pytest.approx(100.0 + RENEW)
+
+
 def test_a_lease_url_of_another_scheme_is_refused_with_its_reason() -> None:
     with pytest.raises(ValueError, match="ZFAB_BROKER_LEASE must start with"):
         open_lease("redis://x", timeout=1.0)

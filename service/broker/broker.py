@@ -11,6 +11,7 @@ import logging
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -61,8 +62,10 @@ class Broker:
         transport: LoopFactory | None = None,
         clock: Clock = time.monotonic,
         events: EventPublisher | None = None,
+        on_deposed: Callable[[], None] | None = None,
     ) -> None:
-        """For tests: `transport` a StubTransport, `clock` its FakeClock, `events` an EventPublisher."""
+        """For tests: `transport` a StubTransport, `clock` its FakeClock, `events` an EventPublisher.
+        `on_deposed` runs once it lost its lease for good (`zfab broker` exits: docs/failover.md)."""
         self.settings = s = settings or Settings()
         self.endpoint, self.bound_endpoint, self.clock = endpoint or s.bind_endpoint, "", clock
         self.started_at, self.boot = time.time(), os.urandom(8).hex()  # boot: clients see a restart in keepalives
@@ -81,7 +84,7 @@ class Broker:
         self.events = events or publisher_for(s, self.loop.context, ids.grants)
         limits = Limiter(self.paused.kept)  # run-time limits: kept, and reread by a new term, as the pauses are
         takeover = (self.paused.kept, self.loop.call, (self.paused.take, limits.take))  # kept.reread's arguments
-        self.term = Term.from_settings(s, self.loop, clock, self.endpoint, lambda: reread(*takeover))  # term.py
+        self.term = Term.from_settings(s, self.loop, clock, self.endpoint, lambda: reread(*takeover), on_deposed)
         changed: set[bytes] = set()  # services whose queue changed, for queue.<service> events
         self.hooks = hooks = cross_cutting(s, clock, self.term, self.memory, self.events, changed, reg, self.paused)
         self.out = out = Outbox(self.loop, hooks, self.counts)

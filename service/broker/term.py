@@ -69,9 +69,11 @@ class Term(Hook):
         keeper: Callable[[Term], LeaseKeeper] | None = None,
         grace: float = 0.0,
         takeover: Callable[[], None] | None = None,
+        on_deposed: Callable[[], None] | None = None,
     ) -> None:
         self.loop, self.clock, self.holder, self.duration = loop, clock, holder, duration
         self.takeover = takeover  # on the keeper's thread, before a standby's first held answer reaches the loop
+        self.on_deposed = on_deposed  # on the loop, once deposed: `zfab broker` exits on it
         self.margin, self.grace = fence_margin(duration), grace
         self.keeper = keeper(self) if keeper is not None else None
         self.role = STANDBY if self.keeper is not None else SINGLE
@@ -81,17 +83,22 @@ class Term(Hook):
         self.read_at: float | None = None  # monotonic: the last answer handed to the loop
         self.failovers = 0  # times this broker took the lease over from another term
         self.lease_errors = 0  # round trips that found the engine unreachable
-        self.on_deposed: Callable[[], None] | None = None  # `zfab broker` exits on it
         self.requests: Requests | None = None  # while its resubmitted jobs settle (bound)
         self.replay: Callable[[bytes, nfp.ClientRequest], None] = lambda sender, req: None
 
     @classmethod
     def from_settings(
-        cls, s: Settings, loop: Transport, clock: Clock, endpoint: str, takeover: Callable[[], None] | None = None
+        cls,
+        s: Settings,
+        loop: Transport,
+        clock: Clock,
+        endpoint: str,
+        takeover: Callable[[], None] | None = None,
+        on_deposed: Callable[[], None] | None = None,
     ) -> Term:
         url = s.broker_lease
         if not url:
-            return cls(loop, clock)
+            return cls(loop, clock, on_deposed=on_deposed)
         try:
             lease = open_lease(url, timeout=s.broker_lease_duration)
         except ValueError as exc:
@@ -108,7 +115,7 @@ class Term(Hook):
 
         return cls(
             loop, clock, holder=holder, duration=d, renew=r, keeper=keeper, grace=s.broker_startup_grace,
-            takeover=takeover,
+            takeover=takeover, on_deposed=on_deposed,
         )  # fmt: skip
 
     @property

@@ -105,15 +105,14 @@ def cmd_broker(ns: argparse.Namespace) -> int:
     endpoint = ns.endpoint or s.bind_endpoint
     if "," in endpoint:  # ZFAB_BROKER lists every broker for the peers: which one is this?
         raise UsageError(f"ZFAB_BROKER lists several brokers ({endpoint}): give this one its own with --endpoint")
-    try:
-        broker = Broker(s, endpoint=ns.endpoint)
+    stop = catch_stop_signals()
+    try:  # a broker that lost its lease exits: a supervisor starts a fresh standby
+        broker = Broker(s, endpoint=ns.endpoint, on_deposed=stop.set)
     except InventoryError as exc:
         raise UsageError(f"cannot load the NorFab inventory {exc} (--inventory, ZFAB_BROKER_INVENTORY)") from None
     except ZfabError as exc:  # a lease setting (--lease, ZFAB_BROKER_LEASE_*)
         raise UsageError(str(exc)) from None
     server = metrics_server(s, broker=broker)  # bound first: a port in use fails before anything starts
-    stop = catch_stop_signals()
-    broker.term.on_deposed = stop.set  # a broker that lost its lease exits: a supervisor starts a fresh standby
     try:
         broker.start()
     except Exception as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -48,7 +49,12 @@ class FakeLease:
         pass
 
 
-def leased_broker(clock: FakeClock, monkeypatch: pytest.MonkeyPatch, lease: FakeLease | None = None) -> Broker:
+def leased_broker(
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+    lease: FakeLease | None = None,
+    on_deposed: Callable[[], None] | None = None,
+) -> Broker:
     monkeypatch.setattr(term_module, "open_lease", lambda url, timeout: lease or FakeLease())
     s = Settings(
         keepalive_interval=INTERVAL,
@@ -58,7 +64,7 @@ def leased_broker(clock: FakeClock, monkeypatch: pytest.MonkeyPatch, lease: Fake
         broker_lease_duration=DURATION,
         broker_lease_renew=RENEW,
     )
-    b = Broker(s, endpoint=ME, transport=StubTransport(clock), clock=clock)
+    b = Broker(s, endpoint=ME, transport=StubTransport(clock), clock=clock, on_deposed=on_deposed)
     b.loop.start()
     return b
 
@@ -135,9 +141,8 @@ def test_an_active_broker_that_reads_another_holder_stops_at_once_and_never_serv
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = FakeClock()
-    b = leased_broker(clock, monkeypatch)
     told: list[bool] = []
-    b.term.on_deposed = lambda: told.append(True)
+    b = leased_broker(clock, monkeypatch, on_deposed=lambda: told.append(True))
     b.term.heard(held(epoch=3), clock())
     b.term.heard(held(epoch=4, holder="tcp://127.0.0.1:2"), clock())
     assert b.term.role == DEPOSED and told == [True] and b.term.epoch == 4

@@ -345,6 +345,19 @@ def test_nothing_in_the_broker_is_guarded_per_concern_or_called_back_after_const
     assert not (BROKER / "workerside.py").exists()  # the Broker is one class, composed (no mixin)
 
 
+def test_no_caller_wires_a_callback_into_a_part_of_the_fabric_it_did_not_make() -> None:
+    """`broker.term.on_deposed = stop.set` once did (cli/roles.py): what a part calls is a constructor
+    argument of whatever makes it, so it is there from its first moment and written in one place."""
+    wiring = re.compile(r"\w+\.\w+\.on_\w+\s*=[^=]")
+    found = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in (ROOT / "service").rglob("*.py")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if wiring.search(line)
+    ]
+    assert found == [], found
+
+
 # ---- the client's layout (issue 40) -----------------------------------------------------------
 
 CLIENT = ROOT / "service" / "client"

@@ -27,14 +27,14 @@ from ..settings import ApiSettings
 from ..state import ApiState
 from ..store.persister import Persister
 from ..stores import open_stores
-from . import audit, console, docs, lean, problems
+from . import console, docs, lean, problems
 from .audit import AuditLog, AuditMiddleware
 from .auth import TokenSet
 from .brokeraudit import BrokerAudit
 from .jobmetrics import JobTableCollector
 from .middleware import BodyLimitMiddleware, ContentTypeMiddleware, HeadMiddleware, HttpMetrics, MetricsMiddleware
 from .origins import OriginGuardMiddleware
-from .routes import access, events, files, jobs, mmi, ops, schedules, topics
+from .routes import access, audit, events, files, jobs, mmi, ops, schedules, topics
 
 log = logging.getLogger(__name__)
 

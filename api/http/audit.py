@@ -18,19 +18,14 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import suppress
-from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from zfab.core.logbudget import LogBudget
 
-from ..errors import database_unavailable
 from ..store.audit import AuditStore, Row
-from ..store.base import StoreError
-from .auth import GRANT, Principal
-from .problems import responses
+from .auth import GRANT
 
 log = logging.getLogger(__name__)
 
@@ -237,30 +232,3 @@ class AuditMiddleware:
                 status,
             )
         )
-
-
-router = APIRouter(tags=["audit"])
-
-
-@router.get(
-    "/audit",
-    operation_id="read_audit",
-    summary="The audit log: state-changing calls, newest first (admins)",
-    response_model=AuditPage,
-    responses=responses(401, 403, 422),
-)
-async def read_audit(
-    request: Request,
-    _: Principal,
-    actor: Annotated[str | None, Query(max_length=256, description="Only this token's or key's name")] = None,
-    action: Annotated[str | None, Query(max_length=256, description="Only actions containing this text")] = None,
-    since: Annotated[float | None, Query(description="Only entries at or after (epoch seconds)")] = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
-) -> AuditPage:
-    audit: AuditLog = request.app.state.audit
-    try:
-        items, total = await audit.page(actor, action, since, limit, offset)
-    except StoreError as exc:
-        raise database_unavailable(str(exc)) from None
-    return AuditPage(items=items, total=total, limit=limit, offset=offset)

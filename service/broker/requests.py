@@ -36,6 +36,7 @@ from .registry import Registry, Route, ServiceRecord, WorkerRecord
 CLIENT_CONTROL = frozenset({nfp.KEEPALIVE, nfp.OPEN, nfp.DISCONNECT})  # a client's frames that route nothing
 
 MAX_SETTLING = 10_000  # resubmitted jobs a new term holds until it settles (then admitted as any)
+MAX_SETTLING_BYTES = 64 << 20  # and their bodies' bytes: past either bound a job is admitted at once
 log = logging.getLogger(__name__)
 
 ALL_SERVICE = b"all"  # NorFab's pseudo-service: workers of every service (Requests.across)
@@ -76,6 +77,7 @@ class Requests:
         self.epoch = 0  # the lease generation of this broker's term (term.py; 0: no lease)
         self.settle_until = 0.0  # a new term's first moments: resubmitted jobs wait for their workers' READY
         self.settling: list[tuple[bytes, nfp.ClientRequest]] = []  # those jobs, replayed after (term.py)
+        self.settling_bytes = 0  # their bodies' bytes (show_broker, zfab_broker_settling_bytes)
         self.boot = boot  # this broker's incarnation and shared-memory host id: in its keepalive answers
         self.host = host
 
@@ -111,9 +113,15 @@ class Requests:
         if job.queued_at >= self.settle_until:
             self.settle_until = 0.0
             return False
-        if not req.flags.get("known") or len(self.settling) >= MAX_SETTLING:
+        size = len(req.body)
+        if (
+            not req.flags.get("known")
+            or len(self.settling) >= MAX_SETTLING
+            or self.settling_bytes + size > MAX_SETTLING_BYTES
+        ):
             return False
         self.settling.append((sender, req))
+        self.settling_bytes += size
         return True
 
     def post_across(self, job: QueuedJob, req: nfp.ClientRequest) -> None:

@@ -186,7 +186,7 @@ class Term(Hook):
         if (req := self.requests) is not None:  # settling: resubmitted jobs held until their workers said so
             if now < req.settle_until:
                 return min(req.settle_until, self.valid_until)
-            held, req.settling, self.requests = req.settling, [], None
+            held, req.settling, req.settling_bytes, self.requests = req.settling, [], 0, None
             for sender, request in held:  # each as if it came now: to the worker that holds it, or admitted
                 self.replay(sender, request)
         return self.valid_until
@@ -211,7 +211,7 @@ class Term(Hook):
             self.keeper.stop()
 
     def figures(self) -> dict[str, Any]:
-        """show_broker's role, epoch, lease_age, failovers (docs/failover.md)."""
+        """show_broker's role, epoch, lease_age, failovers, and the jobs a new term holds while it settles."""
         kept = self.keeper.last_read if self.keeper is not None else None
         read = max((t for t in (kept, self.read_at) if t is not None), default=None)
         age = None if read is None else round(max(0.0, self.clock() - read), 3)
@@ -222,4 +222,6 @@ class Term(Hook):
             "failovers": self.failovers,
             "lease_errors": self.lease_errors,
             "lease_holder": self.lease_holder,
+            "settling": len(req.settling) if (req := self.requests) is not None else 0,
+            "settling_bytes": req.settling_bytes if req is not None else 0,
         }

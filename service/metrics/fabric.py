@@ -218,7 +218,13 @@ def term_families(broker: dict[str, Any]) -> list[Metric]:
     failovers.add_metric([], broker.get("failovers") or 0)
     errors = CounterMetricFamily("zfab_broker_lease_errors", "Lease round trips that found its engine unreachable")
     errors.add_metric([], broker.get("lease_errors") or 0)
-    return [active, epoch, age, failovers, errors]
+    settling = GaugeMetricFamily(
+        "zfab_broker_settling_jobs", "Resubmitted jobs a new term holds until their workers said what they hold"
+    )
+    settling.add_metric([], broker.get("settling") or 0)
+    settling_bytes = GaugeMetricFamily("zfab_broker_settling_bytes", "Those jobs' bodies, in bytes")
+    settling_bytes.add_metric([], broker.get("settling_bytes") or 0)
+    return [active, epoch, age, failovers, errors, settling, settling_bytes]
 
 
 class FabricCollector(Collector):

@@ -13,6 +13,7 @@ import pytest
 from test_broker_handlers import INTERVAL, MULTIPLIER, TASKS, jobs_sent, post, stub
 
 from zfab import Broker
+from zfab.broker import requests as requests_module
 from zfab.broker import term as term_module
 from zfab.broker.keeper import EXPIRY_SLACK, LeaseKeeper, next_round
 from zfab.broker.lease import LeaseState, LeaseUnavailable, open_lease
@@ -267,6 +268,8 @@ def test_a_new_term_holds_resubmitted_jobs_until_their_workers_say_they_hold_the
     post(b, b"old", known=True)  # resubmitted: held while the term settles
     post(b, b"new")  # a new job goes at once
     assert [u for _, _, u in jobs_sent(stub(b).take())] == [b"new"]
+    held_now = b.term.figures()
+    assert held_now["settling"] == 1 and held_now["settling_bytes"] > 0, held_now  # show_broker, /metrics
     ready_holding(b, b"w1", ["old"])  # the worker that has it comes back, saying so
     clock.advance(SETTLE)
     b.on_timer(clock())
@@ -274,6 +277,23 @@ def test_a_new_term_holds_resubmitted_jobs_until_their_workers_say_they_hold_the
     assert jobs_sent(sent) == [(b"w1", nfp.POST, b"old")]  # to its holder, which answers without running it again
     post(b, b"later", known=True)  # settled: a resubmission is admitted as any job
     assert [u for _, _, u in jobs_sent(stub(b).take())] == [b"later"]
+    assert (b.term.figures()["settling"], b.term.figures()["settling_bytes"]) == (0, 0)
+
+
+def test_a_settling_term_holds_resubmitted_jobs_within_a_bound_of_bytes_and_admits_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeClock()
+    b = leased_broker(clock, monkeypatch)
+    monkeypatch.setattr(requests_module, "MAX_SETTLING_BYTES", 100)
+    b.term.heard(held(epoch=2), clock())
+    stub(b).take()
+    ready_holding(b, b"w2", [])
+    post(b, b"a", known=True)  # 38 bytes of body: held
+    post(b, b"b", known=True)  # 76: held
+    post(b, b"c", known=True)  # past 100: admitted at once, not held
+    assert [u for _, _, u in jobs_sent(stub(b).take())] == [b"c"]
+    assert b.term.figures()["settling"] == 2
 
 
 def test_a_standby_rereads_what_a_user_set_before_its_first_held_answer_reaches_the_loop(

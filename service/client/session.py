@@ -111,8 +111,8 @@ class Session:
         # A fresh identity per connection: the broker ignores a second connection under an
         # identity in use, and nobody learns one that stays valid across reconnects.
         self.identity = f"{self.name}-{secrets.token_hex(4)}".encode()
-        sock = dealer_socket(ctx, self.identity, self.settings, self.broker)
-        return sock if self.links is None else self.links.watch(sock)  # several brokers: hello once one is up
+        watch = None if self.links is None else self.links.watch  # several brokers: hello once one is up
+        return dealer_socket(ctx, self.identity, self.settings, self.broker, watch)
 
     def on_connected(self) -> None:
         # The hold time is not reset: the broker is alive once it answers, not when we connect.

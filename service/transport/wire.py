@@ -3,6 +3,8 @@ descriptor, and the DEALER setup clients and workers have in common."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import zmq
 
 from ..core.sizes import socket_cap
@@ -79,9 +81,15 @@ class Wire:
 
 
 def dealer_socket(
-    ctx: zmq.Context[zmq.Socket[bytes]], identity: bytes, settings: Settings, endpoint: str
+    ctx: zmq.Context[zmq.Socket[bytes]],
+    identity: bytes,
+    settings: Settings,
+    endpoint: str,
+    watch: Callable[[zmq.Socket[bytes]], object] | None = None,
 ) -> zmq.Socket[bytes]:
-    """A client's or worker's DEALER: identity, bounds, fast reconnects, CURVE when configured."""
+    """A client's or worker's DEALER: identity, bounds, fast reconnects, CURVE when configured. `watch`
+    (links.py's monitor of several brokers) gets the socket before it connects: libzmq reports no event that
+    came before its monitor, and a loopback handshake can come within a millisecond of the connect."""
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, identity)
     sock.setsockopt(zmq.LINGER, 0)
@@ -101,6 +109,8 @@ def dealer_socket(
         # refused connect twice a second).
         sock.setsockopt(zmq.IMMEDIATE, 1)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, FAILOVER_RECONNECT_MAX_MS)
+        if watch is not None:
+            watch(sock)
         for one in endpoints(endpoint):
             sock.connect(one)
         return sock

@@ -283,8 +283,8 @@ class Worker:
         if self.loop.started.is_set():
             self._previous = self._identity.decode()  # READY says it: the broker lets our old one go
         self._identity = f"{self.name}~{secrets.token_hex(4)}".encode()
-        sock = dealer_socket(ctx, self._identity, self.settings, self.broker)
-        return sock if self.links is None else self.links.watch(sock)  # several brokers: READY once one is up
+        watch = None if self.links is None else self.links.watch  # several brokers: READY once one is up
+        return dealer_socket(ctx, self._identity, self.settings, self.broker, watch)
 
     def announce(self) -> bytes:
         """READY's extra frame: name, credits and tasks with their argument schemas (docs/protocol.md)."""

@@ -7,10 +7,13 @@ answer came, so a broker whose answers come late believes its lease shorter than
 A standby reads the lease as often as the holder renews it and, once the lease is about to expire, right
 after its expiry: no busy polling, and the take-over comes within a few milliseconds of the expiry.
 
-A broker that started less than a lease duration ago (most often one restarted after a crash) reads an
-expiring lease one renewal later than that: the standby that watched the last holder, already warm, takes
-over, and a broker that keeps crashing cannot keep taking the lease back from it. It is client-go's rule (a
-newcomer counts a lease's time from when it first saw it) on the engines whose clock decides expiry.
+A broker whose first read of the lease came after the holder's last renewal (most often one restarted after a
+crash, its own predecessor the holder) reads the expiring lease one renewal later than that: a standby that
+was reading the lease while the holder lived, already warm, takes over, and a broker that keeps crashing
+cannot keep taking the lease back from it. It is client-go's rule (an observer counts a lease's time from when
+it saw the record change) on the engines whose clock decides the expiry. Neither process age nor the term's
+age is the test: a standby started a moment before the holder died must win, and so must one whose holder
+died a moment after taking the lease.
 """
 
 from __future__ import annotations
@@ -27,6 +30,14 @@ log = logging.getLogger(__name__)
 EXPIRY_SLACK = 0.01  # s after the expiry a standby reads it again: the engine's clock decides, not ours
 
 Heard = Callable[[LeaseState | None, float], None]  # (the answer, or None: the engine unreachable; sent at)
+
+
+def watched(first_read: float, state: LeaseState | None, sent_at: float, duration: float) -> bool:
+    """Was this broker reading the lease while its holder lived: did its first read (at `first_read`) come no
+    later than the holder's last renewal, the expiry less the duration (on the clock of `sent_at`)?"""
+    if state is None or state.held or not state.holder:
+        return True
+    return first_read <= sent_at + max(0.0, state.expires_in) - duration
 
 
 def next_round(state: LeaseState | None, sent_at: float, renew: float, *, newcomer: bool = False) -> float:
@@ -49,13 +60,12 @@ class LeaseKeeper:
         self.heard, self.clock = heard, clock
         self.rounds = 0  # round trips made (bench: what an idle standby costs the engine)
         self.last_read: float | None = None  # monotonic: the last answer that came
-        self.started_at = 0.0  # monotonic: start(); a newcomer until a duration after it
+        self._first_read: float | None = None  # monotonic: sent, the first answer of the engine
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.release_on_stop = False  # set by the term while this broker holds the lease
 
     def start(self) -> None:
-        self.started_at = self.clock()
         self._thread = threading.Thread(target=self._run, name="zfab-lease-keeper", daemon=True)
         self._thread.start()
 
@@ -89,6 +99,8 @@ class LeaseKeeper:
             if self._stop.is_set():
                 return
             self.heard(state, sent)
-            newcomer = sent - self.started_at < self.duration
+            if self._first_read is None and state is not None:
+                self._first_read = sent
+            newcomer = self._first_read is None or not watched(self._first_read, state, sent, self.duration)
             at = next_round(state, sent, self.renew, newcomer=newcomer)
             self._stop.wait(max(0.0, at - self.clock()))

@@ -15,7 +15,7 @@ from test_broker_handlers import INTERVAL, MULTIPLIER, TASKS, jobs_sent, post, s
 from zfab import Broker
 from zfab.broker import requests as requests_module
 from zfab.broker import term as term_module
-from zfab.broker.keeper import EXPIRY_SLACK, LeaseKeeper, next_round
+from zfab.broker.keeper import EXPIRY_SLACK, LeaseKeeper, next_round, watched
 from zfab.broker.lease import LeaseState, LeaseUnavailable, open_lease
 from zfab.broker.term import ACTIVE, DEPOSED, SETTLE, SINGLE, STANDBY, fence_margin
 from zfab.client.brokerlink import BrokerLink, News
@@ -201,6 +201,15 @@ def test_a_standby_reads_the_lease_right_after_it_expires_and_no_more_often_than
     assert next_round(LeaseState(False, 3, "tcp://b:1", 1.4), 100.0, RENEW) == pytest.approx(100.0 + RENEW)
     assert next_round(held(), 100.0, RENEW) == pytest.approx(100.0 + RENEW)
     assert next_round(None, 100.0, RENEW) == pytest.approx(100.0 + RENEW)
+
+
+def test_a_broker_watched_the_holder_when_its_first_read_came_before_the_holders_last_renewal() -> None:
+    expiring = LeaseState(False, 3, "tcp://b:1 (boot 1)", 0.2)  # read at 105: renewed last at 105.2 - 1.5
+    assert watched(100.0, expiring, 105.0, DURATION)  # a standby reading since 100
+    assert watched(103.7, expiring, 105.0, DURATION)  # however briefly before the holder died
+    assert not watched(104.0, expiring, 105.0, DURATION)  # first read after the holder's last renewal
+    assert watched(104.0, None, 105.0, DURATION)  # nothing read: nothing to wait for
+    assert watched(104.0, held(), 105.0, DURATION)
 
 
 def test_a_newcomer_reads_an_expiring_lease_a_renewal_after_the_standby_that_watched_it() -> None:

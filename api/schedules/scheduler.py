@@ -30,15 +30,13 @@ import asyncio
 import logging
 import time
 import uuid as uuidlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from contextlib import suppress
 from typing import Any, cast
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client import CollectorRegistry
 
-from zfab import DEAD_ENDS, BoundedLRU
+from zfab import BoundedLRU
 
 from ..errors import ProblemError
 from ..jobs.arguments import recorded_json
@@ -48,6 +46,7 @@ from ..models import JobRequest, JobState
 from ..state import ApiState
 from ..store.base import ScheduleBackend, SharedScheduleBackend, SqliteSchedules
 from ..store.schedules import ScheduleRecord, ScheduleStore
+from .metrics import FAILED_ENDS, ScheduleMetrics
 from .timing import first, following
 
 log = logging.getLogger(__name__)
@@ -55,15 +54,11 @@ log = logging.getLogger(__name__)
 # The longest the loop sleeps even with nothing due sooner: wall-clock time (which cron follows) can
 # jump (NTP, a suspended VM) while asyncio sleeps on the monotonic clock; waking now and then re-reads it.
 MAX_SLEEP = 60.0
-DELAY_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 300, 3600)
 # Shared store: a due schedule another replica holds (locked, or moved on already) is looked at again
 # this much later unless its notification comes first; and everything is re-read this often.
 CLAIM_BACKOFF = 0.5
 CLAIM_RETRY = 2.0  # the database did not answer the claim: try again this much later
 RESYNC = 60.0
-# How a fired job's end counts against its schedule (zfab_schedule_failures_total{reason}: a closed set).
-FAILED_ENDS = tuple(s.value for s in DEAD_ENDS)
-FAILURE_REASONS = ("refused", *FAILED_ENDS)
 
 
 def plan(
@@ -91,49 +86,6 @@ def next_wake(recs: Iterable[ScheduleRecord], now: float, recheck: float | None)
     return min(times, default=None)
 
 
-class ScheduleMetrics(Collector):
-    """zfab_schedules{state}, zfab_schedule_firings_total{outcome}, zfab_schedule_delay_seconds."""
-
-    def __init__(self, scheduler: Scheduler, registry: CollectorRegistry) -> None:
-        self.scheduler = scheduler
-        self.registry = registry
-        self.firings = Counter(
-            "zfab_schedule_firings",
-            "Schedule firings by outcome (submitted: its job was submitted; refused: the fabric refused it)",
-            ["outcome"],
-            registry=registry,
-        )
-        self.delay = Histogram(
-            "zfab_schedule_delay_seconds",
-            "How late a firing was submitted after its due time",
-            buckets=DELAY_BUCKETS,
-            registry=registry,
-        )
-        self.failures = Counter(
-            "zfab_schedule_failures",
-            "Schedule firings that failed, by reason (refused: the fabric refused the job; failed, expired, "
-            "lost: how the job it submitted ended)",
-            ["reason"],
-            registry=registry,
-        )
-        for outcome in ("submitted", "refused"):
-            self.firings.labels(outcome)
-        for reason in FAILURE_REASONS:
-            self.failures.labels(reason)
-        registry.register(self)
-
-    def collect(self) -> Iterator[Metric]:
-        g = GaugeMetricFamily("zfab_schedules", "Periodic schedules the API holds, by state", labels=["state"])
-        paused = sum(1 for s in self.scheduler.schedules.values() if s.paused)
-        g.add_metric(["active"], len(self.scheduler.schedules) - paused)
-        g.add_metric(["paused"], paused)
-        yield g
-
-    def close(self) -> None:
-        for c in (self, self.firings, self.failures, self.delay):
-            self.registry.unregister(c)
-
-
 class Scheduler:
     """Holds every schedule in memory (at most ZFAB_MAX_SCHEDULES) and their store; fires them when due."""
 
@@ -157,7 +109,8 @@ class Scheduler:
         # job uuid -> schedule id, newest last, as many as the store keeps (the API's job history):
         # read on the event loop by whoever labels or filters jobs, so held in memory.
         self.made: BoundedLRU[str, str] = BoundedLRU(max_count=max(1, self.backend.mapping_capacity))
-        self.metrics = ScheduleMetrics(self, registry) if registry is not None else None
+        # (self.schedules is replaced on each reload: the metrics read it at each scrape)
+        self.metrics = ScheduleMetrics(lambda: self.schedules.values(), registry) if registry is not None else None
         self._changed = asyncio.Event()
         self._writes = asyncio.Lock()  # one write at a time, in order: a later state never loses to an earlier
         self._task: asyncio.Task[None] | None = None

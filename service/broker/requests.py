@@ -316,7 +316,8 @@ class Requests:
 
     def keepalive(self, client: bytes, ka: KeepAlive) -> bool:
         """The keepalive answer frame, carrying this broker's incarnation; False when the client is gone."""
-        facts: dict[str, Any] = {"boot": self.boot, "max": self.s.max_message_bytes}
+        # "bundle": this broker reads bundles (transport/bundle.py), and answers a client that sends them in them.
+        facts: dict[str, Any] = {"boot": self.boot, "max": self.s.max_message_bytes, "bundle": 1}
         if self.host:
             facts["host"] = self.host
         if self.epoch:  # its term's lease generation: a zfab client leaves a broker older than one it saw

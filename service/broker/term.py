@@ -174,7 +174,7 @@ class Term(Hook):
             requests.epoch = self.epoch
             requests.settle_until = self.clock() + SETTLE
             self.requests, self.replay = requests, replay
-            workers.epoch_frame = nfp.dumps({"epoch": self.epoch})
+            workers.keepalive_facts = nfp.keepalive_facts(self.epoch)
 
     def tend(self, now: float) -> float | None:
         if self.role is not ACTIVE:

@@ -76,7 +76,8 @@ class Workers:
         self.ids = identities
         self.counts = counts
         self.clock = clock
-        self.epoch_frame: bytes | None = None  # {"epoch": N} on keepalives to zfab workers, under a lease (term.py)
+        # The 5th frame of keepalives to zfab workers: bundles read here, and the term under a lease (term.py).
+        self.keepalive_facts = nfp.keepalive_facts(None)
         # unknown worker -> last DISCONNECT and the reason a zfab worker was told first (purged)
         self.told_to_leave: OrderedDict[bytes, tuple[float, str | None]] = OrderedDict()
         self.gone: OrderedDict[bytes, dict[str, Any]] = OrderedDict()  # worker name -> how it left
@@ -229,8 +230,8 @@ class Workers:
                 continue
             if ka.due_with_wave(now):
                 frames = nfp.broker_control(w.ident, nfp.KEEPALIVE, w.service)
-                if self.epoch_frame is not None and w.v2:  # its term: a zfab worker keeps the highest
-                    frames.append(self.epoch_frame)
+                if w.v2:  # a zfab worker keeps the highest term, and bundles what it sends
+                    frames.append(self.keepalive_facts)
                 send(frames)
                 ka.mark_sent(now)
             soonest = min(soonest, ka.next_due, ka.expires_at)

@@ -34,6 +34,7 @@ class BrokerLink:
         self.reconnect_at = 0.0  # monotonic: no new connection before this (one per hold time)
         self.connected = True  # several brokers: a connection is up (transport/links.py); one: always
         self.epoch = 0  # the highest lease generation a broker's keepalive answer said (docs/failover.md)
+        self.bundle = False  # its keepalive answers say it reads bundles (transport/bundle.py)
 
     @property
     def alive(self) -> bool:
@@ -54,6 +55,7 @@ class BrokerLink:
         self.keepalive.heard(keepalive=True)
         said = object_of(reply.payload)
         boot = said.get("boot")
+        self.bundle = isinstance(boot, str) and said.get("bundle") == 1
         if not isinstance(boot, str):
             return News.RETURNED if back else News.NONE  # a NorFab broker's answers carry nothing
         epoch = said.get("epoch")

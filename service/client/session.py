@@ -152,6 +152,7 @@ class Session:
         if news:
             self.jobs.recheck_all()
         if reply.command == nfp.KEEPALIVE:
+            self.loop.bundles(b"", self.link.bundle)  # what this loop sends in one step may go as one
             if self.link.keepalive.answers():  # the broker's wave: answered at once, not on our own clock
                 self._send_keepalive()
             return

@@ -161,6 +161,7 @@ class BrokerControl:
     detail: str | None = None  # zfab: the broker's sentence for a refusal (name_taken), at most MAX_DETAIL
     retry_after: float | None = None  # zfab: seconds the broker suggests waiting before a new READY
     epoch: int | None = None  # zfab: the broker's term on a lease (KEEPALIVE; docs/failover.md)
+    bundle: bool = False  # zfab: the broker reads bundles (KEEPALIVE; transport/bundle.py)
 
 
 @dataclass(slots=True)
@@ -309,6 +310,7 @@ def decode_broker_to_worker(frames: list[Frame], max_bytes: int = DEFAULT_MAX_FR
                 detail[:MAX_DETAIL] if isinstance(detail, str) else None,
                 float(after) if isinstance(after, int | float) and not isinstance(after, bool) and after >= 0 else None,
                 epoch if type(epoch) is int and epoch >= 0 else None,
+                why.get("bundle") == 1,
             )
         if command not in BROKER_JOB_COMMANDS:
             raise ProtocolError("command", f"{COMMAND_NAMES[command]} is not sent by a broker to a worker")
@@ -373,6 +375,15 @@ def worker_reply(command: bytes, client: bytes, uuid: bytes, status: bytes, payl
 
 def broker_job(worker: bytes, command: bytes, client: bytes, uuid: bytes, body: Frame) -> list[Frame]:
     return [worker, b"", BROKER, command, client, b"", uuid, body]
+
+
+def keepalive_facts(epoch: int | None) -> bytes:
+    """The 5th frame of a broker's KEEPALIVE to a zfab worker: it reads bundles (Extensions 13) and, under
+    a lease, its term (Extensions 12). A NorFab worker's keepalives stay NFP's four frames."""
+    facts: dict[str, int] = {"bundle": 1}
+    if epoch is not None:
+        facts["epoch"] = epoch
+    return dumps(facts)
 
 
 def broker_control(worker: bytes, command: bytes, service: bytes) -> list[Frame]:

@@ -52,6 +52,9 @@ class LoopStats:
     handler_errors: int = 0
     wakeups: int = 0
     reconnects: int = 0
+    bundles_sent: int = 0  # several messages as one (bundle.py); `sent` and `received` count each message
+    bundles_received: int = 0
+    bundles_rejected: int = 0  # malformed, dropped whole
 
 
 class Transport(Protocol):
@@ -84,6 +87,11 @@ class Transport(Protocol):
 
     def request_reconnect(self) -> None:
         """Close the socket and open a new one (role.open_socket, then role.on_connected)."""
+
+    def bundles(self, peer: bytes, yes: bool = True) -> None:
+        """Owner only: the peer reads bundles (transport/bundle.py), or no longer does. A client's or
+        worker's one peer, its broker, is b"" (the first frame of everything it sends); a broker
+        learns its peers from the bundles they send it."""
 
     def queue_depth(self) -> int:
         """Items waiting in the outbound queue."""

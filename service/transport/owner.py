@@ -29,7 +29,9 @@ from concurrent.futures import Future
 import zmq
 
 from ..core.logbudget import LogBudget
+from ..core.lru import BoundedLRU
 from ..errors import BackpressureError, ClosedError
+from . import bundle
 from .base import Frames, Item, LoopStats, Role, T
 from .sending import WireSender
 from .wire import Wire
@@ -81,6 +83,13 @@ class SocketOwner(WireSender):
         self._sock: zmq.Socket[bytes] | None = None
         self._wire: Wire | None = None
         self._stalled: Frames | tuple[Frames, Callable[[], None]] | None = None  # not taken by the socket yet
+        # Bundles (bundle.py): within a step of the owner (a receive batch, a drain, a timer pass), what goes
+        # to a peer that reads them is gathered and sent as one at the step's end.
+        self._corking = False
+        self._bundled: BoundedLRU[bytes, bool] = BoundedLRU(max_count=bundle.PEERS)
+        self._pending: dict[bytes, bundle.Pending] = {}
+        self._skip = 0
+        self._bundle_log = LogBudget(burst=DROPS_LOGGED_AT_ONCE, per_second=DROPS_LOGGED_PER_SECOND)
         self._closing = False
         self._reconnect = False
         self._torn_down = False
@@ -146,6 +155,22 @@ class SocketOwner(WireSender):
 
     def queue_depth(self) -> int:
         return len(self._queue) + (1 if self._stalled is not None else 0)
+
+    def bundles(self, peer: bytes, yes: bool = True) -> None:
+        """Owner only: the peer reads bundles, or no longer does (what is gathered for it goes first)."""
+        if yes:
+            self._mark_bundled(peer)
+        elif self._bundled.pop(peer) is not None and peer in self._pending:
+            self._flush_peer(peer)
+
+    def bundle_peers(self) -> int:
+        """How many peers are known to read bundles (bounded by bundle.PEERS)."""
+        return len(self._bundled)
+
+    def _mark_bundled(self, peer: bytes) -> None:
+        if peer not in self._bundled:
+            self._bundled.put(peer, True)
+            self._bundled.shed()  # the oldest gets single messages again until it sends a bundle
 
     def request_reconnect(self) -> None:
         self._reconnect = True
@@ -215,6 +240,10 @@ class SocketOwner(WireSender):
         sock = self.role.open_socket(self._ctx)
         self._sock = sock
         self._wire = Wire(sock, meta=bool(sock.getsockopt(zmq.CURVE_SERVER)))
+        # A new socket, new peers: none is known to read bundles until it says so again.
+        self._bundled = BoundedLRU(max_count=bundle.PEERS)
+        self._pending.clear()
+        self._skip = 1 if sock.type == zmq.ROUTER else 0
         self._watch(sock)
         self.role.on_connected()
 
@@ -233,21 +262,33 @@ class SocketOwner(WireSender):
                 return True
             self._stalled = None
         q = self._queue
+        more = False
+        self._corking = True
         try:
             for _ in range(self.batch):
                 if not q:
-                    return False
+                    break
                 item = q.popleft()
                 if isinstance(item, FRAMES_ITEM):
                     if not self._send_item(item):
-                        self._stalled = item
-                        return True
+                        if self._stalled is None:
+                            self._stalled = item
+                        else:  # behind a bundle the peer could not take
+                            q.appendleft(item)
+                        break
+                    if self._stalled is not None:  # a full bundle the peer could not take: it goes first
+                        break
                 else:
                     self._run_call(item)
-            return bool(q)
+            else:
+                more = bool(q)
         finally:
+            self._corking = False
+            if self._pending:
+                self._flush()
             if self._waiting:
                 self._wake_waiters()
+        return more or self._stalled is not None
 
     def _receive(self) -> bool:
         """Read up to one batch of messages and hand each to the role, then end the batch. True when
@@ -259,47 +300,87 @@ class SocketOwner(WireSender):
         on_frames = self.role.on_frames
         full = True
         i = 0
-        for i in range(self.batch):
-            # The caller saw the socket readable. After the first message ZMQ_EVENTS is asked
-            # once: a lone message (the sequential case) then ends without the Again, which
-            # costs more than a message (pyzmq builds the exception and its errno enum). A
-            # longer batch reads on to its Again instead: asking ZMQ_EVENTS before every
-            # message (it processes the socket's pending commands each time) was the top line of
-            # the broker's and the client's pipelined profiles (13 %). Receiving bursts of
-            # 8-frame messages, the batch that reads on costs 14.2-15.0 us of CPU a message
-            # against 16.1-20.1 us with a check before each.
-            if i == 1 and not readable():
-                full = False
-                break
-            try:
-                frames = wire.recv()
-            except zmq.Again:
-                full = False
-                break
-            try:
-                on_frames(frames)
-            except Exception:
-                self._handler_failed("handler failed on a %d-frame message", len(frames))
-            if self._reconnect or self._sock is not sock:
-                full = False
-                i += 1  # this one was handled
-                break
-        else:
-            i = self.batch
-        self.stats.received += i  # once per batch, not per message
+        self._corking = True
         try:
-            self.role.on_batch_end()
-        except Exception:
-            self._handler_failed("batch handler failed")
+            for i in range(self.batch):
+                # The caller saw the socket readable. After the first message ZMQ_EVENTS is asked
+                # once: a lone message (the sequential case) then ends without the Again, which
+                # costs more than a message (pyzmq builds the exception and its errno enum). A
+                # longer batch reads on to its Again instead: asking ZMQ_EVENTS before every
+                # message (it processes the socket's pending commands each time) was the top line of
+                # the broker's and the client's pipelined profiles (13 %). Receiving bursts of
+                # 8-frame messages, the batch that reads on costs 14.2-15.0 us of CPU a message
+                # against 16.1-20.1 us with a check before each.
+                if i == 1 and not readable():
+                    full = False
+                    break
+                try:
+                    frames = wire.recv()
+                except zmq.Again:
+                    full = False
+                    break
+                n = len(frames)
+                if (n == 4 or n == 5) and frames[-3] == bundle.MARK:
+                    self._unbundle(frames, sock)
+                else:
+                    try:
+                        on_frames(frames)
+                    except Exception:
+                        self._handler_failed("handler failed on a %d-frame message", len(frames))
+                if self._reconnect or self._sock is not sock:
+                    full = False
+                    i += 1  # this one was handled
+                    break
+            else:
+                i = self.batch
+            self.stats.received += i  # once per batch, not per message
+            try:
+                self.role.on_batch_end()
+            except Exception:
+                self._handler_failed("batch handler failed")
+        finally:
+            self._corking = False
+            if self._pending:
+                self._flush()
         return full
+
+    def _unbundle(self, frames: Frames, sock: zmq.Socket[bytes] | None) -> None:
+        """A bundle: each of its messages to the role, as if each had come on its own. A broker's peer
+        that sends one reads them (its answers may come as one); a malformed one is dropped, counted."""
+        try:
+            messages = bundle.unpack(frames)
+        except bundle.BundleError as exc:
+            self.stats.bundles_rejected += 1
+            held = self._bundle_log.take()
+            if held is not None:
+                more = f" ({held} more not logged)" if held else ""
+                log.warning("%s: dropped a malformed bundle: %s%s", self.name, exc, more)
+            return
+        self.stats.bundles_received += 1
+        self.stats.received += len(messages) - 1
+        if self._skip:
+            self._mark_bundled(frames[0])
+        on_frames = self.role.on_frames
+        for message in messages:
+            try:
+                on_frames(message)
+            except Exception:
+                self._handler_failed("handler failed on a %d-frame message", len(message))
+            if self._reconnect or self._sock is not sock:
+                break  # the rest came on a socket the role has left
 
     def _role_timer(self, now: float) -> float | None:
         """The role's timers; the next deadline (a failing handler is looked at again in a second)."""
+        self._corking = True
         try:
             return self.role.on_timer(now)
         except Exception:
             self._handler_failed("timer handler failed")
             return now + 1.0
+        finally:
+            self._corking = False
+            if self._pending:
+                self._flush()
 
     def _reopen(self) -> bool:
         """Close the socket and open a new one (role.open_socket, then role.on_connected). False when
@@ -307,6 +388,11 @@ class SocketOwner(WireSender):
         stays stalled and goes first on the new socket."""
         self._reconnect = False
         self.stats.reconnects += 1
+        stalled = self._stalled
+        if isinstance(stalled, list) and bundle.is_bundle(stalled):
+            # The new socket's peer may not read bundles: its messages go again one by one, first.
+            self._stalled = None
+            self._queue.extendleft(reversed(bundle.unpack(stalled)))
         self._close_socket(0)
         try:
             self._open()

@@ -104,6 +104,7 @@ class StubLoop:
         self.user_id_next: bytes | None = None  # the ZAP user id the next fed message comes with
         self.full = False  # a test sets it to make the peer refuse sends (high-water mark reached)
         self.gone: set[bytes] = set()  # ROUTER identities whose connection closed: sends to them fail
+        self.bundled: set[bytes] = set()  # peers the role said read bundles (the stub sends each message alone)
         self.started = threading.Event()
         self.stopped = threading.Event()
         self._queue: deque[Item] = deque()
@@ -171,6 +172,12 @@ class StubLoop:
 
     def queue_depth(self) -> int:
         return len(self._queue)
+
+    def bundles(self, peer: bytes, yes: bool = True) -> None:
+        if yes:
+            self.bundled.add(peer)
+        else:
+            self.bundled.discard(peer)
 
     @property
     def closing(self) -> bool:

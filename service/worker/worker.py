@@ -398,6 +398,7 @@ class Worker:
                 if msg.epoch is not None and msg.epoch < self.epoch:  # a deposed broker (docs/failover.md): leave
                     return self.loop.request_reconnect()
                 self.epoch = max(self.epoch, msg.epoch or 0)
+                self.loop.bundles(b"", msg.bundle)  # what this loop sends in one step may go as one
                 self.keepalive.heard()
                 self.refusals.registered()
                 if self.keepalive.answers():  # with the broker's wave, not on a clock of our own

@@ -241,7 +241,8 @@ def test_keepalives_to_zfab_workers_carry_the_epoch_and_a_worker_leaves_an_older
     clock.advance(INTERVAL)
     b.on_timer(clock())
     kas = {f[0]: f for f in stub(b).take() if f[3] == nfp.KEEPALIVE}
-    assert nfp.loads(kas[b"w1~1"][5]) == {"epoch": 5} and len(kas[b"nf"]) == 5
+    # (and that this broker reads bundles: transport/bundle.py)
+    assert nfp.loads(kas[b"w1~1"][5]) == {"epoch": 5, "bundle": 1} and len(kas[b"nf"]) == 5
 
     wclock = FakeClock()
     s = Settings(data_dir=str(tmp_path), broker="tcp://127.0.0.1:1")
@@ -250,9 +251,11 @@ def test_keepalives_to_zfab_workers_carry_the_epoch_and_a_worker_leaves_an_older
     try:
         keepalive = [b"", nfp.BROKER, nfp.KEEPALIVE, b"demo"]
         stub_w = w.loop
-        stub_w.feed([*keepalive, nfp.dumps({"epoch": 5})])  # type: ignore[attr-defined]
+        stub_w.feed([*keepalive, nfp.dumps({"epoch": 5, "bundle": 1})])  # type: ignore[attr-defined]
         assert w.epoch == 5 and w.loop.stats.reconnects == 0
+        assert stub_w.bundled == {b""}  # type: ignore[attr-defined]  # it may send its broker bundles
         stub_w.feed([*keepalive])  # type: ignore[attr-defined]  # (a NorFab broker's: no epoch, nothing changes)
+        assert stub_w.bundled == set()  # type: ignore[attr-defined]  # and no bundles to it
         stub_w.feed([*keepalive, nfp.dumps({"epoch": 4})])  # type: ignore[attr-defined]  # a deposed broker
         assert w.loop.stats.reconnects == 1 and w.epoch == 5
     finally:

@@ -9,6 +9,7 @@ import zmq
 from ..core import sizes
 from ..errors import SecurityError
 from ..settings import Settings
+from ..transport import bundle
 from ..transport.base import Transport
 from ..transport.security import curve_server, is_loopback
 
@@ -44,6 +45,12 @@ def loop_figures(loop: Transport) -> dict[str, Any]:
         "frames_sent": st.sent,
         "frames_send_dropped": st.send_dropped,
         "handler_errors": st.handler_errors,
+        # Several messages as one (transport/bundle.py): how many went each way, and malformed ones dropped.
+        "bundles_received": st.bundles_received,
+        "bundles_sent": st.bundles_sent,
+        "bundles_rejected": st.bundles_rejected,
+        "bundle_peers": loop.bundle_peers(),
+        "bundle_peers_capacity": bundle.PEERS,
     }
 
 

@@ -157,6 +157,11 @@ def _broker(broker: dict[str, Any], depth: GaugeMetricFamily, cap: GaugeMetricFa
     frames.add_metric(["received"], broker.get("frames_received", 0))
     frames.add_metric(["sent"], broker.get("frames_sent", 0))
     frames.add_metric(["dropped"], broker.get("frames_send_dropped", 0))
+    bundles = CounterMetricFamily(
+        "zfab_broker_bundles_total", "Bundles (several messages as one) through the broker socket", labels=["direction"]
+    )
+    for direction in ("received", "sent", "rejected"):
+        bundles.add_metric([direction], broker.get(f"bundles_{direction}", 0))
     rejected = CounterMetricFamily(
         "zfab_frames_rejected_total", "Malformed messages dropped by the broker", labels=["reason"]
     )
@@ -183,6 +188,8 @@ def _broker(broker: dict[str, Any], depth: GaugeMetricFamily, cap: GaugeMetricFa
         ("broker_identities", "identities_bound", "identities_capacity"),
         ("broker_client_keepalives", "client_keepalives", "client_keepalives_capacity"),
         ("broker_queued_notices", "queued_notices", "queued_notices_capacity"),
+        ("broker_held_acks", "held_acks", "held_acks_capacity"),
+        ("broker_bundle_peers", "bundle_peers", "bundle_peers_capacity"),
         ("broker_limit_buckets", "limit_buckets", "limit_buckets_capacity"),
         ("broker_mmi_audit", "mmi_audit_entries", "mmi_audit_capacity"),
     ):
@@ -200,7 +207,8 @@ def _broker(broker: dict[str, Any], depth: GaugeMetricFamily, cap: GaugeMetricFa
     trims.add_metric([], broker.get("memory_trims", 0))
     released = CounterMetricFamily("zfab_broker_memory_released_bytes", "Resident bytes those trims gave back")
     released.add_metric([], broker.get("memory_released_bytes", 0))
-    own = [depth, cap, frames, rejected, events, purged, clients, tables, table_caps, uptime, rss, trims, released]
+    own = [depth, cap, frames, bundles, rejected, events, purged, clients, tables, table_caps, uptime, rss, trims]
+    own.append(released)
     return [*own, *term_families(broker)]
 
 

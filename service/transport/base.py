@@ -93,6 +93,9 @@ class Transport(Protocol):
         worker's one peer, its broker, is b"" (the first frame of everything it sends); a broker
         learns its peers from the bundles they send it."""
 
+    def bundle_peers(self) -> int:
+        """How many peers are known to read bundles (bounded)."""
+
     def queue_depth(self) -> int:
         """Items waiting in the outbound queue."""
 

@@ -50,7 +50,7 @@ def is_bundle(frames: Frames) -> bool:
 class Pending:
     """What one step of the owner has for one peer so far."""
 
-    __slots__ = ("first", "lens", "parts", "count", "size")
+    __slots__ = ("count", "first", "lens", "parts", "size")
 
     def __init__(self) -> None:
         self.first: Frames | None = None  # a lone message goes as it is

@@ -359,7 +359,7 @@ class SocketOwner(WireSender):
         self.stats.bundles_received += 1
         self.stats.received += len(messages) - 1
         if self._skip:
-            self._mark_bundled(frames[0])
+            self._mark_bundled(bytes(frames[0]))
         on_frames = self.role.on_frames
         for message in messages:
             try:

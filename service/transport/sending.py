@@ -47,7 +47,7 @@ class WireSender:
         return self._put(frames)
 
     def _cork(self, frames: Frames) -> bool | None:
-        peer = frames[0]
+        peer: bytes = frames[0]  # type: ignore[assignment]  # a peer in _bundled: an identity, small, so bytes
         pending = self._pending.get(peer)
         if pending is None:
             pending = self._pending[peer] = Pending()

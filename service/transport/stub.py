@@ -173,6 +173,9 @@ class StubLoop:
     def queue_depth(self) -> int:
         return len(self._queue)
 
+    def bundle_peers(self) -> int:
+        return len(self.bundled)
+
     def bundles(self, peer: bytes, yes: bool = True) -> None:
         if yes:
             self.bundled.add(peer)

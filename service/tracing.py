@@ -9,13 +9,15 @@ PRODUCER one, carrying how long the job waited (`zfab.queued_seconds` in the bro
 two. Task code's own spans nest under the CONSUMER span.
 
 Only `opentelemetry-api` is needed. Without an SDK's tracer provider configured (opentelemetry-sdk
-with an exporter, or `opentelemetry-instrument`), no span is made and no header sent: the cost is
-one look at the global tracer provider per job, on each side, until one is set; OpenTelemetry sets
-the global provider once per process, so once an SDK's is seen the answer is kept.
+with an exporter, or `opentelemetry-instrument`), no span is made and no header sent: the global
+tracer provider is looked at again at most once every RECHECK seconds (a provider set after the
+first jobs is in use within that), not per job; OpenTelemetry sets the global provider once per
+process, so once an SDK's is seen the answer is kept.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 try:
@@ -31,17 +33,24 @@ SYSTEM = "zfab"
 
 _NO_SDK: tuple[type, ...] = (trace.ProxyTracerProvider, trace.NoOpTracerProvider) if trace is not None else ()
 _sdk_seen = False  # OpenTelemetry sets the global provider once: seen once, it stays
+RECHECK = 1.0  # seconds between looks at the global provider while it is the API's no-op
+_looked_at = -RECHECK  # monotonic: the last look
 
 
 def enabled() -> bool:
     """True once an SDK's tracer provider is the global one (the API alone answers with a no-op).
-    Asked about three times a job: a union type made per call, and the provider looked up again once
-    it is known, cost 5.6 us a call here."""
-    global _sdk_seen
+    Asked about three times a job on each side: the look itself reads the environment
+    (OTEL_PYTHON_TRACER_PROVIDER) each time no provider is set, about 6 us, an eighth of a worker's
+    pool thread per sequential echo job; so a no answer is kept for RECHECK seconds."""
+    global _sdk_seen, _looked_at
     if _sdk_seen:
         return True
     if trace is None:
         return False
+    now = time.monotonic()
+    if now - _looked_at < RECHECK:
+        return False
+    _looked_at = now
     _sdk_seen = not isinstance(trace.get_tracer_provider(), _NO_SDK)
     return _sdk_seen
 

@@ -22,7 +22,7 @@ import zmq
 from conftest import wait_for
 
 from zfab.errors import BackpressureError, ClosedError
-from zfab.transport import AioLoop, FakeClock, OwnerLoop, StubLoop, StubTransport, Transport
+from zfab.transport import AioLoop, FakeClock, OwnerLoop, StubLoop, StubTransport, Transport, bundle
 from zfab.transport.base import Frames
 
 DEADLINE = 5.0  # every wait here ends by then
@@ -427,3 +427,23 @@ def _catch(fn: Callable[[], None], into: list[BaseException]) -> None:
         fn()
     except BaseException as exc:
         into.append(exc)
+
+
+def test_a_bundle_reaches_the_role_as_its_messages_and_a_step_sends_its_peer_one(owner: Harness) -> None:
+    """transport/bundle.py: on either real owner, a bundle from the peer is handed over as the messages it
+    carried, in order; told the peer reads them, what one step sends goes as one (the stub has no wire)."""
+    if not owner.real:
+        pytest.skip("the stub hands over what it is fed and records what is sent, message by message")
+    role = ContractRole(getattr(owner, "endpoint", ""))
+    t = owner.make(role)
+    p = bundle.Pending()
+    for k in range(5):
+        assert p.add([b"", b"in", b"%d" % k], 0)
+    owner.peer_send(p.message([]))
+    owner.until(lambda: len(role.received) == 5, "the bundle's five messages")
+    assert role.received == [[b"", b"in", b"%d" % k] for k in range(5)]
+    t.call(lambda: t.bundles(b""))  # (a role does this when its broker says it reads them)
+    t.call(lambda: [t.send([b"", b"out", b"%d" % k]) for k in range(5)])  # one step: a queued call
+    (got,) = owner.peer_recv(1)
+    assert bundle.is_bundle(got) and bundle.unpack(got) == [[b"", b"out", b"%d" % k] for k in range(5)]
+    assert t.stats.bundles_received == 1 and t.stats.bundles_sent == 1

@@ -222,8 +222,10 @@ def test_one_peer_holds_its_share_of_the_slots_and_leaves_the_rest_to_others(tmp
             for i in range(10):
                 sub(b"many.%d.a" % i, b"many.%d.b" % i)
             wait_for(
-                lambda: _metrics(mport)["zfab_broker_event_subscriptions"] == 20
-                and _metrics(mport)["zfab_broker_event_subscriptions_refused_total.too_many"] >= 2,
+                lambda: (
+                    _metrics(mport)["zfab_broker_event_subscriptions"] == 20
+                    and _metrics(mport)["zfab_broker_event_subscriptions_refused_total.too_many"] >= 2
+                ),
                 20,
                 what="the total bound reached and held",
             )

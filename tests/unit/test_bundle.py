@@ -138,7 +138,8 @@ def test_what_one_step_sends_a_peer_that_reads_bundles_arrives_as_its_messages_a
     _send_in_one_step(client.loop, 50)
     wait_for(lambda: client.got(51), timeout=5)
     ident = server.received[0][0]
-    assert server.received[1:] == [[ident, b"", b"m", str(i).encode()] for i in range(50)]  # in order, its identity first
+    # in order, each with its identity first
+    assert server.received[1:] == [[ident, b"", b"m", str(i).encode()] for i in range(50)]
     assert client.received[1:] == [[b"", b"re", str(i).encode()] for i in range(50)]
     assert client.loop.stats.bundles_sent >= 1 and server.loop.stats.bundles_received >= 1
     # The server answered in bundles: this peer sent it one, so it reads them.

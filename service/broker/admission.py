@@ -98,7 +98,6 @@ def read_job(sender: bytes, req: nfp.ClientRequest, *, now: float, seq: int, def
         task=task if isinstance(task, str) else "",
         push=bool(flags.get("push")),
         ack=bool(flags.get("ack", True)),
-        ack_late=flags.get("ack_late") is True,
         announce=bool(flags),  # a flags frame means a zfab client: it understands queued/expired/cancelled
         priority=priority,
         seq=seq,

@@ -45,8 +45,6 @@ class Deadlines:
             self.due(now)
         if d.notices and d.notices[0][0] <= now:
             self.tell_waiting(now)
-        if d.held_acks.held:
-            d.held_acks.due(now)
 
     def tell_waiting(self, now: float) -> None:
         """Notices that came due: jobs still waiting are told "queued"."""
@@ -168,8 +166,6 @@ class Deadlines:
                 out = heap[0][0] if out is None else min(out, heap[0][0])
         if self.d.route_expiry:
             out = self.d.route_expiry[0][0] if out is None else min(out, self.d.route_expiry[0][0])
-        if self.d.held_acks.held and (at := self.d.held_acks.next_at()) is not None:
-            out = at if out is None else min(out, at)
         if self.d.limits.timers:
             opens = self.d.limits.next_deadline()
             if opens is not None:

@@ -19,7 +19,6 @@ from ..core.histogram import Histogram
 from ..core.payloads import Word
 from ..settings import Settings
 from .admission import Refusal, answer
-from .heldacks import HeldAcks
 from .jobqueue import ANY, QueuedJob, Spot
 from .limits import OVERFLOW, Bucket, Limiter
 from .outbox import Outbox
@@ -57,7 +56,6 @@ class Dispatch:
         self.out = out
         self.reply = out.reply
         self.send = out.send
-        self.held_acks = HeldAcks(registry, out.send)  # 202s held a moment (flags ack_late)
         self.counts = counts
         self.clock = clock
         self.queued: dict[bytes, QueuedJob] = {}  # every waiting job by wire uuid (dedupe, cancel)
@@ -195,16 +193,9 @@ class Dispatch:
             frames.append(nfp.dumps(meta))
         self.send(frames)
 
-    def _dispatched(self, job: QueuedJob, workers: list[WorkerRecord], now: float | None = None) -> None:
-        """The 202, now; or, with `now`, held until a moment later and left out if the job's final answer
-        goes first (a client that asked for it, flags ack_late: heldacks.py)."""
+    def _dispatched(self, job: QueuedJob, workers: list[WorkerRecord]) -> None:
         body = payloads.dispatched(job.uuid, job.target, job.service, [w.label for w in workers])
-        if now is None:
-            self.reply(job.client, job.service, job.uuid, nfp.ST_DISPATCHED, body)
-            return
-        frames = self.out.told(job.client, job.service, job.uuid, nfp.ST_DISPATCHED, body)
-        if not self.held_acks.hold(job, frames, now):
-            self.send(frames)
+        self.reply(job.client, job.service, job.uuid, nfp.ST_DISPATCHED, body)
 
     def _observe_queued(self, svc: ServiceRecord, job: QueuedJob, now: float) -> None:
         h = svc.queued_seconds
@@ -236,8 +227,7 @@ class Dispatch:
         # Without a 202 a client can only wait for one worker, so ack=false skips it; a client told
         # "queued" learns the dispatch either way.
         if job.ack or job.told_queued:
-            # Held only for a pushed answer: a client that collects by GET needs the worker's name to ask.
-            self._dispatched(job, [w], now if job.ack_late and job.push and not job.told_queued else None)
+            self._dispatched(job, [w])
         self.reg.send_to(svc, w, job.uuid, job.client)
         self._post(w, job, now, body)
         self._observe_queued(svc, job, now)

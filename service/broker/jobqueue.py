@@ -62,7 +62,6 @@ class QueuedJob:
     parts_sent: dict[bytes, float] | None = None  # a job for several workers: when each part was sent
     host: str | None = None  # the client's shared-memory host id (flags "host")
     shm: bool = False  # the body is a handle to a block of that client (core/shmhandle.py)
-    ack_late: bool = False  # its 202 may be held a moment and left out if its answer comes first (heldacks.py)
 
     @property
     def size(self) -> int:

@@ -21,7 +21,6 @@ from ..settings import Settings
 from . import norfab
 from .control import BrokerControl
 from .dispatch import MAX_NOTICES, Dispatch
-from .heldacks import MAX_HELD
 from .inventory import Inventory, InventoryError
 from .mmiaudit import AUDITED, MmiAuditLog
 from .outbox import Outbox
@@ -415,9 +414,6 @@ class MmiService:
             "client_keepalives_capacity": reg.max_clients,
             "queued_notices": len(d.notices),
             "queued_notices_capacity": MAX_NOTICES,
-            "held_acks": len(d.held_acks.held),
-            "held_acks_capacity": MAX_HELD,
-            "acks_left_out": d.held_acks.left_out,
             "limit_buckets": len(d.limits.buckets),
             "limit_buckets_capacity": d.limits.max_buckets,
             "services_capacity": reg.max_services,

@@ -29,12 +29,7 @@ class Outbox:
             self.counts["send_failed"] += 1
 
     def reply(self, client: bytes, service: bytes, uuid: bytes, status: bytes, payload: Any) -> None:
-        if not self.send_now(self.told(client, service, uuid, status, payload)):
-            self.counts["send_failed"] += 1
-
-    def told(self, client: bytes, service: bytes, uuid: bytes, status: bytes, payload: Any) -> Frames:
-        """A reply of the broker's own, its hooks told of it: the frames to send, now (reply) or a
-        moment later (heldacks.py)."""
         for h in self.replied:
             h(uuid, status)
-        return nfp.broker_reply(client, nfp.RESPONSE, service, uuid, status, nfp.dumps(payload))
+        if not self.send_now(nfp.broker_reply(client, nfp.RESPONSE, service, uuid, status, nfp.dumps(payload))):
+            self.counts["send_failed"] += 1

@@ -61,7 +61,6 @@ class Replies:
     ) -> None:
         self.reg = registry
         self.dispatch = dispatch
-        self.held_acks = dispatch.held_acks
         self.deadlines = deadlines
         self.s = settings
         self.send = out.send
@@ -80,12 +79,6 @@ class Replies:
         for hook in self.forwarded:
             hook(worker, msg, hoptrace.outcome_of(msg.trace))
         status = msg.status
-        held = self.held_acks
-        if held.held:  # a 202 held a moment (heldacks.py): left out if this is the final answer, else sent first
-            if msg.command == nfp.RESPONSE and status in nfp.FINAL_STATUSES:
-                held.answered(msg.uuid)
-            else:
-                held.before(msg.uuid)
         if msg.command == nfp.RESPONSE:
             if status in nfp.FINAL_STATUSES:
                 route = self.reg.complete(worker, msg.uuid)

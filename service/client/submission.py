@@ -41,10 +41,6 @@ def job_fields(
     epoch time it is held until, whether its service is known already (a resubmission)."""
     push, ack, queued_notice, host = how
     fields: dict[str, Any] = {"push": push, "ack": ack, "task": task, "timeout": timeout}
-    if ack and push:
-        # Its 202 may wait a moment and be left out if the result comes first (broker/heldacks.py):
-        # the result says more, and most jobs answer within the moment.
-        fields["ack_late"] = True
     if queued_notice > 0:
         # Well before the deadline: a job that expires in the queue is known to have been queued.
         fields["notice"] = min(queued_notice, round(timeout / 2, 3))

@@ -188,7 +188,6 @@ def _broker(broker: dict[str, Any], depth: GaugeMetricFamily, cap: GaugeMetricFa
         ("broker_identities", "identities_bound", "identities_capacity"),
         ("broker_client_keepalives", "client_keepalives", "client_keepalives_capacity"),
         ("broker_queued_notices", "queued_notices", "queued_notices_capacity"),
-        ("broker_held_acks", "held_acks", "held_acks_capacity"),
         ("broker_bundle_peers", "bundle_peers", "bundle_peers_capacity"),
         ("broker_limit_buckets", "limit_buckets", "limit_buckets_capacity"),
         ("broker_mmi_audit", "mmi_audit_entries", "mmi_audit_capacity"),

@@ -27,7 +27,7 @@ from bench.common import free_port, report
 
 def fill(app: Any, n: int) -> None:
     """`n` finished jobs in the table, one in 50 failed, as GET /jobs reads them after a restart."""
-    from zfab.api.jobs.table import JobRecord
+    from zfab.api.jobs.record import JobRecord
     from zfab.api.models import Job, JobState
 
     table = app.state.zfab.jobs

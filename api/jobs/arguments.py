@@ -18,7 +18,7 @@ import msgspec
 from ..models import JobArguments, JobRequest
 from ..state import ApiState
 from .admission import DECLARATION_KEY
-from .table import JobRecord, encode_request
+from .record import JobRecord, encode_request
 
 SHOWN_BYTES = 64 * 1024  # arguments larger than this as JSON are not shown (only their size)
 REDACTED = "***"

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from ..models import Job, JobRequest
 from .filters import JobFilter
-from .table import JobRecord
+from .record import JobRecord
 
 Row = tuple[int, JobRecord, str | None]  # (arrival sequence, the job, the schedule that fired it)
 

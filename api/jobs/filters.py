@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, LiteralString
 from ..models import Job, JobState
 
 if TYPE_CHECKING:
-    from .table import JobRecord
+    from .record import JobRecord
 
 
 def aware(when: datetime) -> datetime:

@@ -28,10 +28,10 @@ from ..models import InputAnswer, Job, JobRequest, JobState
 from ..state import ApiState
 from .admission import check_job
 from .arguments import holds_redacted, recorded_json
+from .record import JobRecord, encode_request, refused_at_once
 from .recovery import ensure_live
 from .shares import CallerShares
 from .submit import submit_record
-from .table import JobRecord, encode_request, refused_at_once
 
 # How long POST /jobs waits for the broker to admit a job. A broker that just started holds a POST
 # for a service none of its workers confirmed yet for its startup grace (a few seconds).

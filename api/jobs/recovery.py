@@ -27,8 +27,8 @@ from ..fabric import mmi
 from ..models import Attempt, JobRequest, JobState
 from ..state import ApiState
 from .arguments import holds_redacted
+from .record import JobRecord
 from .submit import submit_record
-from .table import JobRecord
 
 log = logging.getLogger(__name__)
 

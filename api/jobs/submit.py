@@ -14,7 +14,8 @@ from zfab.errors import ZfabError
 from ..errors import from_fabric_error, unavailable
 from ..models import JobRequest
 from ..state import ApiState
-from .table import JobRecord, JobTable, encode_request
+from .record import JobRecord, encode_request
+from .table import JobTable
 
 
 def received(table: JobTable, uuid: str, event: dict[str, Any]) -> None:

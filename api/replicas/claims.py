@@ -11,7 +11,7 @@ from contextlib import suppress
 from datetime import UTC, datetime
 
 from ..errors import database_unavailable
-from ..jobs.table import JobRecord, encode_request
+from ..jobs.record import JobRecord, encode_request
 from ..models import Job, JobRequest, JobState
 from ..state import ApiState
 from .remote import place, read

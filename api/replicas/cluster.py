@@ -12,7 +12,7 @@ from typing import Any
 from ..errors import database_unavailable
 from ..jobs.cluster import Row
 from ..jobs.filters import JobFilter
-from ..jobs.table import JobRecord
+from ..jobs.record import JobRecord
 from ..models import Job, JobRequest
 from ..state import ApiState
 from ..store.postgres import PgJobStore

@@ -35,7 +35,7 @@ from typing import Any, LiteralString
 import psycopg
 from psycopg import sql
 
-from ..jobs.table import JobRecord
+from ..jobs.record import JobRecord
 from ..store.base import StoreError
 from ..store.pgschedules import SCHEDULES_CHANNEL
 from ..store.postgres import COLUMNS, JOBS_CHANNEL, PgDatabase, PgJobStore

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import ProblemError, database_unavailable
 from ..jobs.operations import cancel_local, input_local
+from ..jobs.record import JobRecord
 from ..jobs.recovery import ensure_live
-from ..jobs.table import JobRecord
 from ..models import InputAnswer, Job, JobState
 from ..state import ApiState
 

@@ -40,8 +40,8 @@ from zfab import BoundedLRU
 
 from ..errors import ProblemError
 from ..jobs.arguments import recorded_json
+from ..jobs.record import JobRecord
 from ..jobs.submit import submit_record
-from ..jobs.table import JobRecord
 from ..models import JobRequest, JobState
 from ..state import ApiState
 from ..store.base import ScheduleBackend, SharedScheduleBackend, SqliteSchedules

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..jobs.table import JobRecord
+from ..jobs.record import JobRecord
 from .schedules import ScheduleRecord, ScheduleStore
 from .sqlite import JobDB, row_of
 

@@ -27,7 +27,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from ..jobs.filters import JobFilter
-from ..jobs.table import JobRecord
+from ..jobs.record import JobRecord
 from .base import StoreError, redacted
 from .schema import migrate
 from .sqlite import record_of, row_of

@@ -17,7 +17,7 @@ from pathlib import Path
 from zfab.errors import ClosedError
 from zfab.storage import open_sqlite
 
-from ..jobs.table import JobRecord, stored_size
+from ..jobs.record import JobRecord, stored_size
 from ..models import Job, JobState
 
 log = logging.getLogger(__name__)

@@ -206,9 +206,8 @@ def _broker(broker: dict[str, Any], depth: GaugeMetricFamily, cap: GaugeMetricFa
     trims.add_metric([], broker.get("memory_trims", 0))
     released = CounterMetricFamily("zfab_broker_memory_released_bytes", "Resident bytes those trims gave back")
     released.add_metric([], broker.get("memory_released_bytes", 0))
-    own = [depth, cap, frames, bundles, rejected, events, purged, clients, tables, table_caps, uptime, rss, trims]
-    own.append(released)
-    return [*own, *term_families(broker)]
+    own = [depth, cap, frames, bundles, rejected, events, purged, clients, tables, table_caps]
+    return [*own, uptime, rss, trims, released, *term_families(broker)]
 
 
 def term_families(broker: dict[str, Any]) -> list[Metric]:

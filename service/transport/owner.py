@@ -319,8 +319,7 @@ class SocketOwner(WireSender):
                 except zmq.Again:
                     full = False
                     break
-                n = len(frames)
-                if (n == 4 or n == 5) and frames[-3] == bundle.MARK:
+                if bundle.is_bundle(frames):
                     self._unbundle(frames, sock)
                 else:
                     try:

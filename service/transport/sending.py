@@ -53,6 +53,8 @@ class WireSender:
             pending = self._pending[peer] = Pending()
         if not pending.add(frames, self._skip):
             self._flush_peer(peer)  # what came before it goes first
+            if self._stalled is not None:
+                return False  # it could not: this one waits behind it
             return self._put(frames)
         if pending.full():
             self._flush_peer(peer)

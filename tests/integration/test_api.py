@@ -26,7 +26,8 @@ from fabric import ROOT, Fabric, fabric, free_port, wait_for
 from zfab.api.http.app import create_app
 from zfab.api.http.auth import TokenSet
 from zfab.api.http.routes.jobs import prefer_wait, wait_bound
-from zfab.api.jobs.table import JobRecord, JobTable
+from zfab.api.jobs.record import JobRecord
+from zfab.api.jobs.table import JobTable
 from zfab.api.settings import ApiSettings
 from zfab.client.future import JobFuture
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from fabric import Fabric, fabric, free_port, wait_for
 
-from zfab.api.jobs.table import JobRecord
+from zfab.api.jobs.record import JobRecord
 from zfab.api.models import JobState
 from zfab.api.server import GRACEFUL_SHUTDOWN_SECONDS
 from zfab.api.store.sqlite import JobDB, row_of

@@ -16,7 +16,7 @@ from fabric import free_port
 
 from zfab.api.http.app import create_app
 from zfab.api.http.console.pages import VIEWS, assets
-from zfab.api.jobs.table import JobRecord
+from zfab.api.jobs.record import JobRecord
 from zfab.api.models import Job, JobState
 from zfab.api.settings import ApiSettings
 

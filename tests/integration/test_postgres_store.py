@@ -13,7 +13,7 @@ import pgserver
 import psycopg
 import pytest
 
-from zfab.api.jobs.table import JobRecord
+from zfab.api.jobs.record import JobRecord
 from zfab.api.store.pgschedules import PgSchedules
 from zfab.api.store.postgres import EVENT_BYTES_PER_JOB, EVENTS_PER_JOB, PgDatabase, PgJobStore
 from zfab.api.store.schedules import ScheduleRecord

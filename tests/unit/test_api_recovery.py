@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from zfab import JobFuture
+from zfab.api.jobs.record import JobRecord
 from zfab.api.jobs.recovery import cut_short
-from zfab.api.jobs.table import JobRecord
 from zfab.core import payloads
 from zfab.errors import BusyError, JobNotFoundError
 

@@ -5,16 +5,20 @@ ROUTER), and a broker answers in bundles only a peer that sent it one."""
 
 from __future__ import annotations
 
+import struct
 import threading
-from array import array
 from typing import Any
 
 import pytest
 import zmq
 from conftest import wait_for
 
+from zfab.core.logbudget import LogBudget
+from zfab.core.lru import BoundedLRU
 from zfab.transport import bundle
+from zfab.transport.base import LoopStats
 from zfab.transport.loop import OwnerLoop
+from zfab.transport.sending import WireSender
 from zfab.transport.wire import Frames
 
 
@@ -39,14 +43,48 @@ def test_a_lone_message_goes_as_itself_and_a_large_frame_is_never_bundled() -> N
     assert p.add(lone, 0) and p.message([]) is lone
     assert not p.add([b"", b"x" * bundle.LARGE], 0)  # refused whole: it goes on its own
     assert p.count == 1 and p.lens == [2, 0, 1]
-    big = bundle.Pending()
-    while not big.full():
-        assert big.add([b"", b"y" * 100], 0)
-    assert big.size >= bundle.BUNDLE_BYTES or big.count >= bundle.MAX_MESSAGES
+
+    def filled(frame_bytes: int) -> int:
+        p = bundle.Pending()
+        while not p.full():
+            assert p.add([b"", b"y" * frame_bytes], 0)
+        return p.count
+
+    assert filled(100) == bundle.MAX_MESSAGES  # small messages: the count bound first (256 x 100 B < 32 KiB)
+    assert filled(2000) == 17  # larger ones: the byte bound (16 x 2,000 B < 32 KiB <= 17 x 2,000 B)
+
+
+class _Refusing:
+    """A wire whose peer takes nothing at first (its high-water mark reached), then has room again."""
+
+    def __init__(self, refusals: int) -> None:
+        self.refusals = refusals
+        self.sent: list[Frames] = []
+
+    def send(self, frames: Frames) -> None:
+        if self.refusals:
+            self.refusals -= 1
+            raise zmq.Again()
+        self.sent.append(frames)
+
+
+def test_a_large_message_waits_behind_a_bundle_its_dealer_peer_could_not_take() -> None:
+    s = WireSender()
+    wire = _Refusing(refusals=1)
+    s.name, s.stats, s._wire, s._drop_log = "t", LoopStats(), wire, LogBudget(burst=1, per_second=1)  # type: ignore[assignment]
+    s._stalled, s._corking, s._pending, s._skip = None, True, {}, 0
+    s._bundled = BoundedLRU(max_count=1)
+    s._bundled.put(b"", True)
+    assert s._send([b"", b"a"]) and s._send([b"", b"b"])  # gathered for one bundle
+    # A large message flushes them first; the bundle is refused, and the large one must not overtake it
+    # even though the peer would take it now.
+    assert s._send([b"", b"x" * bundle.LARGE]) is False
+    assert s._stalled is not None and bundle.unpack(s._stalled) == [[b"", b"a"], [b"", b"b"]]  # type: ignore[arg-type]
+    assert wire.sent == [] and s.stats.send_dropped == 0
 
 
 def _lengths(values: list[int]) -> bytes:
-    return array("I", values).tobytes()  # this machine is little-endian, as the wire is
+    return struct.pack(f"<{len(values)}I", *values)  # little-endian, as the wire is
 
 
 @pytest.mark.parametrize(
@@ -71,6 +109,8 @@ def test_a_malformed_bundle_is_refused_whole_with_why(frames: Frames, why: str) 
 class Role:
     """A role on a real socket that records what it receives; a ROUTER one answers each message in the
     same receive step (as a broker does)."""
+
+    loop: OwnerLoop  # the owner of its socket, set once made
 
     def __init__(self, kind: int, endpoint: str) -> None:
         self.kind, self.endpoint = kind, endpoint
@@ -115,14 +155,14 @@ class Role:
 @pytest.fixture
 def pair() -> Any:
     server = Role(zmq.ROUTER, "")
-    server.loop = OwnerLoop(server, name="server")  # type: ignore[attr-defined]
-    server.loop.start()  # type: ignore[attr-defined]
+    server.loop = OwnerLoop(server, name="server")
+    server.loop.start()
     client = Role(zmq.DEALER, server.bound)
-    client.loop = OwnerLoop(client, name="client")  # type: ignore[attr-defined]
-    client.loop.start()  # type: ignore[attr-defined]
+    client.loop = OwnerLoop(client, name="client")
+    client.loop.start()
     yield server, client
-    client.loop.stop()  # type: ignore[attr-defined]
-    server.loop.stop()  # type: ignore[attr-defined]
+    client.loop.stop()
+    server.loop.stop()
 
 
 def _send_in_one_step(loop: OwnerLoop, n: int) -> None:

@@ -4,7 +4,7 @@ refused at once never does, even when the write its end asked for is still queue
 from __future__ import annotations
 
 from zfab import JobFuture
-from zfab.api.jobs.table import JobRecord
+from zfab.api.jobs.record import JobRecord
 from zfab.errors import BadRequestError, JobExpiredError
 
 

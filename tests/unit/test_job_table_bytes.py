@@ -8,7 +8,8 @@ import json
 from datetime import UTC, datetime
 
 from zfab import JobFuture
-from zfab.api.jobs.table import JobRecord, JobTable, encode_request
+from zfab.api.jobs.record import JobRecord, encode_request
+from zfab.api.jobs.table import JobTable
 from zfab.api.models import Job, JobRequest, JobState
 from zfab.api.store.sqlite import record_of
 

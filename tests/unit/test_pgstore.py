@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from zfab.api.jobs.table import JobRecord
+from zfab.api.jobs.record import JobRecord
 from zfab.api.store.base import is_postgres_url, redacted
 from zfab.api.store.postgres import NOTIFY_BYTES, notify_payloads, written
 from zfab.client.future import JobFuture

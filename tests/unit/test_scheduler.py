@@ -12,7 +12,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from zfab import JobFuture
-from zfab.api.jobs.table import JobRecord
+from zfab.api.jobs.record import JobRecord
 from zfab.api.schedules.scheduler import Scheduler, next_wake, plan
 from zfab.api.store.schedules import ScheduleRecord, ScheduleStore
 

@@ -21,8 +21,8 @@ from ...errors import ProblemError
 from ...fabric import await_result
 from ...jobs.inputs import snapshot
 from ...jobs.operations import input_local, known_job
+from ...jobs.record import JobRecord
 from ...jobs.recovery import ensure_live
-from ...jobs.table import JobRecord
 from ...models import InputAnswer, Job
 from ...state import ApiState
 from ..auth import Principal, grant_of, not_found_outside

@@ -19,8 +19,8 @@ from ...errors import ProblemError
 from ...jobs.arguments import arguments_of
 from ...jobs.filters import JobFilter
 from ...jobs.operations import await_job, cancel_local, known_job, retry_job, submit
+from ...jobs.record import JobRecord, fingerprint, job_uuid_for_key
 from ...jobs.recovery import ensure_live
-from ...jobs.table import JobRecord, fingerprint, job_uuid_for_key
 from ...models import Job, JobPage, JobRequest, JobState, JobSummary
 from ...state import ApiState
 from ..auth import Principal, forbidden_role, grant_of, not_found_outside

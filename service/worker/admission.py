@@ -114,7 +114,7 @@ class Admission:
             self.requests.reply(msg, nfp.ST_BAD_REQUEST, self.runner.failure(uuid, "", [why]))
 
     def record_batch(self) -> bool:
-        """After a receive batch: its new jobs go to the store in one write (201 follows the commit).
+        """After a receive batch: its new jobs go to the store in one write (201 follows once it is durable).
         False when it admitted none."""
         if not self._unstored:
             return False
@@ -122,7 +122,7 @@ class Admission:
         rows = [(j.uuid, j.client, j.task, j.request, j.received_at) for j in batch]
         acks = [j for j in batch if j.ack]
         try:
-            self.store.submit(
+            self.store.write(
                 self.store.insert_op(rows), (lambda: self.runner.acknowledge(acks)) if acks else None, timeout=0.5
             )
         except queue.Full:

@@ -1,10 +1,12 @@
 """A worker's durable job store: SQLite in WAL mode, written by one thread in batches.
 
-The owner loop and job threads never wait on the disk: they hand operations to the
-writer thread through a bounded queue; the writer commits a whole batch in one
-transaction (group commit) and then runs each operation's follow-up (such as
-sending 201 once the job is stored). WAL with synchronous=NORMAL does not fsync
-per commit, so durability does not cap throughput.
+The owner loop and job threads never wait on SQLite. A received or finished job's row is made
+durable by one append to the store's journal on the thread that has it (`write`, journal.py), which
+then goes on (the 201, the result's report); the writer thread folds journaled rows into SQLite in
+one transaction per batch, every FLUSH_EVERY or sooner when they pile up. Other operations (events,
+reads) go to the writer through a bounded queue, and a follow-up given with one runs once it is
+committed. WAL with synchronous=NORMAL does not fsync per commit, nor does the journal per append,
+so durability does not cap throughput.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from ..core.logbudget import LogBudget
 from ..core.protocol import Frame
 from ..core.states import UNFINISHED_STATES, JobState
 from ..storage import open_sqlite
+from . import journal as journals
+from .journal import Journal
 
 if TYPE_CHECKING:
     from .job import Job
@@ -69,16 +73,18 @@ class StoredJob:
 _UNFINISHED = ", ".join(f"'{s}'" for s in (*UNFINISHED_STATES, "received"))
 FINISHED = f"state NOT IN ({_UNFINISHED})"  # records retention may drop
 
-# A write that finds the writer idle waits this long for company before it commits. One job at a
-# time, a job's receive and its result came 0.3-0.6 ms apart and cost two commits and two wake-ups
-# of this thread (2.9-3.1 context switches and about 200 us of its CPU per job on a sequential
-# echo); waiting 2 ms merges them into one row and one commit (1.3-1.7 switches, 140-170 us).
-# Nothing waits on it that matters sooner: the 201 that follows a receive's commit is held 10 ms
-# anyway, and reads (GET of a stored job) and events do not linger. Nor do results: a job's result
-# is reported once its commit is done (runner.complete, write before report), so the linger ends with
-# the first write that comes (a result most often) and one that finds the writer idle is committed at
-# once. (The linger was once a sleep: every such result waited it out, a sequential p90 of 3.5 ms.)
-LINGER = 0.002
+# Journaled rows wait for the writer at most this long: nothing waits on their commit (they are
+# durable, and a read or any other queued operation wakes the writer, which folds them in first), so
+# the wait only sets how many rows one transaction carries. A sequential echo worker used to commit
+# each job alone, its receive held up to 2 ms for its result to share one commit: 150 us of the
+# store's CPU and three thread wake-ups per job, on the job's path. Now a commit carries 50 ms of jobs.
+FLUSH_EVERY = 0.05
+# ...or sooner, when this many rows or bytes are waiting (the journal's records, what they hold).
+PARK_ROWS = 512
+PARK_BYTES = 8 * 1024 * 1024
+# A writer so far behind that this much waits makes `write` wait for room (the queue's rule, in bytes).
+MAX_PARKED_BYTES = 64 * 1024 * 1024
+WAKE = (lambda conn: None, None)  # put in the queue to wake the writer for journaled rows
 
 Op = Callable[[sqlite3.Connection], None]
 After = Callable[[], None]
@@ -123,12 +129,15 @@ class JobStore:
         retention_count: int = 100_000,
         max_events_per_job: int = 1000,
         max_payload_bytes: int = 1024 * 1024,
-        linger: float = LINGER,
+        flush_every: float = FLUSH_EVERY,
+        park_rows: int = PARK_ROWS,
+        segment_bytes: int = journals.SEGMENT_BYTES,
         failure_payload: Callable[[str, str, str], bytes] | None = None,
     ) -> None:
         self.path = path
         self.batch = batch
-        self.linger = linger
+        self.flush_every = flush_every
+        self.park_rows = park_rows
         self.retention_seconds = retention_seconds
         self.retention_count = retention_count
         self.max_events_per_job = max_events_per_job
@@ -142,6 +151,13 @@ class JobStore:
         self._q: queue.SimpleQueue[tuple[Op, After | None] | None] = queue.SimpleQueue()
         self._room = threading.Condition(threading.Lock())
         self._waiting = 0
+        self.journal = Journal(path, segment_bytes=segment_bytes)
+        # Journaled rows the writer has not folded yet, and their bytes (the journal's lock guards both).
+        self._parked: list[tuple[Op, After | None]] = []
+        self._parked_bytes = 0
+        self._wake_asked = False  # a WAKE is in the queue for the rows parked
+        self._untimed = False  # the writer sleeps until the queue has something: a row parked must wake it
+        self.replayed = 0  # rows a journal left by the previous run put into SQLite on open
         self._thread: threading.Thread | None = None
         self._inserts_since_prune = 0
         self.commits = 0
@@ -167,24 +183,61 @@ class JobStore:
             self._thread.join(timeout)
 
     def depth(self) -> int:
-        return self._q.qsize()
+        """Operations queued and journaled rows not folded into SQLite yet."""
+        return self._q.qsize() + len(self._parked)
+
+    def parked_bytes(self) -> int:
+        return self._parked_bytes
 
     def submit(self, op: Op, after: After | None = None, timeout: float = 1.0) -> None:
-        """Queue a write; `after` runs on the writer thread once it is committed. Raises queue.Full
-        when the queue stays at its bound for `timeout` seconds."""
-        if self._q.qsize() >= self.queue_size:
-            deadline = time.monotonic() + timeout
-            with self._room:
-                self._waiting += 1
-                try:
-                    while self._q.qsize() >= self.queue_size:
-                        left = deadline - time.monotonic()
-                        if left <= 0:
-                            raise queue.Full
-                        self._room.wait(left)
-                finally:
-                    self._waiting -= 1
+        """Queue an operation; `after` runs on the writer thread once it is committed. Raises queue.Full
+        when the store stays at its bound for `timeout` seconds."""
+        self._wait_for_room(timeout)
         self._q.put((op, after))
+
+    def write(self, rows: Rows, after: After | None = None, timeout: float = 1.0) -> None:
+        """Record received or finished jobs (`insert_op`, `result_op`): durable when this returns, by an
+        append to the journal; `after` runs here, at once, and the writer folds the rows into SQLite
+        later. With the journal off (an append failed) it is `submit`: `after` waits for the commit.
+        Raises queue.Full when the store stays at its bound for `timeout` seconds."""
+        self._wait_for_room(timeout)
+        kind = journals.INSERT if rows.sql is INSERT_SQL else journals.RESULT
+        with self.journal.lock:
+            size = self.journal.append(kind, rows.rows)
+            if size:
+                self._parked.append((rows, None))
+                self._parked_bytes += size
+                wake = not self._wake_asked and (
+                    self._untimed or len(self._parked) >= self.park_rows or self._parked_bytes >= PARK_BYTES
+                )
+                self._wake_asked |= wake
+        if not size:
+            self._q.put((rows, after))
+            return
+        if wake:
+            self._q.put(WAKE)
+        if after is not None:
+            after()
+
+    def _wait_for_room(self, timeout: float) -> None:
+        """Until the store is below its bounds (operations and rows, and rows' bytes); queue.Full at timeout."""
+
+        def full() -> bool:
+            return self.depth() >= self.queue_size or self._parked_bytes >= MAX_PARKED_BYTES
+
+        if not full():
+            return
+        deadline = time.monotonic() + timeout
+        with self._room:
+            self._waiting += 1
+            try:
+                while full():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise queue.Full
+                    self._room.wait(left)
+            finally:
+                self._waiting -= 1
 
     # ---- writer thread ----------------------------------------------------------
 
@@ -200,41 +253,59 @@ class JobStore:
 
     def _run(self, ready: threading.Event) -> None:
         conn = self._connect()
+        self._replay(conn)
         self._recover(conn)
         self._prune(conn, sweep=True)
         self.stored_before = frozenset(r[0] for r in conn.execute("SELECT uuid FROM jobs"))
         ready.set()
         try:
             while True:
-                first = self._q.get()
-                if first is None:
-                    return
-                items = [first]
-                stop = False
-                # See LINGER: a receive that finds the writer idle waits for company, and no longer than
-                # the first write that comes (its job's result, most often, which is reported once
-                # committed: a sleep here held every such result for the whole linger).
-                linger = self.linger > 0 and isinstance(first[0], Rows) and first[0].sql is INSERT_SQL
-                while len(items) < self.batch:
+                # Asleep until the queue has something, unless rows are parked: then FLUSH_EVERY at most.
+                # `_untimed` is set before the look at the rows, and `write` looks at it after it parked
+                # one, so a row parked meanwhile is never left with the writer asleep for good.
+                self._untimed = True
+                timeout = None
+                if self._parked:
+                    self._untimed = False
+                    timeout = self.flush_every
+                try:
+                    first = self._q.get(timeout=timeout)
+                except queue.Empty:
+                    first = WAKE
+                self._untimed = False
+                stop = first is None
+                items: list[tuple[Op, After | None]] = []
+                if first is not None and first is not WAKE:
+                    items.append(first)
+                while not stop and len(items) < self.batch:
                     try:
-                        nxt = self._q.get(timeout=self.linger) if linger else self._q.get_nowait()
+                        nxt = self._q.get_nowait()
                     except queue.Empty:
                         break
-                    linger = False
                     if nxt is None:
                         stop = True
-                        break
-                    items.append(nxt)
-                self._commit(conn, items)
+                    elif nxt is not WAKE:
+                        items.append(nxt)
+                # The rows parked so far, taken after the queue's items: a read queued after a row was
+                # journaled sees it (a batch writes its rows before any other operation).
+                with self.journal.lock:
+                    parked, self._parked, self._parked_bytes = self._parked, [], 0
+                    self._wake_asked = False
+                    below = self.journal.bound()
+                if parked or items:
+                    self._commit(conn, parked + items, below)
+                else:
+                    self.journal.release(below)
                 if self._waiting:
                     with self._room:
                         self._room.notify_all()
                 if stop:
+                    self.journal.close()
                     return
         finally:
             conn.close()
 
-    def _commit(self, conn: sqlite3.Connection, items: list[tuple[Op, After | None]]) -> None:
+    def _commit(self, conn: sqlite3.Connection, items: list[tuple[Op, After | None]], below: int = 0) -> None:
         """One transaction for the batch. Receives and results are merged into one executemany
         each, and a job received and finished within the batch is written once, as its result:
         a pipelined echo job cost an insert, an upsert and a commit of its own before."""
@@ -258,6 +329,7 @@ class JobStore:
                 self._apply(conn, step)
         conn.execute("COMMIT")
         self.commits += 1
+        self.journal.release(below)  # the segments below it hold rows just committed, or committed before
         for _, after in items:
             if after is not None:
                 try:
@@ -282,6 +354,19 @@ class JobStore:
             if held is not None:
                 more = f", {held} more not logged" if held else ""
                 log.exception("job store: an operation failed and was skipped (%d so far%s)", self.errors, more)
+
+    def _replay(self, conn: sqlite3.Connection) -> None:
+        """Rows the previous run journaled and did not fold into SQLite, written now: before unfinished
+        jobs are marked interrupted, so a job whose result was reported reads as finished."""
+        records = list(self.journal.replay())
+        if records:
+            conn.execute("BEGIN")
+            for kind, rows in records:
+                self._apply(conn, Rows(INSERT_SQL if kind == journals.INSERT else RESULT_SQL, rows))
+            conn.execute("COMMIT")
+            self.replayed = sum(len(rows) for _, rows in records)
+            log.info("job store %s: %d rows from the journal of the previous run written", self.path, self.replayed)
+        self.journal.release(self.journal.segment)
 
     def _recover(self, conn: sqlite3.Connection) -> None:
         """Jobs left unfinished by a previous run end as failed: interrupted."""
@@ -324,7 +409,7 @@ class JobStore:
 
     # ---- operations (built by callers, run on the writer thread) ----------------
 
-    def insert_op(self, rows: list[tuple[str, bytes, str, bytes, float]]) -> Op:
+    def insert_op(self, rows: list[tuple[str, bytes, str, bytes, float]]) -> Rows:
         """Record received jobs: (uuid, client, task, raw request body, received_at) each; a body
         is one `storable` passed (the worker keeps none that is not)."""
         # Bodies and results go in as bytes (SQLite keeps them as BLOBs): no decoded copy of a
@@ -339,7 +424,7 @@ class JobStore:
         self.payloads_not_stored += 1
         return False
 
-    def result_op(self, job: Job, status_code: str, result: bytes | None = None) -> Op:
+    def result_op(self, job: Job, status_code: str, result: bytes | None = None) -> Rows:
         """Store a finished job: its result payload, or `result` in its place (over the payload
         bound, the runner's stand-in that says it was not kept)."""
         # An upsert: the job's result may be written before its receive batch is.

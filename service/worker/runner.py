@@ -107,7 +107,7 @@ class JobRunner:
         log.error("worker %s: outbound queue full for 30 s; a frame was dropped (the job store keeps it)", self.name)
 
     def acknowledge(self, jobs: list[Job]) -> None:
-        """Writer thread: the jobs are committed; those already started get their 201 (notices.py)."""
+        """The jobs are stored (on the owner; the writer if the journal is off): the started get their 201."""
         for job in jobs:
             if job.ack_ready():
                 self.notices.add(job)
@@ -382,10 +382,10 @@ class JobRunner:
         # The completion always goes to the broker (it frees the job's credit there); the broker
         # forwards it to clients that asked for pushed results. NorFab clients learn from
         # result_ready and collect with GET.
-        # Write before report: the result goes out once the store committed it (the writer's group
-        # commit, a few milliseconds), so a worker killed between a task's return and the write has
-        # reported nothing, and one killed after it answers a later GET with the result, never
-        # "interrupted" for a task that finished. (A retried attempt travels under its own wire uuid,
+        # Write before report: the result goes out once the store holds it (an append to its journal,
+        # jobstore.write), so a worker killed between a task's return and the write has reported
+        # nothing, and one killed after it answers a later GET with the result, never "interrupted"
+        # for a task that finished. (A retried attempt travels under its own wire uuid,
         # so a stored earlier attempt never answers for it.)
         kept, kept_code = payload, code
         if not self.store.storable(payload):
@@ -410,7 +410,7 @@ class JobRunner:
                 told = hoptrace.OUTCOME_RETRYING
             frames.append(hoptrace.worker_frame(job.received_mono, job.started_mono, completed, time.monotonic(), told))
 
-        def report() -> None:  # the writer thread, once the result is committed
+        def report() -> None:  # once the result is durable: here, or on the writer if the journal is off
             self.send(frames)
             with self._lock:
                 self.unreported -= 1
@@ -418,7 +418,7 @@ class JobRunner:
         with self._lock:
             self.unreported += 1
         try:
-            self.store.submit(op, report, timeout=0)
+            self.store.write(op, report, timeout=0)
         except queue.Full:
             self.store_dropped += 1
             log.error("worker %s: job store full; result of %s kept in memory only", self.name, job.uuid)

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
 
+from zfab.worker import journal
 from zfab.worker.job import Job, JobState
 from zfab.worker.jobstore import SCHEMA_VERSION, JobStore, StoredJob
 
@@ -385,54 +388,149 @@ def test_a_job_received_and_finished_in_one_batch_is_stored_finished(store: JobS
     assert store.commits <= commits + 3  # the held batch, then the merged one, then the reads
 
 
-def test_an_idle_writer_waits_for_the_result_that_follows_a_receive(path: Path) -> None:
-    # One job at a time: its receive finds the writer idle, and its result comes a moment later.
-    # The writer lingers (0.5 s here, so a slow machine cannot split them) and commits both in one
-    # transaction: one row written, not an insert and an upsert.
-    store = open_store(path, linger=0.5)
+# ---- the journal: durable at once, folded into SQLite later ------------------------------
+
+
+def test_a_write_is_durable_and_followed_up_at_once_and_a_read_sees_it(store: JobStore) -> None:
+    # Given a receive and a result written as a job's threads write them
+    followed: list[str] = []
+    store.write(store.insert_op([insert_row("solo")]), lambda: followed.append("201"))
+    store.write(store.result_op(finished_job("solo", result=3), "200"), lambda: followed.append("report"))
+    # Then each follow-up ran on this thread before write returned (no wait on the writer)
+    assert followed == ["201", "report"]
+    # And a read, queued after, finds the job finished: the writer folds journaled rows in before it
+    job, _ = read_now(store, "solo")
+    assert job is not None and job.state == "completed" and json.loads(job.result or "")["w1"]["result"] == 3
+
+
+CRASH_AFTER_WRITES = """
+import os, sys, threading, time
+from pathlib import Path
+from zfab.worker.jobstore import JobStore
+sys.path[:0] = [{tests!r}, {conftest!r}]
+from test_jobstore import finished_job, insert_row
+store = JobStore(Path({path!r}))
+store.open()
+holding = threading.Event()
+store.submit(lambda conn: (holding.set(), time.sleep(60)))  # the writer stuck inside a transaction
+assert holding.wait(10)
+store.write(store.insert_op([insert_row("ran"), insert_row("running")]))
+store.write(store.result_op(finished_job("ran", result=5), "200"), lambda: print("reported", flush=True))
+os._exit(0)  # a crash: nothing committed, nothing closed
+"""
+
+
+def test_a_result_reported_before_a_crash_reads_as_finished_after_it(path: Path) -> None:
+    # Given a worker process that journaled a receive of two jobs and one's result, reported it, and
+    # died before its writer committed anything (the writer was stuck in a transaction)
+    path.parent.mkdir(parents=True)
+    here = Path(__file__).parent
+    code = CRASH_AFTER_WRITES.format(tests=str(here), conftest=str(here.parent), path=str(path))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "reported", done.stderr
+    assert list(path.parent.glob("*.journal.*")), "the journal holds the rows"
+    # When the store opens again
+    store = open_store(path)
     try:
-        commits = store.commits
-        acked = threading.Event()
-        reported: list[int] = []  # the commits made when the result's follow-up ran
-        store.submit(store.insert_op([insert_row("solo")]), acked.set)
-        wait_for(lambda: store.depth() == 0, WAIT, interval=0.001, what="the writer taking the receive")
-        time.sleep(0.01)  # not a wait: the scenario's gap, the result comes after the writer's take
-        store.submit(store.result_op(finished_job("solo", result=3), "200"), lambda: reported.append(store.commits))
-        job, _ = read_now(store, "solo")
-        assert job is not None and job.state == "completed" and acked.is_set()
-        assert reported == [commits + 1]
+        # Then the reported job reads as finished with its result, the other as interrupted (it was
+        # running), and the journal is gone once its rows are in SQLite
+        assert store.replayed == 3
+        ran, _ = read_now(store, "ran")
+        running, _ = read_now(store, "running")
+        assert ran is not None and ran.state == "completed" and json.loads(ran.result or "")["w1"]["result"] == 5
+        assert running is not None and running.state == "interrupted"
+        assert store.stored_before >= {"ran", "running"}
+        assert not list(path.parent.glob("*.journal.*"))
     finally:
         store.close()
 
 
-def test_a_result_that_follows_a_receive_is_reported_without_waiting_out_the_linger(path: Path) -> None:
-    # Given a writer that would linger 60 s for company after a receive (it slept them out once, and every
-    # job's result, reported once committed, waited with it: the sequential p50 1.36-1.57 ms, p90 3.5 ms)
-    store = open_store(path, linger=60.0)
+def test_a_torn_record_ends_its_segment_and_is_counted(path: Path) -> None:
+    # Given a journal whose last record a crash cut short
+    path.parent.mkdir(parents=True)
+    writer = journal.Journal(path)
+    with writer.lock:
+        assert writer.append(journal.INSERT, [insert_row("whole")]) > 0
+        assert writer.append(journal.INSERT, [insert_row("torn")]) > 0
+    segment = writer.segments()[0][1]
+    segment.write_bytes(segment.read_bytes()[:-5])
+    # When the store opens, then the whole record is written and the torn one skipped and counted
+    store = open_store(path)
     try:
-        reported = threading.Event()
-        store.submit(store.insert_op([insert_row("solo")]))
-        wait_for(lambda: store.depth() == 0, WAIT, interval=0.001, what="the writer taking the receive")
-        # When the result comes, then it is committed and reported within 10 s: the linger ends with the
-        # first write that comes (an order against the linger, not a time window)
-        store.submit(store.result_op(finished_job("solo", result=3), "200"), reported.set)
-        assert reported.wait(10)
-        job, _ = read_now(store, "solo")
+        assert store.replayed == 1 and store.journal.torn == 1
+        whole, _ = read_now(store, "whole")
+        torn, _ = read_now(store, "torn")
+        assert whole is not None and whole.state == "interrupted" and torn is None
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("body", [b"", b"\x01\x00\x00\x00", b"\x01\x00\x00\x00\x01\x00\x00\x00Sxxxx"])
+def test_a_body_that_does_not_add_up_is_refused(body: bytes) -> None:
+    with pytest.raises(ValueError):
+        journal.decode(body)
+
+
+def test_rows_of_every_type_come_back_as_written() -> None:
+    rows = [("u", b"\x00\xff", "t\u00e9", None, 1.5, 7, memoryview(b"view"))]
+    back = journal.decode(b"".join(journal.encode(rows)))
+    assert back == [("u", b"\x00\xff", "t\u00e9", None, 1.5, 7, b"view")]
+
+
+def test_committed_segments_are_deleted_so_the_journal_stays_bounded(path: Path) -> None:
+    # Given segments of 1 KiB and 200 jobs written, each with its result
+    store = open_store(path, segment_bytes=1024)
+    try:
+        for i in range(200):
+            store.write(store.insert_op([insert_row(f"job-{i}")]))
+            store.write(store.result_op(finished_job(f"job-{i}"), "200"))
+        # When the writer has folded them in, then every segment but the one written to is gone
+        flush(store)
+        assert len(store.journal.segments()) <= 1
+        assert store.journal.bytes_held <= 1024 + 1024  # one segment, and one record past its size
+        job, _ = read_now(store, "job-199")
         assert job is not None and job.state == "completed"
     finally:
         store.close()
+    assert not store.journal.segments()  # closed: everything committed, nothing left to replay
 
 
-def test_a_read_that_finds_the_writer_idle_does_not_linger(tmp_path: Path) -> None:
-    # Given a writer that would linger 60 s for company after a write
-    store = open_store(tmp_path / "idle.db", linger=60.0)
+def test_rows_waiting_for_the_writer_count_against_the_store_bound(path: Path) -> None:
+    # Given a store of 3 places whose writer is stuck
+    store = open_store(path, queue_size=3)
+    release = hold_writer(store)
     try:
-        # When a read finds it idle, then GET answers within read_now's 10 s deadline: no linger (an
-        # order against the linger, not a time window)
-        job, _ = read_now(store, "nobody")
-        assert job is None
+        store.write(store.insert_op([insert_row("a")]))
+        store.write(store.insert_op([insert_row("b")]))
+        store.write(store.insert_op([insert_row("c")]))
+        assert store.depth() >= 3
+        # When one more is written, then it is refused as busy, not held without bound
+        with pytest.raises(queue.Full):
+            store.write(store.insert_op([insert_row("d")]), timeout=0.05)
     finally:
+        release.set()
         store.close()
+
+
+def test_when_the_journal_fails_a_row_is_committed_before_its_follow_up(store: JobStore) -> None:
+    # Given a journal whose file went away under it (a full disk looks the same to the store)
+    store.write(store.insert_op([insert_row("first")]))
+    assert store.journal._fd is not None
+    os.close(store.journal._fd)
+    # When a result is written, then its follow-up waits for the commit, on the writer
+    seen: list[int] = []
+    done = threading.Event()
+
+    def reported() -> None:
+        seen.append(store.commits)
+        done.set()
+
+    store.write(store.result_op(finished_job("second"), "200"), reported)
+    assert done.wait(WAIT) and store.journal.broken
+    assert seen[0] >= 1
+    job, _ = read_now(store, "second")
+    assert job is not None and job.state == "completed"
+    store.journal._fd = None  # closed above: the store's close must not close it twice
 
 
 def test_a_bad_row_in_a_merged_batch_costs_only_itself(store: JobStore) -> None:

@@ -84,7 +84,10 @@ PARK_ROWS = 512
 PARK_BYTES = 8 * 1024 * 1024
 # A writer so far behind that this much waits makes `write` wait for room (the queue's rule, in bytes).
 MAX_PARKED_BYTES = 64 * 1024 * 1024
-WAKE = (lambda conn: None, None)  # put in the queue to wake the writer for journaled rows
+# Put in the queue for journaled rows: PARKED wakes a writer asleep with none (it then waits at most
+# FLUSH_EVERY), FULL tells it rows are past PARK_ROWS or PARK_BYTES (it commits them now).
+PARKED: tuple[Op, After | None] = (lambda conn: None, None)
+FULL: tuple[Op, After | None] = (lambda conn: None, None)
 
 Op = Callable[[sqlite3.Connection], None]
 After = Callable[[], None]
@@ -155,7 +158,7 @@ class JobStore:
         # Journaled rows the writer has not folded yet, and their bytes (the journal's lock guards both).
         self._parked: list[tuple[Op, After | None]] = []
         self._parked_bytes = 0
-        self._wake_asked = False  # a WAKE is in the queue for the rows parked
+        self._full_told = False  # FULL is in the queue for the rows parked
         self._untimed = False  # the writer sleeps until the queue has something: a row parked must wake it
         self.replayed = 0  # rows a journal left by the previous run put into SQLite on open
         self._thread: threading.Thread | None = None
@@ -207,15 +210,16 @@ class JobStore:
             if size:
                 self._parked.append((rows, None))
                 self._parked_bytes += size
-                wake = not self._wake_asked and (
-                    self._untimed or len(self._parked) >= self.park_rows or self._parked_bytes >= PARK_BYTES
-                )
-                self._wake_asked |= wake
+                wake = None
+                if not self._full_told and (len(self._parked) >= self.park_rows or self._parked_bytes >= PARK_BYTES):
+                    wake, self._full_told = FULL, True
+                elif self._untimed:
+                    wake, self._untimed = PARKED, False  # one is enough: the writer's wait is timed from now
         if not size:
             self._q.put((rows, after))
             return
-        if wake:
-            self._q.put(WAKE)
+        if wake is not None:
+            self._q.put(wake)
         if after is not None:
             after()
 
@@ -271,11 +275,13 @@ class JobStore:
                 try:
                     first = self._q.get(timeout=timeout)
                 except queue.Empty:
-                    first = WAKE
+                    first = FULL  # FLUSH_EVERY is over: the rows parked go now
                 self._untimed = False
+                if first is PARKED:
+                    continue  # rows came to a writer asleep with none: it waits for more, FLUSH_EVERY at most
                 stop = first is None
                 items: list[tuple[Op, After | None]] = []
-                if first is not None and first is not WAKE:
+                if first is not None and first is not FULL:
                     items.append(first)
                 while not stop and len(items) < self.batch:
                     try:
@@ -284,13 +290,13 @@ class JobStore:
                         break
                     if nxt is None:
                         stop = True
-                    elif nxt is not WAKE:
+                    elif nxt is not FULL and nxt is not PARKED:
                         items.append(nxt)
                 # The rows parked so far, taken after the queue's items: a read queued after a row was
                 # journaled sees it (a batch writes its rows before any other operation).
                 with self.journal.lock:
                     parked, self._parked, self._parked_bytes = self._parked, [], 0
-                    self._wake_asked = False
+                    self._full_told = False
                     below = self.journal.bound()
                 if parked or items:
                     self._commit(conn, parked + items, below)

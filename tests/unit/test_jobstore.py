@@ -403,6 +403,22 @@ def test_a_write_is_durable_and_followed_up_at_once_and_a_read_sees_it(store: Jo
     assert job is not None and job.state == "completed" and json.loads(job.result or "")["w1"]["result"] == 3
 
 
+def test_jobs_written_one_at_a_time_are_committed_together(path: Path) -> None:
+    # Given a writer that folds rows in every 60 s, and 20 jobs received and finished one after another
+    store = open_store(path, flush_every=60.0)
+    try:
+        before = store.commits
+        for i in range(20):
+            store.write(store.insert_op([insert_row(f"one-{i}")]))
+            store.write(store.result_op(finished_job(f"one-{i}"), "200"))
+        # When a read comes, then one commit carries all 20 (a writer woken per job committed each alone)
+        job, _ = read_now(store, "one-19")
+        assert job is not None and job.state == "completed"
+        assert store.commits == before + 1
+    finally:
+        store.close()
+
+
 CRASH_AFTER_WRITES = """
 import os, sys, threading, time
 from pathlib import Path

@@ -17,6 +17,7 @@ import queue
 import sqlite3
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,6 +159,7 @@ class JobStore:
         # Journaled rows the writer has not folded yet, and their bytes (the journal's lock guards both).
         self._parked: list[tuple[Op, After | None]] = []
         self._parked_bytes = 0
+        self._incoming: deque[tuple[Rows, After | None]] = deque()  # to append, whoever holds the lock
         self._full_told = False  # FULL is in the queue for the rows parked
         self._untimed = False  # the writer sleeps until the queue has something: a row parked must wake it
         self.replayed = 0  # rows a journal left by the previous run put into SQLite on open
@@ -199,29 +201,53 @@ class JobStore:
         self._q.put((op, after))
 
     def write(self, rows: Rows, after: After | None = None, timeout: float = 1.0) -> None:
-        """Record received or finished jobs (`insert_op`, `result_op`): durable when this returns, by an
-        append to the journal; `after` runs here, at once, and the writer folds the rows into SQLite
-        later. With the journal off (an append failed) it is `submit`: `after` waits for the commit.
-        Raises queue.Full when the store stays at its bound for `timeout` seconds."""
+        """Record received or finished jobs (`insert_op`, `result_op`), durable by an append to the
+        journal, then run `after`: here, or on another thread writing at the same moment, which appends
+        what both have in one write and runs both follow-ups (no thread waits on another's write). The
+        writer folds the rows into SQLite later. With the journal off (an append failed) it is `submit`:
+        `after` runs on the writer once committed. Raises queue.Full when the store stays at its bound
+        for `timeout` seconds."""
         self._wait_for_room(timeout)
-        kind = journals.INSERT if rows.sql is INSERT_SQL else journals.RESULT
-        with self.journal.lock:
-            size = self.journal.append(kind, rows.rows)
-            if size:
-                self._parked.append((rows, None))
-                self._parked_bytes += size
+        self._incoming.append((rows, after))
+        self._append_incoming()
+
+    def _append_incoming(self) -> None:
+        """Any thread, after it queued rows or let go of the journal's lock: append what is waiting."""
+        # Whoever holds the journal's lock writes what came meanwhile; a thread that finds it held
+        # leaves its rows to the holder, which looks again once it has let go (so none is left behind).
+        while self._incoming and self.journal.lock.acquire(blocking=False):
+            try:
+                batch = []
+                while self._incoming:
+                    batch.append(self._incoming.popleft())
+                size = self.journal.append(
+                    [(journals.INSERT if r.sql is INSERT_SQL else journals.RESULT, r.rows) for r, _ in batch]
+                )
                 wake = None
-                if not self._full_told and (len(self._parked) >= self.park_rows or self._parked_bytes >= PARK_BYTES):
-                    wake, self._full_told = FULL, True
-                elif self._untimed:
-                    wake, self._untimed = PARKED, False  # one is enough: the writer's wait is timed from now
-        if not size:
-            self._q.put((rows, after))
-            return
-        if wake is not None:
-            self._q.put(wake)
-        if after is not None:
-            after()
+                if size:
+                    self._parked.extend((r, None) for r, _ in batch)
+                    self._parked_bytes += size
+                    if not self._full_told and (
+                        len(self._parked) >= self.park_rows or self._parked_bytes >= PARK_BYTES
+                    ):
+                        wake, self._full_told = FULL, True
+                    elif self._untimed:
+                        wake, self._untimed = PARKED, False  # one is enough: the writer's wait is timed from now
+            finally:
+                self.journal.lock.release()
+            if not size:
+                for item in batch:
+                    self._q.put(item)
+                continue
+            if wake is not None:
+                self._q.put(wake)
+            for _, done in batch:
+                if done is not None:
+                    try:
+                        done()
+                    except Exception:
+                        self.errors += 1
+                        log.exception("job store: a follow-up failed")
 
     def _wait_for_room(self, timeout: float) -> None:
         """Until the store is below its bounds (operations and rows, and rows' bytes); queue.Full at timeout."""
@@ -298,6 +324,7 @@ class JobStore:
                     parked, self._parked, self._parked_bytes = self._parked, [], 0
                     self._full_told = False
                     below = self.journal.bound()
+                self._append_incoming()  # rows left to this thread while it held the lock
                 if parked or items:
                     self._commit(conn, parked + items, below)
                 else:

@@ -152,21 +152,23 @@ class Journal:
                 at += _HEAD.size + size
                 yield kind, rows
 
-    def append(self, kind: int, rows: Sequence[Row]) -> int:
-        """Caller holds `lock`. Write one record: its bytes, or 0 (and the journal is off from now on)
-        when the write fails, so the caller commits before it reports instead."""
+    def append(self, records: Sequence[tuple[int, Sequence[Row]]]) -> int:
+        """Caller holds `lock`. Write records (kind, rows) in one write: their bytes, or 0 (and the
+        journal is off from now on) when the write fails, so the caller commits before it reports."""
         if self.broken:
             return 0
-        parts = encode(rows)
-        body = b"".join(parts)
-        record = _HEAD.pack(kind, len(body), zlib.crc32(body)) + body
+        parts: list[bytes | memoryview] = []
+        for kind, rows in records:
+            body = b"".join(encode(rows))
+            parts += (_HEAD.pack(kind, len(body), zlib.crc32(body)), body)
+        data = b"".join(parts)
         try:
             if self._fd is None or self._sizes[self.segment] >= self.segment_bytes:
                 self._rotate()
             assert self._fd is not None
-            written = os.write(self._fd, record)
-            if written != len(record):
-                raise OSError(f"short write: {written} of {len(record)} bytes")
+            written = os.write(self._fd, data)
+            if written != len(data):
+                raise OSError(f"short write: {written} of {len(data)} bytes")
         except OSError as exc:
             self.broken = True
             why = "rows are committed before they are reported from now on"
@@ -200,8 +202,7 @@ class Journal:
                 (self.folder / f"{self.prefix}{number:08d}").unlink()
             except FileNotFoundError:
                 pass
-            with self.lock:
-                del self._sizes[number]
+            del self._sizes[number]  # not under `lock`: appends touch only the newest segment's entry
 
     def close(self) -> None:
         """Writer, once everything is committed: no segment is needed any more."""

@@ -466,8 +466,8 @@ def test_a_torn_record_ends_its_segment_and_is_counted(path: Path) -> None:
     path.parent.mkdir(parents=True)
     writer = journal.Journal(path)
     with writer.lock:
-        assert writer.append(journal.INSERT, [insert_row("whole")]) > 0
-        assert writer.append(journal.INSERT, [insert_row("torn")]) > 0
+        assert writer.append([(journal.INSERT, [insert_row("whole")])]) > 0
+        assert writer.append([(journal.INSERT, [insert_row("torn")])]) > 0
     segment = writer.segments()[0][1]
     segment.write_bytes(segment.read_bytes()[:-5])
     # When the store opens, then the whole record is written and the torn one skipped and counted

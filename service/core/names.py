@@ -13,8 +13,8 @@ import re
 
 from .errors import BadNameError
 
-# A file name may be 255 bytes; the longest one made from a name is its job store's write-ahead
-# log, `<name>.sqlite-wal` (11 more), so 200 leaves room for any suffix.
+# A file name may be 255 bytes; the longest one made from a name is its job store's journal
+# segment, `<name>.sqlite.journal.00000000` (24 more), so 200 leaves room for any suffix.
 MAX_PATH_NAME_BYTES = 200
 _NAME = re.compile(r"\w[\w.+@-]*")
 

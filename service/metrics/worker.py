@@ -52,10 +52,12 @@ class WorkerCollector(Collector):
         tbytes = GaugeMetricFamily("zfab_table_bytes", "Bytes held by a bounded table", labels=["table"])
         tbytes.add_metric(["worker_recent_jobs"], st["jobs_remembered_bytes"])
         tbytes.add_metric(["shm_blocks"], st["shm_bytes"])  # its shared-memory blocks, busy and pooled
+        tbytes.add_metric(["worker_store_parked"], st["store_parked_bytes"])  # journaled, not in SQLite yet
         yield tbytes
         tbcap = GaugeMetricFamily("zfab_table_bytes_capacity", "Byte bound of a table", labels=["table"])
         tbcap.add_metric(["worker_recent_jobs"], st["jobs_remembered_bytes_capacity"])
         tbcap.add_metric(["shm_blocks"], st["shm_bytes_capacity"])
+        tbcap.add_metric(["worker_store_parked"], st["store_parked_bytes_capacity"])
         yield tbcap
         yield from shm_families(st)
         running = GaugeMetricFamily(

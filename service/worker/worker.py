@@ -35,7 +35,7 @@ from .aio import AsyncRunner
 from .contact import BrokerContact, Silence
 from .credits import RECHECK_SECONDS, credits_for, worth_telling
 from .job import Job
-from .jobstore import JobStore
+from .jobstore import MAX_PARKED_BYTES, JobStore
 from .naming import claim_name, worker_file
 from .pool import JobPool
 from .recent import RecentJobs
@@ -456,6 +456,10 @@ class Worker:
             "outbound_queue_capacity": self.loop.outbound_size,
             "store_queue_depth": self.store.depth(),
             "store_queue_capacity": self.store.queue_size,
+            # journaled rows not in SQLite yet (jobstore.py); the journal on disk holds them and one segment more
+            "store_parked_bytes": self.store.parked_bytes(),
+            "store_parked_bytes_capacity": MAX_PARKED_BYTES,
+            "store_journal_bytes": self.store.journal.bytes_held,
             # 201s held for notices.STARTED_NOTICE_DELAY: at most one per job the worker holds
             "started_notices_waiting": self.runner.notices.waiting(),
             "started_notices_capacity": self.pool.capacity

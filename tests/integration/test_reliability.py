@@ -138,6 +138,26 @@ def test_a_restarted_worker_still_answers_for_its_stored_jobs(tmp_path: Path) ->
                 c.recover("demo", "no-such-job", ["w1"]).result(10)
 
 
+def test_results_reported_just_before_a_kill_are_answered_after_the_restart(tmp_path: Path) -> None:
+    # Given a worker killed (SIGKILL) the moment its last results came back: they were reported once
+    # durable in its job store's journal, and its writer folds them into SQLite only every 50 ms
+    with fabric(tmp_path, interval=0.3, multiplier=3) as f:
+        f.broker()
+        f.worker("w1")
+        with f.client() as c:
+            wait_for(lambda: alive_workers(c) == {"w1"}, 20, what="w1")
+            futures = [c.submit("demo", "echo", kwargs={"data": i}) for i in range(20)]
+            assert [fut.result(10)["w1"]["result"] for fut in futures] == list(range(20))
+            uuids = [fut.uuid for fut in futures]
+            f.kill("w1")
+            # When it comes back, then every reported job answers with its result, none as interrupted
+            f.worker("w1")
+            wait_for(lambda: alive_workers(c) == {"w1"}, 20, what="w1 back")
+            answers = [c.recover("demo", uuid, ["w1"]).result(10)["w1"] for uuid in uuids]
+            assert [a["result"] for a in answers] == list(range(20))
+            assert not any(a["failed"] for a in answers)
+
+
 frames_strategy = st.lists(st.binary(max_size=40), min_size=0, max_size=9).map(lambda fs: fs or [b""])
 prefixed = st.tuples(
     st.sampled_from(

@@ -318,13 +318,12 @@ class JobStore:
                         stop = True
                     elif nxt is not FULL and nxt is not PARKED:
                         items.append(nxt)
-                # The rows parked so far, taken after the queue's items: a read queued after a row was
-                # journaled sees it (a batch writes its rows before any other operation).
-                with self.journal.lock:
-                    parked, self._parked, self._parked_bytes = self._parked, [], 0
-                    self._full_told = False
-                    below = self.journal.bound()
-                self._append_incoming()  # rows left to this thread while it held the lock
+                # Rows not journaled yet go in first (left to this thread while it held the lock), then
+                # the rows parked so far, taken after the queue's items: a read queued after a row was
+                # written sees it (a batch writes its rows before any other operation).
+                self._append_incoming()
+                parked, below = self._take_parked()
+                self._append_incoming()  # rows left while it held the lock: reported now, committed next round
                 if parked or items:
                     self._commit(conn, parked + items, below)
                 else:
@@ -333,10 +332,20 @@ class JobStore:
                     with self._room:
                         self._room.notify_all()
                 if stop:
+                    parked, below = self._take_parked()  # what came while it committed: nothing is left
+                    if parked:
+                        self._commit(conn, parked, below)
                     self.journal.close()
                     return
         finally:
             conn.close()
+
+    def _take_parked(self) -> tuple[list[tuple[Op, After | None]], int]:
+        """Writer: the rows parked so far, and the journal segments they release once committed."""
+        with self.journal.lock:
+            parked, self._parked, self._parked_bytes = self._parked, [], 0
+            self._full_told = False
+            return parked, self.journal.bound()
 
     def _commit(self, conn: sqlite3.Connection, items: list[tuple[Op, After | None]], below: int = 0) -> None:
         """One transaction for the batch. Receives and results are merged into one executemany

@@ -509,6 +509,13 @@ def test_committed_segments_are_deleted_so_the_journal_stays_bounded(path: Path)
     finally:
         store.close()
     assert not store.journal.segments()  # closed: everything committed, nothing left to replay
+    again = open_store(path)
+    try:
+        assert again.replayed == 0
+        job, _ = read_now(again, "job-199")
+        assert job is not None and job.state == "completed"
+    finally:
+        again.close()
 
 
 def test_rows_waiting_for_the_writer_count_against_the_store_bound(path: Path) -> None:

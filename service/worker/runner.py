@@ -410,8 +410,16 @@ class JobRunner:
                 told = hoptrace.OUTCOME_RETRYING
             frames.append(hoptrace.worker_frame(job.received_mono, job.started_mono, completed, time.monotonic(), told))
 
-        def report() -> None:  # once the result is durable: here, or on the writer if the journal is off
-            self.send(frames)
+        def report() -> None:  # once the result is durable, on whichever thread wrote it (jobstore.write)
+            # Queued behind what this job sent before it (its events), even when the thread that wrote it is
+            # the owner loop, whose own sends go at once: a result that overtook its events ended the job's
+            # names at the broker before they came (they were published as task `_`).
+            try:
+                self.loop.submit(frames, timeout=0)
+            except BackpressureError:
+                self.send(frames)  # a full queue: as any send (the owner's at once, another thread's waits)
+            except ClosedError:
+                pass
             with self._lock:
                 self.unreported -= 1
 

@@ -21,6 +21,7 @@ from zfab import Settings
 from zfab.core import hoptrace
 from zfab.core import protocol as nfp
 from zfab.transport import FakeClock, StubLoop, StubTransport
+from zfab.worker import journal
 from zfab.worker.notices import STARTED_NOTICE_DELAY
 from zfab.workers.demo import AsyncDemoWorker, DemoWorker
 
@@ -544,7 +545,8 @@ def test_a_worker_refused_its_name_waits_logs_once_then_tries_again_and_takes_it
 
 def test_a_result_is_reported_only_once_the_job_store_holds_it(worker: DemoWorker) -> None:
     """Write before report (issue 39): a worker killed right after its task returned has either told
-    nobody, or stored what it told; a later GET never reads such a job as interrupted."""
+    nobody, or stored what it told (journal.py: a store opened again replays it before it marks
+    unfinished jobs interrupted); a later GET never reads such a job as interrupted."""
     import sqlite3
 
     stub(worker).take()
@@ -552,10 +554,15 @@ def test_a_result_is_reported_only_once_the_job_store_holds_it(worker: DemoWorke
         uuid = f"wbr{n}".encode()
         job(worker, nfp.POST, uuid, {"task": "echo", "kwargs": {"data": n}})
         collect(worker, final(uuid))
-        # the moment the result is out, its row is committed (read on a connection of our own)
+        # the moment the result is out, its row is durable: in the store's journal, or already folded into
+        # SQLite (the journal is read first: the writer deletes a segment only once its rows are committed)
+        held = [r for kind, rows in journal.Journal(worker.store.path).replay() for r in rows if kind == journal.RESULT]
+        found = [(r[4], r[9]) for r in held if r[0] == uuid.decode()]
         conn = sqlite3.connect(f"file:{worker.store.path}?mode=ro", uri=True, timeout=5)
         try:
             row = conn.execute("SELECT state, result FROM jobs WHERE uuid=?", (uuid.decode(),)).fetchone()
         finally:
             conn.close()
-        assert row is not None and row[0] == "completed" and json.loads(row[1])["w1"]["result"] == n
+        assert found or row is not None, "a reported result is neither in the journal nor in SQLite"
+        state, result = found[-1] if found else row
+        assert state == "completed" and json.loads(result)["w1"]["result"] == n

@@ -241,13 +241,17 @@ class JobStore:
                 continue
             if wake is not None:
                 self._q.put(wake)
-            for _, done in batch:
-                if done is not None:
-                    try:
-                        done()
-                    except Exception:
-                        self.errors += 1
-                        log.exception("job store: a follow-up failed")
+            self._follow_up(batch)
+
+    def _follow_up(self, items: list[tuple[Op, After | None]] | list[tuple[Rows, After | None]]) -> None:
+        """Run each item's follow-up, in order; one that fails is counted and logged, the rest still run."""
+        for _, after in items:
+            if after is not None:
+                try:
+                    after()
+                except Exception:
+                    self.errors += 1
+                    log.exception("job store: a follow-up failed")
 
     def _wait_for_room(self, timeout: float) -> None:
         """Until the store is below its bounds (operations and rows, and rows' bytes); queue.Full at timeout."""
@@ -372,13 +376,7 @@ class JobStore:
         conn.execute("COMMIT")
         self.commits += 1
         self.journal.release(below)  # the segments below it hold rows just committed, or committed before
-        for _, after in items:
-            if after is not None:
-                try:
-                    after()
-                except Exception:
-                    self.errors += 1
-                    log.exception("job store: a follow-up failed")
+        self._follow_up(items)
         if self._inserts_since_prune >= 1000:
             self._prune(conn)
 

@@ -1,6 +1,8 @@
 """Admitting the jobs the broker sends (POST), on the worker's owner loop: the cheap checks here,
-validation and the run on a pool thread or the event loop (runner.py), and a receive batch's new
-jobs recorded by the job store in one write, their 201 after its commit.
+validation and the run on a pool thread or the event loop (runner.py). A receive batch's new jobs are
+recorded by the job store in one write, and start once it is durable: a job never runs before its
+receipt is kept, so a worker killed while it runs answers a retried POST with "interrupted" after
+its restart instead of running it again. Their 201 follows too.
 
 A retried POST never runs a job twice: it is answered with what the job is now (or, after a restart,
 from the store). A task the service lacks, a body that cannot be read, a worker that is stopping or
@@ -72,7 +74,8 @@ class Admission:
         self.counts = counts  # the worker's counters: busy answers, rejected frames
         self.received = 0  # owner: jobs admitted since the start
         self.draining = False  # the worker is stopping: new jobs are answered busy, admitted ones finish
-        self._unstored: list[Job] = []  # owner: admitted in this receive batch, not yet recorded
+        self._unstored: list[Job] = []  # owner: admitted in this receive batch, not yet recorded nor started
+        self._unstored_async = 0  # of them, `async def` tasks' (they wait for the event loop, not the pool)
         self._refusals_log = LogBudget(
             burst=REFUSALS_LOGGED_AT_ONCE, per_second=REFUSALS_LOGGED_PER_SECOND, clock=clock
         )
@@ -114,11 +117,11 @@ class Admission:
             self.requests.reply(msg, nfp.ST_BAD_REQUEST, self.runner.failure(uuid, "", [why]))
 
     def record_batch(self) -> bool:
-        """After a receive batch: its new jobs go to the store in one write (201 follows once it is durable).
-        False when it admitted none."""
+        """After a receive batch: its new jobs go to the store in one write, then start (201 follows once
+        the write is durable). False when it admitted none."""
         if not self._unstored:
             return False
-        batch, self._unstored = self._unstored, []
+        batch, self._unstored, self._unstored_async = self._unstored, [], 0
         rows = [(j.uuid, j.client, j.task, j.request, j.received_at) for j in batch]
         acks = [j for j in batch if j.ack]
         try:
@@ -127,13 +130,22 @@ class Admission:
             )
         except queue.Full:
             log.error("worker %s: job store full; %d received jobs not recorded", self.runner.name, len(rows))
+        # Started after the write, not as each came: a pool thread woken before it would also have
+        # waited for the owner, which holds the GIL until it polls again (the same wait on a sequential
+        # echo, with two more GIL hand-offs).
+        for job in batch:
+            if self.aio is not None and job.is_async:
+                self.aio.submit(job)
+            else:
+                self.pool.put(job)  # cannot be full: _full counted the batch's jobs
         return True
 
     def _full(self, is_async: bool) -> bool:
-        """No room for one more job of this kind: the pool's queue, or the event loop's waiting line."""
+        """No room for one more job of this kind: the pool's queue, or the event loop's waiting line
+        (either with this batch's jobs, which start once recorded)."""
         if is_async and self.aio is not None:
-            return self.aio.waiting >= self.settings.job_queue_size
-        return self.pool.depth() >= self.pool.capacity
+            return self.aio.waiting + self._unstored_async >= self.settings.job_queue_size
+        return self.pool.depth() + len(self._unstored) - self._unstored_async >= self.pool.capacity
 
     def _post_from_shm(self, msg: nfp.BrokerJob, uuid: str) -> None:
         """A POST whose body is a handle to a block of a client on this host: copied out of the
@@ -214,13 +226,11 @@ class Admission:
             shm_reply=shm_reply,
             emit=self.runner.emit,
             stream_out=self.runner.stream_out,
+            is_async=self.aio is not None and spec.is_async,
         )
-        # The job runs as soon as a pool thread is free; the store records the whole
-        # receive batch in one write (see record_batch), and 201 follows that commit.
-        if self.aio is not None and spec.is_async:
-            self.aio.submit(job)
-        else:
-            self.pool.put(job)  # cannot be full: the check above keeps it within capacity
+        # The store records the whole receive batch in one write; the job starts after it (record_batch).
         self.received += 1
         self._unstored.append(job)
+        if job.is_async:
+            self._unstored_async += 1
         self.jobs.add(job)

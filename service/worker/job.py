@@ -70,6 +70,7 @@ class Job:
     retry: RetryPolicy | None = None  # when a failed attempt runs again (the task's declaration, the job's ask)
     trace: dict[str, str] | None = None  # the submitter's W3C trace context (service/tracing.py)
     shm_reply: bool = False  # its client shares our shared memory: a large result may go as a handle
+    is_async: bool = False  # an `async def` task's: it runs on the worker's event loop (worker/aio.py)
     _ack_gate: int = 2  # the 201 goes once the job is both stored and started (see ack_ready)
     on_cancel: Callable[[], None] | None = None  # an async task's: cancels its coroutine
     emit: Callable[[Job, dict[str, Any]], None] | None = None

@@ -110,11 +110,12 @@ class Rows:
     a result may come before its receive is written). The writer merges a batch's rows of each
     statement into one executemany; called alone, it writes its own."""
 
-    __slots__ = ("rows", "sql")
+    __slots__ = ("kind", "rows", "sql")
 
     def __init__(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         self.sql = sql
         self.rows = rows
+        self.kind = journals.INSERT if sql is INSERT_SQL else journals.RESULT  # its journal record's
 
     def __call__(self, conn: sqlite3.Connection) -> None:
         conn.executemany(self.sql, self.rows)
@@ -207,7 +208,8 @@ class JobStore:
         writer folds the rows into SQLite later. With the journal off (an append failed) it is `submit`:
         `after` runs on the writer once committed. Raises queue.Full when the store stays at its bound
         for `timeout` seconds."""
-        self._wait_for_room(timeout)
+        if self._parked_bytes >= MAX_PARKED_BYTES or len(self._parked) + self._q.qsize() >= self.queue_size:
+            self._wait_for_room(timeout)
         self._incoming.append((rows, after))
         self._append_incoming()
 
@@ -215,26 +217,26 @@ class JobStore:
         """Any thread, after it queued rows or let go of the journal's lock: append what is waiting."""
         # Whoever holds the journal's lock writes what came meanwhile; a thread that finds it held
         # leaves its rows to the holder, which looks again once it has let go (so none is left behind).
-        while self._incoming and self.journal.lock.acquire(blocking=False):
+        # Every job passes here twice (its receive, its result), so it is written lean: about 30 us of
+        # CPU an append on a sequential echo's cold path, half of it the Python around the write(2).
+        incoming, lock = self._incoming, self.journal.lock
+        while incoming and lock.acquire(blocking=False):
             try:
-                batch = []
-                while self._incoming:
-                    batch.append(self._incoming.popleft())
-                size = self.journal.append(
-                    [(journals.INSERT if r.sql is INSERT_SQL else journals.RESULT, r.rows) for r, _ in batch]
-                )
+                batch = [incoming.popleft()]
+                while incoming:
+                    batch.append(incoming.popleft())
+                size = self.journal.append([(r.kind, r.rows) for r, _ in batch])
                 wake = None
                 if size:
-                    self._parked.extend((r, None) for r, _ in batch)
+                    parked = self._parked  # under the lock: the writer takes the list and leaves a new one
+                    parked.extend([(r, None) for r, _ in batch])  # follow-ups run here, not again at the commit
                     self._parked_bytes += size
-                    if not self._full_told and (
-                        len(self._parked) >= self.park_rows or self._parked_bytes >= PARK_BYTES
-                    ):
+                    if not self._full_told and (len(parked) >= self.park_rows or self._parked_bytes >= PARK_BYTES):
                         wake, self._full_told = FULL, True
                     elif self._untimed:
                         wake, self._untimed = PARKED, False  # one is enough: the writer's wait is timed from now
             finally:
-                self.journal.lock.release()
+                lock.release()
             if not size:
                 for item in batch:
                     self._q.put(item)

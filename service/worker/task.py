@@ -66,6 +66,9 @@ class TaskSpec:
     description: str
     is_async: bool = False  # an `async def` task: runs on the worker's event loop, not a pool thread
     declaration: Declaration = field(default_factory=Declaration)
+    # (every parameter, the required ones) when each takes any value (no annotation, or Any): then
+    # arguments that name them rightly need no model (pydantic cost 20-30 us of a cold job's path)
+    loose: tuple[frozenset[str], frozenset[str]] | None = None
 
     def retry_policy(self, retries: int | None = None, backoff: Backoff | None = None) -> RetryPolicy | None:
         """How a failed attempt of one job runs again: the task's declaration, with what the job
@@ -86,6 +89,9 @@ class TaskSpec:
             if k in data:
                 raise TaskArgumentsError(f"task '{self.name}' got argument '{k}' twice")
             data[k] = v
+        loose = self.loose
+        if loose is not None and loose[1] <= data.keys() <= loose[0]:
+            return data  # an argument left out takes the function's own default, as the model's would
         try:
             model = self.model.model_validate(data)
         except ValidationError as exc:
@@ -281,4 +287,7 @@ def build_spec(name: str, fn: Callable[..., Any], job_type: type) -> TaskSpec:
     key = declaration.limits.key if declaration.limits is not None else None
     if key is not None and key not in fields:
         raise TypeError(f"task '{name}': limit_key names {key!r}, which is not one of its arguments")
-    return TaskSpec(name, fn, model, positional, job_param, doc.split("\n\n")[0], is_async, declaration)
+    loose = None
+    if all(ann is Any for ann, _ in fields.values()):
+        loose = (frozenset(fields), frozenset(n for n, (_, default) in fields.items() if default is ...))
+    return TaskSpec(name, fn, model, positional, job_param, doc.split("\n\n")[0], is_async, declaration, loose)

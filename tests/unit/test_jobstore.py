@@ -7,10 +7,12 @@ import logging
 import os
 import queue
 import sqlite3
+import struct
 import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -481,16 +483,59 @@ def test_a_torn_record_ends_its_segment_and_is_counted(path: Path) -> None:
         store.close()
 
 
-@pytest.mark.parametrize("body", [b"", b"\x01\x00\x00\x00", b"\x01\x00\x00\x00\x01\x00\x00\x00Sxxxx"])
-def test_a_body_that_does_not_add_up_is_refused(body: bytes) -> None:
+@pytest.mark.parametrize(
+    ("kind", "body"),
+    [
+        (3, b""),
+        (3, b"\x91\x01"),  # an array whose row is not an array
+        (3, journal.encode([("u", 1)]) + b"x"),  # bytes after the rows
+        (3, journal.encode([("u", 1)])[:-1]),  # cut short
+        (1, b""),
+        (1, b"\x01\x00\x00\x00"),
+        (1, b"\x01\x00\x00\x00\x01\x00\x00\x00Sxxxx"),
+    ],
+)
+def test_a_body_that_does_not_add_up_is_refused(kind: int, body: bytes) -> None:
     with pytest.raises(ValueError):
-        journal.decode(body)
+        journal.decode(kind, body)
 
 
 def test_rows_of_every_type_come_back_as_written() -> None:
     rows = [("u", b"\x00\xff", "t\u00e9", None, 1.5, 7, memoryview(b"view"))]
-    back = journal.decode(b"".join(journal.encode(rows)))
+    back = journal.decode(3, journal.encode(rows))
     assert back == [("u", b"\x00\xff", "t\u00e9", None, 1.5, 7, b"view")]
+
+
+def test_a_journal_in_the_older_tagged_format_is_replayed(path: Path) -> None:
+    # Given a segment an older zfab wrote (kind 2: a finished job's row, fields tagged), left by a crash
+    def tagged(*fields: object) -> bytes:
+        out = struct.pack("<II", 1, len(fields))
+        for f in fields:
+            if f is None:
+                out += b"N"
+            elif isinstance(f, float):
+                out += b"F" + struct.pack("<d", f)
+            elif isinstance(f, str):
+                out += b"S" + struct.pack("<I", len(f.encode())) + f.encode()
+            else:
+                assert isinstance(f, bytes)
+                out += b"B" + struct.pack("<I", len(f)) + f
+        return out
+
+    result = json.dumps({"w1": {"result": 5, "failed": False}}).encode()
+    now = time.time()
+    body = tagged("old", b"c1", "add", b"{}", "completed", now, now, now, "200", result)
+    path.parent.mkdir(parents=True)
+    segment = path.parent / f"{path.name}.journal.00000000"
+    segment.write_bytes(struct.pack("<BII", 2, len(body), zlib.crc32(body)) + body)
+    # When the store opens, then the row is written, and the job reads as finished
+    store = open_store(path)
+    try:
+        assert store.replayed == 1 and store.journal.torn == 0
+        old, _ = read_now(store, "old")
+        assert old is not None and old.state == "completed" and json.loads(old.result or "")["w1"]["result"] == 5
+    finally:
+        store.close()
 
 
 def test_committed_segments_are_deleted_so_the_journal_stays_bounded(path: Path) -> None:

@@ -35,6 +35,10 @@ class Inventory:
         return value
 
     @task
+    def loosely(self, value, note=None):  # type: ignore[no-untyped-def]
+        return value, note
+
+    @task
     def star_args(self, *items: int) -> int:
         return sum(items)
 
@@ -131,6 +135,24 @@ def test_keyword_only_parameter_cannot_be_given_by_position() -> None:
 
 def test_unannotated_parameter_accepts_any_value() -> None:
     assert spec_of("untyped").bind([{"any": ["thing"]}], {}) == {"value": {"any": ["thing"]}}
+
+
+def test_a_task_without_annotations_is_checked_by_its_names_alone() -> None:
+    # Given a task none of whose parameters is annotated (no model needed to read them)
+    spec = spec_of("loosely")
+    assert spec.loose is not None and spec_of("add").loose is None
+    # an argument left out takes the function's default, the values reach it unchanged
+    value = {"nested": [1, "two"]}
+    bound = spec.bind([value], {})
+    assert spec.fn(**bound) == (value, None) and bound["value"] is value
+    assert spec.fn(**spec.bind([], {"value": 1, "note": "n"})) == (1, "n")
+    # and wrong names are refused as the model refuses them
+    with pytest.raises(TaskArgumentsError, match=r"other: Extra inputs are not permitted"):
+        spec.bind([1], {"other": 2})
+    with pytest.raises(TaskArgumentsError, match=r"value: Field required"):
+        spec.bind([], {"note": 1})
+    with pytest.raises(TaskArgumentsError, match=r"got argument 'value' twice"):
+        spec.bind([1], {"value": 2})
 
 
 # ---- the Job parameter ----------------------------------------------------------------

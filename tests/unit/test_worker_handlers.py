@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from zfab import Settings
+from zfab import Job, Settings, task
 from zfab.core import hoptrace
 from zfab.core import protocol as nfp
 from zfab.transport import FakeClock, StubLoop, StubTransport
@@ -541,6 +541,45 @@ def test_a_worker_refused_its_name_waits_logs_once_then_tries_again_and_takes_it
         stub(worker).feed([b"", nfp.BROKER, nfp.KEEPALIVE, b"demo"])  # accepted: the broker keeps it alive
     assert worker.registered()
     assert any("registered with the broker (refused 3 times before)" in r.getMessage() for r in caplog.records)
+
+
+class ReceiptWorker(DemoWorker):
+    """A task that looks, as it starts, for its own job's receipt where a restarted worker would."""
+
+    @task
+    def receipt(self, job: Job) -> bool:
+        import sqlite3
+
+        replayed = journal.Journal(self.store.path).replay()
+        held = {r[0] for kind, rows in replayed for r in rows if kind == journal.INSERT}
+        if job.uuid in held:
+            return True
+        conn = sqlite3.connect(f"file:{self.store.path}?mode=ro", uri=True, timeout=5)
+        try:
+            return conn.execute("SELECT 1 FROM jobs WHERE uuid=?", (job.uuid,)).fetchone() is not None
+        finally:
+            conn.close()
+
+
+def test_a_job_starts_only_once_its_receipt_is_durable(tmp_path: Path, clock: FakeClock) -> None:
+    """A worker killed while a task runs answers the job's retried POST "interrupted" after its
+    restart, never runs it again: the receipt is kept before the task starts (admission.py)."""
+    s = Settings(data_dir=str(tmp_path), keepalive_interval=1.0, keepalive_multiplier=3, pool_size=2, job_queue_size=8)
+    w = ReceiptWorker(name="w1", settings=s, transport=StubTransport(clock), clock=clock)
+    w.start()
+    try:
+        stub(w).take()
+        for n in range(5):
+            # one job alone, and two in one receive batch
+            uuids = [f"rc{n}a".encode()] if n % 2 else [f"rc{n}a".encode(), f"rc{n}b".encode()]
+            for uuid in uuids:
+                job(w, nfp.POST, uuid, {"task": "receipt"})
+            got = collect(w, lambda got, uuids=uuids: all(final(u)(got) for u in uuids))
+            for uuid in uuids:
+                (entry,) = [p for c, u, st, p in got if c == nfp.RESPONSE and u == uuid and st in nfp.FINAL_STATUSES]
+                assert entry["w1"]["result"] is True, f"job {uuid!r} ran before its receipt was kept"
+    finally:
+        w.stop(drain=0)
 
 
 def test_a_result_is_reported_only_once_the_job_store_holds_it(worker: DemoWorker) -> None:

@@ -168,28 +168,41 @@ class Term(Hook):
 
     def bound(self, requests: Requests, workers: Workers, replay: Callable[[bytes, nfp.ClientRequest], None]) -> None:
         """The broker's ROUTER was opened: a standby that just became active gives the services' workers the
-        startup grace again, as a restarted broker does (they are on their way from the old one)."""
+        startup grace again, as a restarted broker does (they are on their way from the old one). Either
+        settles first: a job resubmitted (`known`) by a client that had no 202 naming its worker (results
+        only) waits SETTLE for that worker's READY `holds`, so that a broker restarted without a lease does
+        not hand it to another worker to run a second time (a new job is never held)."""
         if self.role is ACTIVE:
             requests.grace_until = self.clock() + self.grace
             requests.epoch = self.epoch
+            workers.keepalive_facts = nfp.keepalive_facts(self.epoch)
+        if self.role is ACTIVE or self.role is SINGLE:
             requests.settle_until = self.clock() + SETTLE
             self.requests, self.replay = requests, replay
-            workers.keepalive_facts = nfp.keepalive_facts(self.epoch)
 
     def tend(self, now: float) -> float | None:
+        if self.role is SINGLE:
+            return self._settle(now)
         if self.role is not ACTIVE:
             return None
         if now >= self.valid_until:
             since = now - (self.valid_until - self.duration + self.margin)
             self.depose(f"no renewal of the lease for {since:.2f} s (it expires {self.margin:.2f} s from now)")
             return None
-        if (req := self.requests) is not None:  # settling: resubmitted jobs held until their workers said so
-            if now < req.settle_until:
-                return min(req.settle_until, self.valid_until)
-            held, req.settling, req.settling_bytes, self.requests = req.settling, [], 0, None
-            for sender, request in held:  # each as if it came now: to the worker that holds it, or admitted
-                self.replay(sender, request)
-        return self.valid_until
+        settling = self._settle(now)
+        return self.valid_until if settling is None else min(settling, self.valid_until)
+
+    def _settle(self, now: float) -> float | None:
+        """Resubmitted jobs held until their workers said so: replayed once SETTLE is over. When to look
+        again, or None once settled."""
+        if (req := self.requests) is None:
+            return None
+        if now < req.settle_until:
+            return req.settle_until
+        held, req.settling, req.settling_bytes, self.requests = req.settling, [], 0, None
+        for sender, request in held:  # each as if it came now: to the worker that holds it, or admitted
+            self.replay(sender, request)
+        return None
 
     def depose(self, why: str) -> None:
         """Stop serving now and for good: the ROUTER closes (every peer's connection ends with it)."""

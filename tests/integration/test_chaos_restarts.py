@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from fabric import Fabric, fabric, free_port, wait_for
+from fabric import Fabric, fabric, free_port, wait_for, wait_workers
 
 from tests.integration.declared_workers import marks
 
@@ -183,3 +183,27 @@ def test_a_job_still_queued_at_the_broker_when_the_api_restarts_runs_once(tmp_pa
         time.sleep(2 * f.hold_time)
         assert marks(marks_file, "q") == 1
         c.close()
+
+
+def test_a_results_only_job_sent_again_after_a_broker_restart_runs_once(tmp_path: Path) -> None:
+    # Given a results-only client (no 202: it never learns which worker has its job), its job running on
+    # c1 while c2 is idle, and the broker (no lease) killed and started again
+    marks_file = tmp_path / "marks"
+    env = {"ZFAB_TEST_MARKS": str(marks_file), "ZFAB_POOL_SIZE": "1"}
+    with fabric(tmp_path, interval=0.3, multiplier=10) as f:
+        f.broker("b1")
+        counter(f, "c1", env)
+        counter(f, "c2", env)
+        with f.client(acks=False) as c:
+            wait_workers(c, {"c1", "c2"})
+            fut = c.submit("count", "mark", kwargs={"token": "once", "seconds": 3.0}, timeout=60)
+            wait_for(lambda: marks(marks_file, "once") == 1, 15, what="the job started")
+            f.kill("b1")
+            f.broker("b2")
+            # When the client sends it again to the new broker (it can only POST it: it knows no worker),
+            # then the broker holds it until the worker that has it says so, and it ends on that worker
+            result = fut.result(40)
+            (entry,) = result.values()
+            assert not entry["failed"], result
+        # (a second run elsewhere would have started at once when the job was sent again, 3 s before this)
+        assert marks(marks_file, "once") == 1

@@ -11,6 +11,7 @@ import pytest
 
 from zfab import Broker, Settings
 from zfab.broker.events import EventPublisher
+from zfab.broker.term import SETTLE
 from zfab.core import protocol as nfp
 from zfab.transport import FakeClock, StubLoop, StubTransport
 
@@ -98,7 +99,15 @@ def test_post_to_any_is_acknowledged_then_sent_to_the_least_loaded_worker(broker
     assert first_ack < first_job
 
 
+def settled(b: Broker, clock: FakeClock) -> None:
+    """The broker's first SETTLE seconds are over: a resubmitted job (`known`) is no longer held for its
+    worker's READY (test_failover_term.py) but admitted as any."""
+    clock.advance(SETTLE)
+    b.on_timer(clock())
+
+
 def test_a_zfab_worker_gets_what_is_left_of_the_deadline_with_its_job(broker: Broker, clock: FakeClock) -> None:
+    settled(broker, clock)
     post(broker, b"j1", timeout=10, known=True)  # no worker yet: queued
     clock.advance(4)
     ready(broker, b"w1")
@@ -260,7 +269,8 @@ def test_during_the_startup_grace_an_unknown_service_waits_then_is_refused(clock
     assert (uuid, status) == (b"j1", nfp.ST_NOT_FOUND) and "typo" in payload["errors"][0]
 
 
-def test_a_client_that_vouches_for_a_service_is_queued_after_a_restart(broker: Broker) -> None:
+def test_a_client_that_vouches_for_a_service_is_queued_after_a_restart(broker: Broker, clock: FakeClock) -> None:
+    settled(broker, clock)
     post(broker, b"j1", service=b"later", known=True)
     assert [st for _, _, st, _ in replies(stub(broker).take())] == [nfp.ST_QUEUED]
 
@@ -487,7 +497,8 @@ def test_a_retried_post_of_a_finished_job_goes_back_to_its_worker(broker: Broker
     assert broker.counts["post_retried"] == 1
 
 
-def test_a_repeated_post_of_a_queued_job_is_not_queued_twice(broker: Broker) -> None:
+def test_a_repeated_post_of_a_queued_job_is_not_queued_twice(broker: Broker, clock: FakeClock) -> None:
+    settled(broker, clock)
     post(broker, b"j1", service=b"later", known=True)
     post(broker, b"j1", service=b"later", known=True)
     assert [st for _, _, st, _ in replies(stub(broker).take())] == [nfp.ST_QUEUED, nfp.ST_QUEUED]

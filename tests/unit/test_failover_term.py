@@ -292,6 +292,28 @@ def test_a_new_term_holds_resubmitted_jobs_until_their_workers_say_they_hold_the
     assert (b.term.figures()["settling"], b.term.figures()["settling_bytes"]) == (0, 0)
 
 
+def test_a_broker_without_a_lease_settles_when_it_starts_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A single broker restarted (no lease): a results-only client, which had no 202 naming the job's worker,
+    POSTs it again; held until the worker that has it says so in READY, it goes there, not to another."""
+    clock = FakeClock()
+    b = Broker(Settings(startup_grace=0), endpoint=ME, transport=StubTransport(clock), clock=clock)
+    b.loop.start()
+    assert b.term.role == SINGLE
+    stub(b).take()
+    ready_holding(b, b"w2", [])  # a worker that does not have it registers first
+    post(b, b"old", known=True)  # resubmitted: held while the broker settles
+    post(b, b"new")  # a new job goes at once
+    assert [u for _, _, u in jobs_sent(stub(b).take())] == [b"new"]
+    assert b.mmi.show_broker()["settling"] == 1
+    ready_holding(b, b"w1", ["old"])  # the worker that has it comes back, saying so
+    clock.advance(SETTLE)
+    b.on_timer(clock())
+    assert jobs_sent(stub(b).take()) == [(b"w1", nfp.POST, b"old")]
+    post(b, b"later", known=True)  # settled: a resubmission is admitted as any job
+    assert [u for _, _, u in jobs_sent(stub(b).take())] == [b"later"]
+    assert b.term.requests is None and b.mmi.show_broker()["settling"] == 0
+
+
 def test_a_settling_term_holds_resubmitted_jobs_within_a_bound_of_bytes_and_admits_the_rest(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -109,6 +109,12 @@ class Settings(BaseSettings):
         description="The access file (TOML, docs/roles.md): bearer tokens by sha256 and CURVE keys by name, each with "
         "its role (viewer, operator, admin), service scope and payloads flag; read again when it changes",
     )
+    sched_batch: bool = Field(
+        True,
+        description="Run the threads zfab starts for its sockets (owner loops, ZeroMQ's I/O threads) under "
+        "SCHED_BATCH on Linux: a thread it wakes waits for the waker to sleep instead of preempting it "
+        "(service/transport/scheduling.py); false: the system's default policy",
+    )
     hop_traces: bool = Field(
         True,
         description="Time every job at each hop (its final answer carries the durations: docs/protocol.md, Hop "

@@ -73,7 +73,12 @@ class Broker:
         self.peer_log = LogBudget(burst=3, per_second=0.1, clock=clock)  # what peers send: a few lines, not a flood
         self._next_keepalive, self._next_housekeeping = 0.0, clock() + HOUSEKEEPING
         self.loop: Transport = (transport or OwnerLoop)(
-            self, name="broker", outbound_size=s.outbound_queue_size, submit_timeout=s.submit_timeout, linger=1.0
+            self,
+            name="broker",
+            outbound_size=s.outbound_queue_size,
+            submit_timeout=s.submit_timeout,
+            linger=1.0,
+            sched_batch=s.sched_batch,
         )
         self.registry = reg = Registry.from_settings(s, clock)
         self.identities = ids = Identities(self.loop, None)  # its ZAP handler comes with start() (CURVE)

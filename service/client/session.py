@@ -98,7 +98,9 @@ class Session:
         self._receiving = False  # inside a receive batch: futures settle at its end (on_batch_end)
         self._settle: list[tuple[JobFuture, Any, BaseException | None]] = []
         size, wait = settings.outbound_queue_size, settings.submit_timeout
-        self.loop: Transport = transport(self, name=f"client {name}", outbound_size=size, submit_timeout=wait)
+        self.loop: Transport = transport(
+            self, name=f"client {name}", outbound_size=size, submit_timeout=wait, sched_batch=settings.sched_batch
+        )
         self.links = Links(self.loop, self._hello, self.link.lost) if several(broker) else None  # docs/failover.md
 
     @property

@@ -85,7 +85,11 @@ class AioLoop(SocketOwner):
         loop: asyncio.AbstractEventLoop | None = None,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         coalesce: bool = True,
+        sched_batch: bool = False,
     ) -> None:
+        # `sched_batch` is an owner thread's (loop.py, scheduling.py): the event loop's thread is its
+        # application's, so it is taken and left as it is.
+        del sched_batch
         super().__init__(
             role,
             name=name,

@@ -116,5 +116,12 @@ class LoopFactory(Protocol):
     """How a role makes its transport: OwnerLoop itself, or a StubTransport in tests."""
 
     def __call__(
-        self, role: Role, *, name: str, outbound_size: int = ..., submit_timeout: float = ..., linger: float = ...
+        self,
+        role: Role,
+        *,
+        name: str,
+        outbound_size: int = ...,
+        submit_timeout: float = ...,
+        linger: float = ...,
+        sched_batch: bool = ...,
     ) -> Transport: ...

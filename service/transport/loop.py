@@ -19,6 +19,7 @@ import zmq
 
 from .base import Role
 from .owner import SocketOwner
+from .scheduling import batch_this_thread
 from .waker import Waker
 
 # Plain ints: `int & zmq.POLLIN` builds an IntFlag through the enum machinery on every wake-up,
@@ -44,6 +45,7 @@ class OwnerLoop(SocketOwner):
         batch: int = 256,
         linger: float = 1.0,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        sched_batch: bool = True,
     ) -> None:
         super().__init__(
             role,
@@ -58,6 +60,8 @@ class OwnerLoop(SocketOwner):
         self._poller = zmq.Poller()
         self._thread: threading.Thread | None = None
         self._start_error: BaseException | None = None
+        self.sched_batch = sched_batch  # run the owner thread under SCHED_BATCH (scheduling.py)
+        self.batched = False  # it does
 
     # ---- any thread ----------------------------------------------------------
 
@@ -101,6 +105,9 @@ class OwnerLoop(SocketOwner):
 
     def _run(self) -> None:
         self._become_owner()
+        if self.sched_batch:
+            # Before the socket opens: ZeroMQ's I/O thread, started with a context's first socket, inherits it.
+            self.batched = batch_this_thread()
         try:
             self._poller.register(self._waker.fd, zmq.POLLIN)
             self._open()

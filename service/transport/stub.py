@@ -91,8 +91,10 @@ class StubLoop:
         submit_timeout: float = 1.0,
         linger: float = 1.0,
         strict: bool = True,
+        sched_batch: bool = True,
     ) -> None:
         self.role = role
+        self.sched_batch = sched_batch  # recorded: no thread here to schedule
         self.name = name
         self.clock = clock
         self.outbound_size = outbound_size

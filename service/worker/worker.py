@@ -155,6 +155,7 @@ class Worker:
             name=f"worker {self.name}",
             outbound_size=s.outbound_queue_size,
             submit_timeout=s.submit_timeout,
+            sched_batch=s.sched_batch,
         )
         self.links = Links(self.loop, self._hello, lambda: None) if several(self.broker) else None  # docs/failover.md
         self.epoch = 0  # the highest term a broker's keepalive said (docs/failover.md)

@@ -114,6 +114,8 @@ class JobRecord:
     owner: str = ""
     remote: bool = False  # read from the shared store, owned by another replica that is alive
     events_written: int = 0  # events written so far (the seq of the last one)
+    # Recovery (recovery.py): when the job's workers were first found missing from the broker's live ones.
+    absent_since: float | None = None
     event_bytes: int = 0
     final_written: bool = False  # its finished state is committed to the shared store
     written: bool = False  # a row of it is committed (POST waits for it: api/jobs/operations.py recorded())

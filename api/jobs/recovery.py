@@ -4,10 +4,13 @@ The database row says what the API last knew of a job (api/store/persister.py): 
 (its workers), running, and its attempt. Recovery follows it:
 
 - last known dispatched or running: never submitted again. Its workers (or, when none was known, the
-  service's live workers) are asked by GET for that attempt; what they answer is recorded. When no
-  worker knows it, or the one that ran it restarted (its store says `interrupted`), the attempt ends
-  `lost` with that reason; a job that asked for retries (`retries` in its request) and has some left
-  then runs again as the next attempt, visibly (`attempt`, `attempts`), never under the old wire uuid.
+  service's live workers) are asked by GET for that attempt; what they answer is recorded. Workers
+  missing from the broker's live ones are waited for a hold time first (after a broker restart they
+  re-register; the others never had the job and would call it unknown); then, still missing, they
+  count as gone and an `any` job is asked of the live ones. When no worker knows it, or the one that
+  ran it restarted (its store says `interrupted`), the attempt ends `lost` with that reason; a job that
+  asked for retries (`retries` in its request) and has some left then runs again as the next attempt,
+  visibly (`attempt`, `attempts`), never under the old wire uuid.
 - last known queued (the broker had not said it dispatched it): the service's live workers are asked
   first, since the row may predate a dispatch by up to the persister's sweep; only when none knows it
   is it POSTed again under its uuid (a broker that still holds it dedupes; one that restarted takes it).
@@ -36,6 +39,7 @@ log = logging.getLogger(__name__)
 # long ago: its workers then answer the first GET at once).
 RECOVER_MIN = 10.0
 RECOVER_GRACE = 5.0
+_clock = time.monotonic  # (tests move it)
 
 
 async def _service_workers(st: ApiState, service: str) -> list[str]:
@@ -70,12 +74,25 @@ async def ensure_live(st: ApiState, rec: JobRecord) -> None:
         if past and rec.live is None:
             _give_up(st, rec, known)
             return
+        if rec.workers == "any" and not _waited_for(st, rec):
+            # Missing is not gone: after a broker restart its workers re-register within a hold time, and the
+            # live ones, which never had it, would answer "not known" for a job that is running (it would end
+            # lost, and run again if it asked for retries). Asked again at the next read, or the sweep's.
+            return
         workers = live if rec.workers == "any" else known
     if not workers or rec.live is not None:  # nobody to ask, or a concurrent read started it
         return
     fut = _ask(st, rec, workers)
     if fut is not None:
         log.info("api: recovering job %s (attempt %d) from %s", rec.uuid, fut.attempt, ", ".join(workers))
+
+
+def _waited_for(st: ApiState, rec: JobRecord) -> bool:
+    """The job's workers have been missing from the broker's live ones for a hold time (from the first look)."""
+    now = _clock()
+    if rec.absent_since is None:
+        rec.absent_since = now
+    return now - rec.absent_since >= st.client.keepalive.hold_time
 
 
 def _deadline(rec: JobRecord) -> float:
@@ -282,9 +299,23 @@ async def recover_unfinished(st: ApiState, wait_for_broker: float = 60.0) -> Non
         if time.monotonic() > deadline:
             return  # reads recover them later, one by one
         await asyncio.sleep(0.2)
-    for rec in list(st.jobs.newest()):
+    waiting = await _recover_pass(st, list(st.jobs.newest()))
+    if waiting:
+        # Jobs whose workers were missing (on their way back after a broker restart, or gone): once more
+        # after a hold time, when those that are coming are back, and the rest are asked of the live ones.
+        await asyncio.sleep(st.client.keepalive.hold_time)
+        await _recover_pass(st, waiting)
+
+
+async def _recover_pass(st: ApiState, recs: list[JobRecord]) -> list[JobRecord]:
+    """ensure_live for each unfinished job of `recs`; those it left waiting for their workers."""
+    waiting = []
+    for rec in recs:
         if rec.live is None and rec.stored is not None and not rec.stored.state.final:
             try:
                 await ensure_live(st, rec)
             except Exception:  # one job's recovery must not stop the others'
                 log.exception("api: recovering job %s failed", rec.uuid)
+            if rec.live is None and rec.absent_since is not None:
+                waiting.append(rec)
+    return waiting

@@ -35,6 +35,7 @@ from .registry import Registry, Route, ServiceRecord, WorkerRecord
 
 CLIENT_CONTROL = frozenset({nfp.KEEPALIVE, nfp.OPEN, nfp.DISCONNECT})  # a client's frames that route nothing
 
+JOB_REQUESTS = (nfp.GET, nfp.PUT, nfp.DELETE)  # about a job its workers hold (held while the broker settles)
 MAX_SETTLING = 10_000  # resubmitted jobs a new term holds until it settles (then admitted as any)
 MAX_SETTLING_BYTES = 64 << 20  # and their bodies' bytes: past either bound a job is admitted at once
 log = logging.getLogger(__name__)
@@ -110,15 +111,19 @@ class Requests:
         """A broker that just took over (docs/failover.md) holds a resubmitted job (`known`) until its term
         settles: the worker that has it may not have said so yet (READY's `holds`), and another must not run
         it. True: held, unanswered (the term replays it then, through the POST's de-duplication)."""
-        if job.queued_at >= self.settle_until:
+        return self._settling(job.queued_at) and bool(req.flags.get("known")) and self._hold(sender, req)
+
+    def _settling(self, now: float) -> bool:
+        """The broker's first moments (term.py, SETTLE), while its workers re-register."""
+        if self.settle_until and now >= self.settle_until:
             self.settle_until = 0.0
-            return False
+        return self.settle_until > 0.0
+
+    def _hold(self, sender: bytes, req: nfp.ClientRequest) -> bool:
+        """Held until the broker settles, then replayed (term.py) as if it came then. False past the bounds:
+        it is handled now, as any."""
         size = len(req.body)
-        if (
-            not req.flags.get("known")
-            or len(self.settling) >= MAX_SETTLING
-            or self.settling_bytes + size > MAX_SETTLING_BYTES
-        ):
+        if len(self.settling) >= MAX_SETTLING or self.settling_bytes + size > MAX_SETTLING_BYTES:
             return False
         self.settling.append((sender, req))
         self.settling_bytes += size
@@ -253,6 +258,10 @@ class Requests:
                 workers = [w]
         else:
             workers = reg.resolve(svc, None if target == "all" else [target] if isinstance(target, str) else target)
+        if not workers and req.command in JOB_REQUESTS and self._settling(self.clock()) and self._hold(sender, req):
+            # A restarted broker asked for a job (a GET recovering it, a DELETE) by workers of a service it knows
+            # that have not re-registered yet: answered once they have, not "no such worker" on their way back.
+            return
         if not workers:
             self.counts["no_workers"] += 1
             raise bad(

@@ -45,7 +45,7 @@ class OwnerLoop(SocketOwner):
         batch: int = 256,
         linger: float = 1.0,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
-        sched_batch: bool = True,
+        sched_batch: bool = False,
     ) -> None:
         super().__init__(
             role,

@@ -1,4 +1,5 @@
-"""How the threads zfab starts for its sockets are scheduled: SCHED_BATCH, on Linux.
+"""How the threads zfab starts for its sockets are scheduled: SCHED_BATCH on Linux, when asked
+(`ZFAB_SCHED_BATCH`, off by default).
 
 Every hand-over on a job's path wakes a thread while the waker still runs: a sender wakes
 ZeroMQ's I/O thread (the last frame of each message), another thread wakes an owner loop (its
@@ -7,9 +8,11 @@ thread preempts the waker on its CPU at once, and a Python thread woken so only 
 held and sleeps again: two context switches for nothing, several times a job. A SCHED_BATCH thread
 is never woken into preemption: it runs once the waker sleeps (an owner going back to its poll,
 a few microseconds later) or on an idle CPU. Its share of the CPU over time is unchanged (the
-same CFS weight, its nice value kept); only wake-up preemption is given up, which is latency the
-owner loops never had from it. Measured on a 2-core machine, a sequential echo job's p50 fell by
-about a fifth (docs/benchmark-log.md, "Who preempts whom").
+same CFS weight, its nice value kept); only wake-up preemption is given up. On an idle 2-core
+machine a sequential echo job's p50 fell by about a fifth. But wake-up preemption is also what lets
+a woken owner past CPU-bound work, and with two busy cores its p50 rose up to 6x and its p99 up to
+4x (docs/contributors/benchmark-log.md, "Who preempts whom"). Hence off by default: it is for a host
+given to the fabric.
 
 Only threads zfab starts: an owner loop's thread (loop.py), and the threads it starts, which
 inherit it: ZeroMQ starts a context's I/O threads when its first socket is made, on the owner's

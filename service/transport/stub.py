@@ -91,7 +91,7 @@ class StubLoop:
         submit_timeout: float = 1.0,
         linger: float = 1.0,
         strict: bool = True,
-        sched_batch: bool = True,
+        sched_batch: bool = False,
     ) -> None:
         self.role = role
         self.sched_batch = sched_batch  # recorded: no thread here to schedule

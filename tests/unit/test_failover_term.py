@@ -358,3 +358,47 @@ def test_a_broker_restarted_under_its_endpoint_is_a_new_holder(monkeypatch: pyte
     first, again = leased_broker(clock, monkeypatch), leased_broker(clock, monkeypatch)
     assert first.term.holder.startswith(ME) and again.term.holder.startswith(ME)
     assert first.term.holder != again.term.holder
+
+
+def get(b: Broker, uuid: bytes, target: bytes, client: bytes = b"c1") -> None:
+    stub(b).feed([client, b"", nfp.CLIENT, nfp.GET, b"demo", target, uuid, b"", nfp.dumps({"ack": False})])
+
+
+def test_a_restarted_broker_holds_a_get_for_a_worker_not_back_yet_until_it_settles() -> None:
+    """An API restarted after its broker recovers a job by GET to the worker that ran it; if that GET comes
+    before the worker re-registered, "no such worker" would make the API call a finished job lost. Held while
+    the broker settles, it goes to the worker once it is back."""
+    clock = FakeClock()
+    b = Broker(Settings(startup_grace=0), endpoint=ME, transport=StubTransport(clock), clock=clock)
+    b.loop.start()
+    stub(b).take()
+    ready_holding(b, b"w2", [])  # another worker of the service is back first
+    get(b, b"j1", b"w1")  # w1 is on its way back
+    assert stub(b).take() == []  # neither refused nor sent
+    assert b.mmi.show_broker()["settling"] == 1
+    ready_holding(b, b"w1", ["j1"])
+    clock.advance(SETTLE)
+    b.on_timer(clock())
+    sent = stub(b).take()
+    assert [(f[0], f[3], f[6]) for f in sent if f[0] == b"w1" and len(f) > 6] == [(b"w1", nfp.GET, b"j1")]
+    assert b.mmi.show_broker()["settling"] == 0
+
+
+def test_a_settled_broker_still_refuses_a_get_for_a_worker_it_does_not_know() -> None:
+    clock = FakeClock()
+    b = Broker(Settings(startup_grace=0), endpoint=ME, transport=StubTransport(clock), clock=clock)
+    b.loop.start()
+    ready_holding(b, b"w2", [])
+    clock.advance(SETTLE)
+    b.on_timer(clock())
+    stub(b).take()
+    get(b, b"j1", b"w1")
+    (answer,) = stub(b).take()
+    assert answer[0] == b"c1" and answer[5] == b"j1" and answer[6] == nfp.ST_BAD_REQUEST, answer
+    # nor, settling or not, a request for a service no worker registered
+    b2 = Broker(Settings(startup_grace=0), endpoint=ME, transport=StubTransport(clock), clock=clock)
+    b2.loop.start()
+    stub(b2).take()
+    get(b2, b"j3", b"w1")
+    (refused,) = stub(b2).take()
+    assert refused[6] == nfp.ST_NOT_FOUND, refused

@@ -1,6 +1,7 @@
-"""Owner threads run under SCHED_BATCH (transport/scheduling.py): the owner's thread and the ZeroMQ I/O
-thread its first socket starts take the policy; the application's threads keep theirs; `sched_batch=False`
-and a system that refuses the call leave every thread as it was, with the loop working either way."""
+"""Owner threads under SCHED_BATCH when asked (transport/scheduling.py, ZFAB_SCHED_BATCH, off by default):
+the owner's thread and the ZeroMQ I/O thread its first socket starts take the policy; the application's
+threads keep theirs; the default, and a system that refuses the call, leave every thread as it was, with the
+loop working either way."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 from test_loop import EchoRole, router  # noqa: F401  (the fixture)
 
+from zfab.settings import Settings
 from zfab.transport import scheduling
 from zfab.transport.loop import OwnerLoop
 
@@ -42,7 +44,7 @@ def echo_round_trip(r: Any, loop: OwnerLoop) -> None:
 def test_the_owner_thread_and_its_zeromq_io_thread_run_under_sched_batch(router: Any) -> None:  # noqa: F811
     # Given a started loop (its own context: its I/O thread starts with the owner's first socket)
     r, ep = router
-    loop = OwnerLoop(EchoRole(ep), name="batched")
+    loop = OwnerLoop(EchoRole(ep), name="batched", sched_batch=True)
     loop.start()
     try:
         echo_round_trip(r, loop)
@@ -60,9 +62,10 @@ def test_the_owner_thread_and_its_zeromq_io_thread_run_under_sched_batch(router:
         loop.stop()
 
 
-def test_sched_batch_off_leaves_the_owner_thread_as_the_system_has_it(router: Any) -> None:  # noqa: F811
+def test_by_default_the_owner_thread_is_left_as_the_system_has_it(router: Any) -> None:  # noqa: F811
     r, ep = router
-    loop = OwnerLoop(EchoRole(ep), name="plain", sched_batch=False)
+    assert not Settings().sched_batch
+    loop = OwnerLoop(EchoRole(ep), name="plain")
     loop.start()
     try:
         echo_round_trip(r, loop)
@@ -81,7 +84,7 @@ def test_a_system_that_refuses_the_policy_leaves_a_working_loop(router: Any, mon
 
     monkeypatch.setattr(scheduling.os, "sched_setscheduler", refuse)
     r, ep = router
-    loop = OwnerLoop(EchoRole(ep), name="refused")
+    loop = OwnerLoop(EchoRole(ep), name="refused", sched_batch=True)
     loop.start()
     try:
         # Then the loop runs as before, under the system's policy, and says it is not batched

@@ -21,10 +21,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..core import protocol as nfp
-from ..core.keepalive import Clock
+from ..core.keepalive import ANSWER_DELAY, Clock
 from ..errors import ZfabError
 from ..settings import Settings
 from ..transport.base import Transport
+from ..transport.wire import FAILOVER_RECONNECT_MAX_MS
 from .hooks import Hook
 from .keeper import LeaseKeeper
 from .lease import LeaseState, open_lease
@@ -36,9 +37,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SINGLE, STANDBY, ACTIVE, DEPOSED = "single", "standby", "active", "deposed"
-# s after taking over during which resubmitted jobs wait: the workers reconnect as fast as the clients (at most
-# 0.5 s apart, transport/wire.py), and a job's worker says it holds it in READY (docs/failover.md)
+# s after taking over during which resubmitted jobs wait, at least: workers that know several brokers reconnect
+# as fast as the clients (at most 0.5 s apart, transport/wire.py), and a job's worker says it holds it in READY
+# (docs/failover.md). A worker that knows one hears of a restart only when it next sends: see settle_for.
 SETTLE = 1.0
+
+
+def settle_for(s: Settings) -> float:
+    """How long a broker's start settles: until its workers are back. A worker that knows one broker learns
+    it restarted from the DISCONNECT its next frame gets (a keepalive, at most ANSWER_DELAY intervals after its
+    last; its socket reconnects within about half a second of a quick restart) and re-registers at once. Never
+    past a hold time: a worker silent that long has been given up, and reconnects on its own by then."""
+    back = s.keepalive_interval * ANSWER_DELAY + FAILOVER_RECONNECT_MAX_MS / 1000
+    return max(SETTLE, min(back, s.keepalive_interval * s.keepalive_multiplier))
 
 
 def fence_margin(duration: float) -> float:
@@ -70,7 +81,9 @@ class Term(Hook):
         grace: float = 0.0,
         takeover: Callable[[], None] | None = None,
         on_deposed: Callable[[], None] | None = None,
+        settle: float = SETTLE,
     ) -> None:
+        self.settle = settle  # s a start (or a takeover) holds resubmitted jobs and requests for workers not back
         self.loop, self.clock, self.holder, self.duration = loop, clock, holder, duration
         self.takeover = takeover  # on the keeper's thread, before a standby's first held answer reaches the loop
         self.on_deposed = on_deposed  # on the loop, once deposed: `zfab broker` exits on it
@@ -98,7 +111,7 @@ class Term(Hook):
     ) -> Term:
         url = s.broker_lease
         if not url:
-            return cls(loop, clock, on_deposed=on_deposed)
+            return cls(loop, clock, on_deposed=on_deposed, settle=settle_for(s))
         try:
             lease = open_lease(url, timeout=s.broker_lease_duration)
         except ValueError as exc:
@@ -115,7 +128,7 @@ class Term(Hook):
 
         return cls(
             loop, clock, holder=holder, duration=d, renew=r, keeper=keeper, grace=s.broker_startup_grace,
-            takeover=takeover, on_deposed=on_deposed,
+            takeover=takeover, on_deposed=on_deposed, settle=settle_for(s),
         )  # fmt: skip
 
     @property
@@ -170,14 +183,14 @@ class Term(Hook):
         """The broker's ROUTER was opened: a standby that just became active gives the services' workers the
         startup grace again, as a restarted broker does (they are on their way from the old one). Either
         settles first: a job resubmitted (`known`) by a client that had no 202 naming its worker (results
-        only) waits SETTLE for that worker's READY `holds`, so that a broker restarted without a lease does
+        only) waits `settle` for that worker's READY `holds`, so that a broker restarted without a lease does
         not hand it to another worker to run a second time (a new job is never held)."""
         if self.role is ACTIVE:
             requests.grace_until = self.clock() + self.grace
             requests.epoch = self.epoch
             workers.keepalive_facts = nfp.keepalive_facts(self.epoch)
         if self.role is ACTIVE or self.role is SINGLE:
-            requests.settle_until = self.clock() + SETTLE
+            requests.settle_until = self.clock() + self.settle
             self.requests, self.replay = requests, replay
 
     def tend(self, now: float) -> float | None:
@@ -193,7 +206,7 @@ class Term(Hook):
         return self.valid_until if settling is None else min(settling, self.valid_until)
 
     def _settle(self, now: float) -> float | None:
-        """Resubmitted jobs held until their workers said so: replayed once SETTLE is over. When to look
+        """Resubmitted jobs held until their workers said so: replayed once `settle` is over. When to look
         again, or None once settled."""
         if (req := self.requests) is None:
             return None

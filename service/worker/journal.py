@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 SEGMENT_BYTES = 8 * 1024 * 1024
 INSERT, RESULT = 1, 2  # what a record holds: received jobs (jobstore.INSERT_SQL) or finished ones (RESULT_SQL)
 _WRITTEN = {INSERT: 3, RESULT: 4}  # the kind byte a record is written with: MessagePack rows
-_READ = {1: INSERT, 2: RESULT, 3: INSERT, 4: RESULT}  # kinds 1 and 2: the tagged rows of older journals
+_TAGGED = {1: INSERT, 2: RESULT}  # the kind bytes of older journals: tagged rows (_decode_tagged)
+_READ = {**_TAGGED, **{byte: kind for kind, byte in _WRITTEN.items()}}  # what each kind byte holds
 _encode = msgspec.msgpack.Encoder().encode
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16
 _decode = msgspec.msgpack.Decoder(list[tuple[Any, ...]]).decode
@@ -64,7 +65,7 @@ def encode(rows: Sequence[Row]) -> bytes:
 
 def decode(kind: int, body: bytes) -> list[Row]:
     """The rows of a record's body; ValueError when it does not add up."""
-    if kind in (1, 2):
+    if kind in _TAGGED:
         return _decode_tagged(body)
     try:
         return _decode(body)

@@ -11,7 +11,6 @@ import pytest
 
 from zfab import Broker, Settings
 from zfab.broker.events import EventPublisher
-from zfab.broker.term import SETTLE
 from zfab.core import protocol as nfp
 from zfab.transport import FakeClock, StubLoop, StubTransport
 
@@ -100,9 +99,9 @@ def test_post_to_any_is_acknowledged_then_sent_to_the_least_loaded_worker(broker
 
 
 def settled(b: Broker, clock: FakeClock) -> None:
-    """The broker's first SETTLE seconds are over: a resubmitted job (`known`) is no longer held for its
+    """The broker's first `term.settle` seconds are over: a resubmitted job (`known`) is no longer held for its
     worker's READY (test_failover_term.py) but admitted as any."""
-    clock.advance(SETTLE)
+    clock.advance(b.term.settle)
     b.on_timer(clock())
 
 

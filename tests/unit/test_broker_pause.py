@@ -10,7 +10,6 @@ from typing import Any
 from test_broker_handlers import finish, jobs_sent, make_broker, post, ready, replies, stub
 
 from zfab import Broker
-from zfab.broker.term import SETTLE
 from zfab.core import protocol as nfp
 from zfab.transport import FakeClock
 
@@ -70,7 +69,7 @@ def test_a_pause_survives_a_broker_restart_before_any_worker_registers(tmp_path:
     assert again.mmi.show_broker()["paused_services"] == ["demo"]
     post(again, b"j1", known=True)  # a client re-submitting its job after the restart
     ready(again, b"w1")  # (holding nothing: the job waits out the broker's settling, then is admitted)
-    clock.advance(SETTLE)
+    clock.advance(again.term.settle)
     again.on_timer(clock())
     assert jobs_sent(stub(again).take()) == []
     assert service_row(again)["paused"] is True and service_row(again)["queue_depth"] == 1

@@ -17,7 +17,7 @@ from zfab.broker import requests as requests_module
 from zfab.broker import term as term_module
 from zfab.broker.keeper import EXPIRY_SLACK, LeaseKeeper, next_round, watched
 from zfab.broker.lease import LeaseState, LeaseUnavailable, open_lease
-from zfab.broker.term import ACTIVE, DEPOSED, SETTLE, SINGLE, STANDBY, fence_margin
+from zfab.broker.term import ACTIVE, DEPOSED, SETTLE, SINGLE, STANDBY, fence_margin, settle_for
 from zfab.client.brokerlink import BrokerLink, News
 from zfab.core import protocol as nfp
 from zfab.settings import Settings
@@ -283,7 +283,9 @@ def test_a_new_term_holds_resubmitted_jobs_until_their_workers_say_they_hold_the
     held_now = b.term.figures()
     assert held_now["settling"] == 1 and held_now["settling_bytes"] > 0, held_now  # show_broker, /metrics
     ready_holding(b, b"w1", ["old"])  # the worker that has it comes back, saying so
-    clock.advance(SETTLE)
+    while clock() < b.requests.settle_until:  # the lease renewed meanwhile, as its keeper does
+        clock.advance(RENEW)
+        b.term.heard(held(epoch=2), clock())
     b.on_timer(clock())
     sent = stub(b).take()
     assert jobs_sent(sent) == [(b"w1", nfp.POST, b"old")]  # to its holder, which answers without running it again
@@ -306,7 +308,7 @@ def test_a_broker_without_a_lease_settles_when_it_starts_too(monkeypatch: pytest
     assert [u for _, _, u in jobs_sent(stub(b).take())] == [b"new"]
     assert b.mmi.show_broker()["settling"] == 1
     ready_holding(b, b"w1", ["old"])  # the worker that has it comes back, saying so
-    clock.advance(SETTLE)
+    clock.advance(b.term.settle)
     b.on_timer(clock())
     assert jobs_sent(stub(b).take()) == [(b"w1", nfp.POST, b"old")]
     post(b, b"later", known=True)  # settled: a resubmission is admitted as any job
@@ -377,7 +379,7 @@ def test_a_restarted_broker_holds_a_get_for_a_worker_not_back_yet_until_it_settl
     assert stub(b).take() == []  # neither refused nor sent
     assert b.mmi.show_broker()["settling"] == 1
     ready_holding(b, b"w1", ["j1"])
-    clock.advance(SETTLE)
+    clock.advance(b.term.settle)
     b.on_timer(clock())
     sent = stub(b).take()
     assert [(f[0], f[3], f[6]) for f in sent if f[0] == b"w1" and len(f) > 6] == [(b"w1", nfp.GET, b"j1")]
@@ -389,7 +391,7 @@ def test_a_settled_broker_still_refuses_a_get_for_a_worker_it_does_not_know() ->
     b = Broker(Settings(startup_grace=0), endpoint=ME, transport=StubTransport(clock), clock=clock)
     b.loop.start()
     ready_holding(b, b"w2", [])
-    clock.advance(SETTLE)
+    clock.advance(b.term.settle)
     b.on_timer(clock())
     stub(b).take()
     get(b, b"j1", b"w1")
@@ -402,3 +404,24 @@ def test_a_settled_broker_still_refuses_a_get_for_a_worker_it_does_not_know() ->
     get(b2, b"j3", b"w1")
     (refused,) = stub(b2).take()
     assert refused[6] == nfp.ST_NOT_FOUND, refused
+
+
+def test_a_restarted_broker_settles_until_a_worker_that_knows_only_it_can_be_back() -> None:
+    """A worker that knows one broker learns of its restart only from the DISCONNECT its next keepalive gets
+    (ANSWER_DELAY intervals apart at most, once its socket reconnected): a job resubmitted two seconds after
+    the start, its worker not back yet, is still held, not run on another worker."""
+    clock = FakeClock()
+    s = Settings(startup_grace=0)
+    assert settle_for(s) > s.keepalive_interval >= SETTLE
+    b = Broker(s, endpoint=ME, transport=StubTransport(clock), clock=clock)
+    b.loop.start()
+    stub(b).take()
+    ready_holding(b, b"w2", [])
+    clock.advance(2.0)
+    b.on_timer(clock())
+    post(b, b"old", known=True)
+    assert jobs_sent(stub(b).take()) == [] and b.mmi.show_broker()["settling"] == 1
+    ready_holding(b, b"w1", ["old"])
+    clock.advance(b.term.settle)
+    b.on_timer(clock())
+    assert jobs_sent(stub(b).take()) == [(b"w1", nfp.POST, b"old")]

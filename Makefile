@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PORT   ?= 8000
 WORKERS ?= 2
 
-.PHONY: run test lint docs docs-serve bench bench-quick bench-versus chaos norfab-suite clean
+.PHONY: run test lint docs docs-serve bench bench-quick bench-versus bench-swap chaos norfab-suite clean
 
 $(BIN)/.installed-run: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -62,6 +62,10 @@ bench-quick: $(BIN)/.installed-dev
 # jobs and a 1 ms injected-latency round (bench/versus.py; `--rounds 5 --n 50000` etc. by hand)
 bench-versus: $(BIN)/.installed-dev
 	$(BIN)/python -m bench.versus
+
+# Where zfab's sequential p50 goes: each role in turn swapped for nfp_floor's, 3 interleaved rounds (bench/swap.py)
+bench-swap: $(BIN)/.installed-dev
+	$(BIN)/python -m bench.swap
 
 # The soak of issue 39: jobs through the API with random worker kills and one broker and one API
 # kill, every job audited against the task's own count (bench/chaos.py; CHAOS_JOBS=2000 for a short one).

@@ -1,0 +1,245 @@
+"""Where zfab's sequential p50 goes, role by role (issue 40: "profile first").
+
+The lean NFP fabric (`../shared/acceptance/nfp_floor.py`) and zfab speak the same wire, so each of
+zfab's three roles can stand in for the lean one's, one at a time. Five setups, interleaved round after
+round so a noisy moment of the machine hurts one round rather than one setup, each timing `--n`
+sequential echo jobs (one in flight, as speed.py's p50):
+
+- zfab: `zfab broker`, one `zfab worker`, a `Client`;
+- lean client / lean broker / lean worker: that role nfp_floor's, the other two zfab's;
+- lean: all three nfp_floor's.
+
+A role's share of the gap is the p50 of all-zfab less the p50 with that role lean. The shares need not
+add up to the whole gap: a role's Python also competes for the two cores with the others' while it runs.
+
+The lean roles are nfp_floor's own functions (its `Owner`, its `worker`, its frames), with two changes
+that keep them on their path: every role gets its endpoint from here, and the lean broker drops a POST
+that comes before any worker is READY (nfp_floor's would divide by zero; here a zfab worker may
+register after the first job is sent). The lean worker and broker send no keepalives; a zfab peer
+holds them alive for its hold time (15 s by default), longer than a round.
+
+    python -m bench.swap [--rounds 3] [--n 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from bench.common import spawn, stop, wait_for
+from bench.harness import Fabric
+from bench.versus import CHILD_TIMEOUT_S, ROOT, _kv, _load, shared_file
+
+SETUPS = ("zfab", "lean client", "lean broker", "lean worker", "lean")
+LEAN_SERVICE = "svc"  # what nfp_floor's worker registers; zfab's serves its built-in "demo"
+FIRST_ANSWER_S = 20.0
+
+
+# ---------------------------------------------------------------- child roles
+
+
+def lean_broker(path: str, port: int) -> None:
+    """nfp_floor's broker, but a POST before any worker is READY is dropped (its sender tries again)."""
+    import zmq
+
+    m = _load(path)
+    ctx = zmq.Context()
+    r = ctx.socket(zmq.ROUTER)
+    r.bind(f"tcp://127.0.0.1:{port}")
+    workers: list[bytes] = []
+    services: dict[bytes, bytes] = {}  # a job's service, named in its answers (a zfab client checks it)
+    rr = 0
+    while True:
+        f = r.recv_multipart()
+        ident, hdr, cmd = f[0], f[2], f[3]
+        if hdr == m.W:
+            if cmd == m.READY:
+                workers.append(ident)
+            elif cmd == m.RESPONSE:
+                svc = services.pop(f[6], LEAN_SERVICE.encode()) if f[7] == b"200" else services.get(f[6], b"")
+                r.send_multipart([f[4], b"", m.B, m.RESPONSE, svc, f[6], f[7], f[8]])
+        elif hdr == m.C and cmd == m.POST and workers:
+            w = workers[rr % len(workers)]
+            rr += 1
+            services[f[6]] = f[4]
+            # A zfab worker's identity is its name, "~" and a nonce: the 202 names the worker.
+            body = {"workers": [w.split(b"~")[0].decode()], "uuid": f[6].decode(), "status": "DISPATCHED"}
+            r.send_multipart([ident, b"", m.B, m.RESPONSE, f[4], f[6], b"202", json.dumps(body).encode()])
+            r.send_multipart([w, b"", m.B, m.POST, ident, b"", f[6], f[7]])
+
+
+def lean_worker(path: str, port: int) -> None:
+    m = _load(path)
+    m.EP = f"tcp://127.0.0.1:{port}"
+    m.worker()
+
+
+def _timed(submit: Any, n: int) -> None:
+    """The first job until the path answers, then n one at a time: prints p50_ms."""
+    deadline = time.monotonic() + FIRST_ANSWER_S
+    while True:
+        try:
+            submit(0, 3.0)
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+    for i in range(200):  # warm
+        submit(i, 5.0)
+    lat = []
+    for i in range(n):
+        t = time.perf_counter()
+        submit(i, 5.0)
+        lat.append(time.perf_counter() - t)
+    lat.sort()
+    print(f"p50_ms={lat[len(lat) // 2] * 1e3:.3f} p99_ms={lat[int(len(lat) * 0.99)] * 1e3:.3f}", flush=True)
+
+
+def lean_client(path: str, port: int, service: str, n: int) -> None:
+    """nfp_floor's client (its Owner, its frames, a Future per job), sequential only."""
+    import zmq
+
+    m = _load(path)
+    m.EP = f"tcp://127.0.0.1:{port}"
+    futs: dict[bytes, Future[Any]] = {}
+
+    def on_msg(f: list[bytes]) -> None:
+        if f[5] == b"200":
+            fut = futs.pop(f[4], None)
+            if fut:
+                fut.set_result(json.loads(f[6]))
+
+    own = m.Owner(zmq.Context(), b"c1", on_msg)
+
+    def submit(i: int, timeout: float) -> None:
+        u = uuid.uuid4().hex.encode()
+        fut: Future[Any] = Future()
+        futs[u] = fut
+        body = json.dumps({"task": "echo", "args": [], "kwargs": {"data": i}}).encode()
+        own.send([b"", m.C, m.POST, service.encode(), b"any", u, body])
+        try:
+            fut.result(timeout)
+        finally:
+            futs.pop(u, None)
+
+    _timed(submit, n)
+
+
+def zfab_client(endpoint: str, service: str, n: int) -> None:
+    from zfab import Client
+
+    with Client(broker=endpoint, name="swap") as c:
+        _timed(lambda i, timeout: c.run_job(service, "echo", kwargs={"data": i}, timeout=timeout), n)
+
+
+# ---------------------------------------------------------------- one setup
+
+
+def _me(*args: object) -> list[str]:
+    return [sys.executable, "-m", "bench.swap", *map(str, args)]
+
+
+def _child(*args: object) -> dict[str, float]:
+    """A client role of this module in a child process: its figures, or why it failed."""
+    r = subprocess.run(_me(*args), capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=_env())
+    figures = _kv(r.stdout)
+    if r.returncode != 0 or "p50_ms" not in figures:
+        tail = (r.stdout + r.stderr).strip().splitlines()[-4:]
+        raise RuntimeError(f"{args[0]} failed ({r.returncode}): " + " | ".join(tail))
+    return figures
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def run_setup(setup: str, nfp: Path, tmp: str, n: int) -> float:
+    """One setup's p50 in ms."""
+    env = {"PYTHONPATH": str(ROOT)}
+    lean = {role: setup in ("lean", f"lean {role}") for role in ("client", "broker", "worker")}
+    service = LEAN_SERVICE if lean["worker"] else "demo"
+    with Fabric(tmp) as fab:
+        port = int(fab.endpoint.rsplit(":", 1)[1])
+        procs: list[subprocess.Popen[bytes]] = []
+        try:
+            if lean["broker"]:
+                procs.append(spawn(_me("lean-broker", nfp, port), env))
+            else:
+                fab.start_broker()
+            if not wait_for(lambda: _listening(port), 20):
+                raise RuntimeError(f"{setup}: no broker on port {port} within 20 s")
+            if lean["worker"]:
+                procs.append(spawn(_me("lean-worker", nfp, port), env))
+            else:
+                fab.start_worker("sw1")
+            if lean["client"]:
+                figures = _child("lean-client", nfp, port, service, n)
+            else:
+                figures = _child("zfab-client", fab.endpoint, service, n)
+        finally:
+            stop(procs)
+    return figures["p50_ms"]
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def run(n_rounds: int, n: int) -> dict[str, list[float]]:
+    nfp = shared_file("nfp_floor.py", "ZFAB_NFP_FLOOR")
+    if nfp is None:
+        raise RuntimeError("nfp_floor.py not found beside the checkout (set ZFAB_NFP_FLOOR)")
+    out: dict[str, list[float]] = {s: [] for s in SETUPS}
+    with tempfile.TemporaryDirectory(prefix="zfab-swap-") as base:
+        for r in range(n_rounds):
+            for s in SETUPS:
+                out[s].append(run_setup(s, nfp, f"{base}/{r}-{s.replace(' ', '-')}", n))
+            print(f"round {r + 1}: " + ", ".join(f"{s} {out[s][-1]:.3f}" for s in SETUPS), flush=True)
+    return out
+
+
+def summarize(out: dict[str, list[float]]) -> None:
+    med = {s: statistics.median(v) for s, v in out.items()}
+    whole = med["zfab"] - med["lean"]
+    print(f"sequential p50, medians of {len(out['zfab'])} rounds (ms):")
+    ratio = med["zfab"] / med["lean"]
+    print(f"  zfab {med['zfab']:.3f}   lean {med['lean']:.3f}   gap {whole * 1e3:.0f} us ({ratio:.2f}x)")
+    for role in ("client", "broker", "worker"):
+        share = med["zfab"] - med[f"lean {role}"]
+        print(f"  zfab's {role:6}: {share * 1e3:4.0f} us  (p50 with a lean {role}: {med[f'lean {role}']:.3f} ms)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    roles = {
+        "lean-broker": lambda a: lean_broker(a[0], int(a[1])),
+        "lean-worker": lambda a: lean_worker(a[0], int(a[1])),
+        "lean-client": lambda a: lean_client(a[0], int(a[1]), a[2], int(a[3])),
+        "zfab-client": lambda a: zfab_client(a[0], a[1], int(a[2])),
+    }
+    if argv and argv[0] in roles:
+        roles[argv[0]](argv[1:])
+        return 0
+    p = argparse.ArgumentParser(prog="python -m bench.swap", description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--n", type=int, default=2000, help="sequential jobs per setup and round")
+    a = p.parse_args(argv)
+    summarize(run(a.rounds, a.n))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -12,10 +12,12 @@ sequential echo jobs (one in flight, as speed.py's p50):
 A role's share of the gap is the p50 of all-zfab less the p50 with that role lean. The shares need not
 add up to the whole gap: a role's Python also competes for the two cores with the others' while it runs.
 
-The lean roles are nfp_floor's own functions (its `Owner`, its `worker`, its frames), with two changes
-that keep them on their path: every role gets its endpoint from here, and the lean broker drops a POST
-that comes before any worker is READY (nfp_floor's would divide by zero; here a zfab worker may
-register after the first job is sent). The lean worker and broker send no keepalives; a zfab peer
+The lean roles are nfp_floor's own functions (its `Owner`, its `worker`, its frames), with what it
+takes to serve a zfab peer: every role gets its endpoint from here; the lean broker drops a POST that
+comes before any worker is READY (nfp_floor's would divide by zero; here a zfab worker may register
+after the first job is sent), names a zfab worker in its 202 by its name (its identity is the name, "~"
+and a nonce), and keeps each job's service to name it in the answers (a zfab client checks it), so
+all-lean here is a few µs slower than nfp_floor's own run. The lean worker and broker send no keepalives; a zfab peer
 holds them alive for its hold time (15 s by default), longer than a round.
 
     python -m bench.swap [--rounds 3] [--n 2000]

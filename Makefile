@@ -63,7 +63,8 @@ bench-quick: $(BIN)/.installed-dev
 bench-versus: $(BIN)/.installed-dev
 	$(BIN)/python -m bench.versus
 
-# Where zfab's sequential p50 goes: each role in turn swapped for nfp_floor's, 3 interleaved rounds (bench/swap.py)
+# Where zfab's sequential p50 goes: each role in turn swapped for nfp_floor's, or for a lean one keeping zfab's
+# per-job promises; 3 interleaved rounds (bench/swap.py)
 bench-swap: $(BIN)/.installed-dev
 	$(BIN)/python -m bench.swap
 

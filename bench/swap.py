@@ -1,25 +1,31 @@
-"""Where zfab's sequential p50 goes, role by role (issue 40: "profile first").
+"""Where zfab's sequential p50 goes, role by role, and how lean zfab's promises can be (issue 40).
 
 The lean NFP fabric (`../shared/acceptance/nfp_floor.py`) and zfab speak the same wire, so each of
-zfab's three roles can stand in for the lean one's, one at a time. Five setups, interleaved round after
+zfab's three roles can stand in for the lean one's, one at a time. Eight setups, interleaved round after
 round so a noisy moment of the machine hurts one round rather than one setup, each timing `--n`
 sequential echo jobs (one in flight, as speed.py's p50):
 
 - zfab: `zfab broker`, one `zfab worker`, a `Client`;
 - lean client / lean broker / lean worker: that role nfp_floor's, the other two zfab's;
+- kept broker / kept worker: that role lean but keeping what zfab's keeps per job (below), the other
+  two zfab's;
+- kept: the kept broker and the kept worker, with the lean client;
 - lean: all three nfp_floor's.
 
 A role's share of the gap is the p50 of all-zfab less the p50 with that role lean. The shares need not
 add up to the whole gap: a role's Python also competes for the two cores with the others' while it runs.
+"kept" against "lean" is what zfab's per-job promises cost when written as lean as they go: the floor
+for a fabric that keeps them.
 
 The lean roles are nfp_floor's own functions (its `Owner`, its `worker`, its frames), with what it
 takes to serve a zfab peer: every role gets its endpoint from here; the lean broker drops a POST that
 comes before any worker is READY (nfp_floor's would divide by zero; here a zfab worker may register
 after the first job is sent), names a zfab worker in its 202 by its name (its identity is the name, "~"
 and a nonce), and keeps each job's service to name it in the answers (a zfab client checks it). So
-all-lean here is slower than nfp_floor's own run (0.57-0.60 ms against 0.51-0.54 on the 2-core VM).
-The lean worker and broker send no keepalives; a zfab peer holds them alive for its hold time (15 s
-by default), longer than a round.
+all-lean here is slower than nfp_floor's own run (0.55-0.60 ms against 0.51-0.54 on the 2-core VM).
+The kept roles are those, with the promises `kept_broker` and `kept_worker` list. The lean and kept
+workers and brokers send no keepalives; a zfab peer holds them alive for its hold time (15 s by
+default), longer than a round.
 
     python -m bench.swap [--rounds 3] [--n 2000]
 """
@@ -44,7 +50,7 @@ from bench.common import spawn, stop, wait_for
 from bench.harness import Fabric
 from bench.versus import CHILD_TIMEOUT_S, ROOT, _kv, _load, shared_file
 
-SETUPS = ("zfab", "lean client", "lean broker", "lean worker", "lean")
+SETUPS = ("zfab", "lean client", "lean broker", "lean worker", "kept broker", "kept worker", "kept", "lean")
 LEAN_SERVICE = "svc"  # what nfp_floor's worker registers; zfab's serves its built-in "demo"
 FIRST_ANSWER_S = 20.0
 
@@ -82,6 +88,60 @@ def lean_broker(path: str, port: int) -> None:
             r.send_multipart([w, b"", m.B, m.POST, ident, b"", f[6], f[7]])
 
 
+def kept_broker(path: str, port: int) -> None:
+    """The lean broker with what zfab's keeps per job, written as lean as it goes: a POST
+    de-duplicated by uuid (waiting, in flight, or among the last finished), a route per job (its
+    client, worker and deadline) until its final answer, a deadline heap, the worker's credit taken and
+    given back, the least loaded worker chosen, a meta frame (what is left of the deadline, the time
+    queued) on the POST. What it leaves out: queues (a worker is always free here), refusals, hooks,
+    metrics, hop traces. With `kept_worker`, how lean a fabric that keeps zfab's promises can be."""
+    import heapq
+    from collections import OrderedDict
+
+    import zmq
+
+    m = _load(path)
+    r = zmq.Context().socket(zmq.ROUTER)
+    r.bind(f"tcp://127.0.0.1:{port}")
+    inflight: dict[bytes, int] = {}  # worker identity -> jobs in flight (its credit)
+    routes: dict[bytes, tuple[bytes, bytes, bytes, float]] = {}  # uuid -> client, worker, service, deadline
+    finished: OrderedDict[bytes, bytes] = OrderedDict()  # uuid -> worker, the last ones, bounded
+    deadlines: list[tuple[float, bytes]] = []
+    while True:
+        f = r.recv_multipart()
+        ident, hdr, cmd = f[0], f[2], f[3]
+        now = time.monotonic()
+        if hdr == m.W:
+            if cmd == m.READY:
+                inflight.setdefault(ident, 0)
+            elif cmd == m.RESPONSE:
+                route = routes.get(f[6])
+                if f[7] == b"200" and route is not None:
+                    del routes[f[6]]
+                    inflight[ident] -= 1
+                    finished[f[6]] = ident
+                    if len(finished) > 10_000:
+                        finished.popitem(last=False)
+                svc = route[2] if route is not None else LEAN_SERVICE.encode()
+                client = route[0] if route is not None else f[4]
+                r.send_multipart([client, b"", m.B, m.RESPONSE, svc, f[6], f[7], f[8]])
+        elif hdr == m.C and cmd == m.POST and inflight:
+            uuid = f[6]
+            if uuid in routes or uuid in finished:
+                continue  # a POST again: zfab's answers from what it holds; not on this path
+            w = min(inflight, key=inflight.__getitem__)
+            inflight[w] += 1
+            deadline = now + 60.0
+            routes[uuid] = (ident, w, f[4], deadline)
+            heapq.heappush(deadlines, (deadline, uuid))
+            while deadlines and deadlines[0][0] <= now:
+                heapq.heappop(deadlines)
+            meta = json.dumps({"deadline": round(deadline - now, 3), "queued": round(time.monotonic() - now, 6)})
+            body = {"workers": [w.split(b"~")[0].decode()], "uuid": uuid.decode(), "status": "DISPATCHED"}
+            r.send_multipart([ident, b"", m.B, m.RESPONSE, f[4], uuid, b"202", json.dumps(body).encode()])
+            r.send_multipart([w, b"", m.B, m.POST, ident, b"", uuid, f[7], meta.encode()])
+
+
 def lean_worker(path: str, port: int) -> None:
     m = _load(path)
     m.EP = f"tcp://127.0.0.1:{port}"
@@ -107,6 +167,76 @@ def _timed(submit: Any, n: int) -> None:
         lat.append(time.perf_counter() - t)
     lat.sort()
     print(f"p50_ms={lat[len(lat) // 2] * 1e3:.3f} p99_ms={lat[int(len(lat) * 0.99)] * 1e3:.3f}", flush=True)
+
+
+def kept_worker(path: str, port: int, folder: str) -> None:
+    """nfp_floor's worker with what a zfab worker keeps per job, written as lean as it goes: a POST's
+    frames checked, its uuid looked up among the last jobs (de-duplication) and its body read and
+    its task looked up on the owner; its receipt appended to a journal (MessagePack, a CRC, one
+    write(2)) before the job thread may start it; the job thread runs it, builds zfab's result entry
+    (timestamps and all), appends the result to the journal, then hands the answer to the owner.
+    What it leaves out: the 201 (zfab's worker holds it 10 ms and drops it when the result comes
+    first), credits, deadlines, hop traces, metrics. It says how lean a path that keeps zfab's
+    exactly-once promises can be (issue 40)."""
+    import os
+    import queue
+    import struct
+    import zlib
+    from collections import OrderedDict
+
+    import msgspec
+    import zmq
+
+    m = _load(path)
+    m.EP = f"tcp://127.0.0.1:{port}"
+    head, encode, decode = struct.Struct("<BII"), msgspec.msgpack.Encoder().encode, msgspec.json.Decoder().decode
+    fd = os.open(os.path.join(folder, "journal"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    tasks = {"echo": lambda data=None: data}
+    seen: OrderedDict[bytes, bool] = OrderedDict()  # the last jobs, bounded
+    jobs: queue.SimpleQueue[tuple[bytes, bytes, Any, float]] = queue.SimpleQueue()
+    own: Any = None
+
+    def append(kind: int, row: tuple[Any, ...]) -> None:
+        body = encode([row])
+        os.writev(fd, [head.pack(kind, len(body), zlib.crc32(body)), body])
+
+    def on_msg(f: list[bytes]) -> None:  # ["", B, POST, client, "", uuid, body]
+        if len(f) < 7 or f[1] != m.B or f[2] != m.POST or f[5] in seen:
+            return
+        req = decode(f[6])
+        if not isinstance(req, dict) or req.get("task") not in tasks:
+            return
+        meta = decode(f[7]) if len(f) > 7 else {}  # zfab's broker: what is left of the deadline
+        req["deadline"] = time.monotonic() + float(meta.get("deadline", 60.0))
+        seen[f[5]] = True
+        if len(seen) > 10_000:
+            seen.popitem(last=False)
+        received = time.time()
+        append(3, (f[5].decode(), f[3], req["task"], f[6], received))
+        jobs.put((f[3], f[5], req, received))
+
+    own = m.Owner(zmq.Context(), b"w1", on_msg)
+    own.send([b"", m.W, m.READY, LEAN_SERVICE.encode()])
+    while True:
+        client, juuid, req, received = jobs.get()
+        started = time.time()
+        result = tasks[req["task"]](*req.get("args") or [], **req.get("kwargs") or {})
+        done = time.time()
+        entry = {
+            "result": result, "failed": False, "errors": [], "messages": [], "juuid": juuid.decode(),
+            "task": "w1:" + req["task"], "status": "completed", "resources": [], "resources_failed": [],
+            "task_started": _iso(started), "task_completed": _iso(done), "service": LEAN_SERVICE,
+            "worker": "w1", "timestamps": {"received": received, "started": started, "completed": done},
+        }  # fmt: skip
+        payload = msgspec.json.encode({"w1": entry})
+        append(4, (juuid.decode(), "completed", "200", payload, done))
+        own.send([b"", m.W, m.RESPONSE, client, b"", juuid, b"200", payload])
+
+
+def _iso(t: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(t, UTC).isoformat()
 
 
 def lean_client(path: str, port: int, service: str, n: int) -> None:
@@ -171,19 +301,25 @@ def run_setup(setup: str, nfp: Path, tmp: str, n: int) -> float:
     """One setup's p50 in ms."""
     env = {"PYTHONPATH": str(ROOT)}
     lean = {role: setup in ("lean", f"lean {role}") for role in ("client", "broker", "worker")}
-    service = LEAN_SERVICE if lean["worker"] else "demo"
+    kept = {role: setup in ("kept", f"kept {role}") for role in ("broker", "worker")}
+    lean["client"] = lean["client"] or setup == "kept"  # all kept: its client the lean one
+    service = LEAN_SERVICE if lean["worker"] or kept["worker"] else "demo"
     with Fabric(tmp) as fab:
         port = int(fab.endpoint.rsplit(":", 1)[1])
         procs: list[subprocess.Popen[bytes]] = []
         try:
             if lean["broker"]:
                 procs.append(spawn(_me("lean-broker", nfp, port), env))
+            elif kept["broker"]:
+                procs.append(spawn(_me("kept-broker", nfp, port), env))
             else:
                 fab.start_broker()
             if not wait_for(lambda: _listening(port), 20):
                 raise RuntimeError(f"{setup}: no broker on port {port} within 20 s")
             if lean["worker"]:
                 procs.append(spawn(_me("lean-worker", nfp, port), env))
+            elif kept["worker"]:
+                procs.append(spawn(_me("kept-worker", nfp, port, tmp), env))
             else:
                 fab.start_worker("sw1")
             if lean["client"]:
@@ -223,6 +359,12 @@ def summarize(out: dict[str, list[float]]) -> None:
     for role in ("client", "broker", "worker"):
         share = med["zfab"] - med[f"lean {role}"]
         print(f"  zfab's {role:6}: {share * 1e3:4.0f} us  (p50 with a lean {role}: {med[f'lean {role}']:.3f} ms)")
+    for role in ("broker", "worker"):
+        kept = med[f"kept {role}"] - med[f"lean {role}"]
+        print(
+            f"  a lean {role} keeping zfab's per-job promises: +{kept * 1e3:.0f} us (p50 {med[f'kept {role}']:.3f} ms)"
+        )
+    print(f"  all of them kept, the client lean: {med['kept']:.3f} ms = {med['kept'] / med['lean']:.2f}x all lean")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     roles = {
         "lean-broker": lambda a: lean_broker(a[0], int(a[1])),
         "lean-worker": lambda a: lean_worker(a[0], int(a[1])),
+        "kept-broker": lambda a: kept_broker(a[0], int(a[1])),
+        "kept-worker": lambda a: kept_worker(a[0], int(a[1]), a[2]),
         "lean-client": lambda a: lean_client(a[0], int(a[1]), a[2], int(a[3])),
         "zfab-client": lambda a: zfab_client(a[0], a[1], int(a[2])),
     }

@@ -22,7 +22,7 @@ takes to serve a zfab peer: every role gets its endpoint from here; the lean bro
 comes before any worker is READY (nfp_floor's would divide by zero; here a zfab worker may register
 after the first job is sent), names a zfab worker in its 202 by its name (its identity is the name, "~"
 and a nonce), and keeps each job's service to name it in the answers (a zfab client checks it). So
-all-lean here is slower than nfp_floor's own run (0.55-0.60 ms against 0.51-0.54 on the 2-core VM).
+all-lean here is slower than nfp_floor's own run (0.53-0.61 ms against 0.51-0.54 on the 2-core VM).
 The kept roles are those, with the promises `kept_broker` and `kept_worker` list. The lean and kept
 workers and brokers send no keepalives; a zfab peer holds them alive for its hold time (15 s by
 default), longer than a round.

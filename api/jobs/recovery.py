@@ -80,6 +80,8 @@ async def ensure_live(st: ApiState, rec: JobRecord) -> None:
             # lost, and run again if it asked for retries). Asked again at the next read, or the sweep's.
             return
         workers = live if rec.workers == "any" else known
+    else:
+        rec.absent_since = None  # its workers are there: should they go missing again, that is waited afresh
     if not workers or rec.live is not None:  # nobody to ask, or a concurrent read started it
         return
     fut = _ask(st, rec, workers)

@@ -25,7 +25,7 @@ from ..core.keepalive import ANSWER_DELAY, Clock
 from ..errors import ZfabError
 from ..settings import Settings
 from ..transport.base import Transport
-from ..transport.wire import FAILOVER_RECONNECT_MAX_MS
+from ..transport.wire import RECONNECT_MAX_MS
 from .hooks import Hook
 from .keeper import LeaseKeeper
 from .lease import LeaseState, open_lease
@@ -41,14 +41,16 @@ SINGLE, STANDBY, ACTIVE, DEPOSED = "single", "standby", "active", "deposed"
 # as fast as the clients (at most 0.5 s apart, transport/wire.py), and a job's worker says it holds it in READY
 # (docs/failover.md). A worker that knows one hears of a restart only when it next sends: see settle_for.
 SETTLE = 1.0
+READY_MARGIN = 0.5  # s from a worker's DISCONNECT to its READY here, with room to spare
 
 
 def settle_for(s: Settings) -> float:
     """How long a broker's start settles: until its workers are back. A worker that knows one broker learns
-    it restarted from the DISCONNECT its next frame gets (a keepalive, at most ANSWER_DELAY intervals after its
-    last; its socket reconnects within about half a second of a quick restart) and re-registers at once. Never
-    past a hold time: a worker silent that long has been given up, and reconnects on its own by then."""
-    back = s.keepalive_interval * ANSWER_DELAY + FAILOVER_RECONNECT_MAX_MS / 1000
+    it restarted from the DISCONNECT its next frame gets: a keepalive, at most ANSWER_DELAY intervals after its
+    last, which waits in its socket until the socket reconnects, at most RECONNECT_MAX_MS after the broker
+    binds. It re-registers at once; READY_MARGIN covers that round trip. Never past a hold time: a worker
+    silent that long has been given up, and reconnects on its own by then."""
+    back = max(s.keepalive_interval * ANSWER_DELAY, RECONNECT_MAX_MS / 1000) + READY_MARGIN
     return max(SETTLE, min(back, s.keepalive_interval * s.keepalive_multiplier))
 
 

@@ -19,6 +19,7 @@ _SNDMORE = int(zmq.SNDMORE)
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 COPY_LIMIT = 65536  # larger frames go zero-copy
+RECONNECT_MAX_MS = 2000  # ZMQ_RECONNECT_IVL_MAX: a lost broker is tried again at least this often
 FAILOVER_RECONNECT_MAX_MS = 500  # ZMQ_RECONNECT_IVL_MAX when ZFAB_BROKER lists several brokers
 _BASE_SEND = zmq.Socket.__mro__[1].send  # type: ignore[attr-defined]  # the Cython send, under pyzmq's wrapper
 
@@ -97,7 +98,7 @@ def dealer_socket(
     sock.setsockopt(zmq.SNDHWM, 10_000)
     sock.setsockopt(zmq.RCVHWM, 10_000)
     sock.setsockopt(zmq.RECONNECT_IVL, 100)
-    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_MAX_MS)
     if settings.curve_secret or settings.curve_server_key:
         if not (settings.curve_secret and settings.curve_server_key):
             raise SecurityError("CURVE needs both curve_secret (own key) and curve_server_key (the broker's)")

@@ -85,6 +85,11 @@ def test_a_job_whose_worker_is_missing_after_a_restart_waits_a_hold_time_before_
     live.append("w2")  # back: asked, not the others
     asyncio.run(recovery.ensure_live(st, rec))  # type: ignore[arg-type]
     assert asked == [["w2"]]
+    now[0] += 600.0  # a second broker restart much later: w2 missing again is waited for afresh
+    live.remove("w2")
+    asyncio.run(recovery.ensure_live(st, rec))  # type: ignore[arg-type]
+    assert asked == [["w2"]]
+    live.append("w2")
 
     asked.clear()
     gone = JobRecord("k", "demo", "echo", "any", None, "fp", stored=stored, ran_on=["w3"], timeout=600)

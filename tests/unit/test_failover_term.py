@@ -22,6 +22,7 @@ from zfab.client.brokerlink import BrokerLink, News
 from zfab.core import protocol as nfp
 from zfab.settings import Settings
 from zfab.transport import FakeClock, StubTransport
+from zfab.transport.wire import RECONNECT_MAX_MS
 from zfab.workers.demo import DemoWorker
 
 DURATION, RENEW = 1.5, 0.3
@@ -425,3 +426,12 @@ def test_a_restarted_broker_settles_until_a_worker_that_knows_only_it_can_be_bac
     clock.advance(b.term.settle)
     b.on_timer(clock())
     assert jobs_sent(stub(b).take()) == [(b"w1", nfp.POST, b"old")]
+
+
+def test_a_start_settles_past_a_workers_reconnect_even_with_short_keepalives() -> None:
+    """A worker's keepalive waits in its socket until the socket reconnects, up to RECONNECT_MAX_MS after the
+    broker binds: with short keepalives that is the longer wait, and the settle window covers it too."""
+    short = Settings(keepalive_interval=0.5)
+    assert settle_for(short) > RECONNECT_MAX_MS / 1000
+    assert settle_for(short) <= short.keepalive_interval * short.keepalive_multiplier  # never past a hold time
+    assert settle_for(Settings()) == 3.5  # the default: 1.2 keepalive intervals of 2.5 s, and the margin

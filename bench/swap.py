@@ -48,7 +48,7 @@ from typing import Any
 
 from bench.common import spawn, stop, wait_for
 from bench.harness import Fabric
-from bench.versus import CHILD_TIMEOUT_S, ROOT, _kv, _load, shared_file
+from bench.versus import ROOT, _child, _load, shared_file
 
 SETUPS = ("zfab", "lean client", "lean broker", "lean worker", "kept broker", "kept worker", "kept", "lean")
 LEAN_SERVICE = "svc"  # what nfp_floor's worker registers; zfab's serves its built-in "demo"
@@ -176,9 +176,8 @@ def kept_worker(path: str, port: int, folder: str) -> None:
     write(2)) before the job thread may start it; the job thread runs it, builds zfab's result entry
     (timestamps and all), appends the result to the journal, then hands the answer to the owner.
     What it leaves out: the 201 (zfab's worker holds it 10 ms and drops it when the result comes
-    first), credits, deadlines, hop traces, metrics. It says how lean a path that keeps zfab's
-    exactly-once promises can be (issue 40)."""
-    import os
+    first), credits, deadline checks (it reads the meta frame's deadline), hop traces, metrics. It says
+    how lean a path that keeps zfab's exactly-once promises can be (issue 40)."""
     import queue
     import struct
     import zlib
@@ -186,6 +185,8 @@ def kept_worker(path: str, port: int, folder: str) -> None:
 
     import msgspec
     import zmq
+
+    from zfab.core.payloads import result_entry  # zfab's own: the entry its worker answers with
 
     m = _load(path)
     m.EP = f"tcp://127.0.0.1:{port}"
@@ -222,21 +223,13 @@ def kept_worker(path: str, port: int, folder: str) -> None:
         started = time.time()
         result = tasks[req["task"]](*req.get("args") or [], **req.get("kwargs") or {})
         done = time.time()
-        entry = {
-            "result": result, "failed": False, "errors": [], "messages": [], "juuid": juuid.decode(),
-            "task": "w1:" + req["task"], "status": "completed", "resources": [], "resources_failed": [],
-            "task_started": _iso(started), "task_completed": _iso(done), "service": LEAN_SERVICE,
-            "worker": "w1", "timestamps": {"received": received, "started": started, "completed": done},
-        }  # fmt: skip
+        entry = result_entry(
+            worker="w1", service=LEAN_SERVICE, uuid=juuid.decode(), task=req["task"], result=result, failed=False,
+            status="completed", errors=[], received=received, started=started, completed=done,
+        )  # fmt: skip
         payload = msgspec.json.encode({"w1": entry})
         append(4, (juuid.decode(), "completed", "200", payload, done))
         own.send([b"", m.W, m.RESPONSE, client, b"", juuid, b"200", payload])
-
-
-def _iso(t: float) -> str:
-    from datetime import UTC, datetime
-
-    return datetime.fromtimestamp(t, UTC).isoformat()
 
 
 def lean_client(path: str, port: int, service: str, n: int) -> None:
@@ -283,18 +276,12 @@ def _me(*args: object) -> list[str]:
     return [sys.executable, "-m", "bench.swap", *map(str, args)]
 
 
-def _child(*args: object) -> dict[str, float]:
-    """A client role of this module in a child process: its figures, or why it failed."""
-    r = subprocess.run(_me(*args), capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=_env())
-    figures = _kv(r.stdout)
-    if r.returncode != 0 or "p50_ms" not in figures:
-        tail = (r.stdout + r.stderr).strip().splitlines()[-4:]
-        raise RuntimeError(f"{args[0]} failed ({r.returncode}): " + " | ".join(tail))
-    return figures
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT)}
+def _client(*args: object) -> float:
+    """A client role of this module in a child process: its p50, ms."""
+    figures = _child([str(a) for a in args], module="bench.swap")
+    if "p50_ms" not in figures:
+        raise RuntimeError(f"{args[0]} printed no p50_ms: {figures}")
+    return figures["p50_ms"]
 
 
 def run_setup(setup: str, nfp: Path, tmp: str, n: int) -> float:
@@ -323,12 +310,10 @@ def run_setup(setup: str, nfp: Path, tmp: str, n: int) -> float:
             else:
                 fab.start_worker("sw1")
             if lean["client"]:
-                figures = _child("lean-client", nfp, port, service, n)
-            else:
-                figures = _child("zfab-client", fab.endpoint, service, n)
+                return _client("lean-client", nfp, port, service, n)
+            return _client("zfab-client", fab.endpoint, service, n)
         finally:
             stop(procs)
-    return figures["p50_ms"]
 
 
 def _listening(port: int) -> bool:
@@ -362,7 +347,7 @@ def summarize(out: dict[str, list[float]]) -> None:
     for role in ("broker", "worker"):
         kept = med[f"kept {role}"] - med[f"lean {role}"]
         print(
-            f"  a lean {role} keeping zfab's per-job promises: +{kept * 1e3:.0f} us (p50 {med[f'kept {role}']:.3f} ms)"
+            f"  a lean {role} keeping zfab's per-job promises: {kept * 1e3:+.0f} us (p50 {med[f'kept {role}']:.3f} ms)"
         )
     print(f"  all of them kept, the client lean: {med['kept']:.3f} ms = {med['kept'] / med['lean']:.2f}x all lean")
 

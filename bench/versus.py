@@ -78,11 +78,13 @@ def _kv(out: str) -> dict[str, float]:
     return figures
 
 
-def _child(args: list[str], env: dict[str, str] | None = None, python: str | None = None) -> dict[str, float]:
-    """A role of this module in a child process (`python`: another venv's, whose zfab it imports)."""
+def _child(
+    args: list[str], env: dict[str, str] | None = None, python: str | None = None, module: str = "bench.versus"
+) -> dict[str, float]:
+    """A role of `module` in a child process (`python`: another venv's, whose zfab it imports): its figures."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     r = subprocess.run(
-        [python or sys.executable, "-m", "bench.versus", *args],
+        [python or sys.executable, "-m", module, *args],
         capture_output=True,
         text=True,
         timeout=CHILD_TIMEOUT_S,

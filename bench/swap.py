@@ -1,7 +1,7 @@
 """Where zfab's sequential p50 goes, role by role, and how lean zfab's promises can be (issue 40).
 
 The lean NFP fabric (`../shared/acceptance/nfp_floor.py`) and zfab speak the same wire, so each of
-zfab's three roles can stand in for the lean one's, one at a time. Eight setups, interleaved round after
+zfab's three roles can stand in for the lean one's, one at a time. Nine setups, interleaved round after
 round so a noisy moment of the machine hurts one round rather than one setup, each timing `--n`
 sequential echo jobs (one in flight, as speed.py's p50):
 
@@ -10,6 +10,8 @@ sequential echo jobs (one in flight, as speed.py's p50):
 - kept broker / kept worker: that role lean but keeping what zfab's keeps per job (below), the other
   two zfab's;
 - kept: the kept broker and the kept worker, with the lean client;
+- kept (zfab client): the kept broker and the kept worker, with zfab's client (what a rewrite of the
+  broker's and the worker's paths alone could reach);
 - lean: all three nfp_floor's.
 
 A role's share of the gap is the p50 of all-zfab less the p50 with that role lean. The shares need not
@@ -27,7 +29,7 @@ The kept roles are those, with the promises `kept_broker` and `kept_worker` list
 workers and brokers send no keepalives; a zfab peer holds them alive for its hold time (15 s by
 default), longer than a round.
 
-    python -m bench.swap [--rounds 3] [--n 2000]
+    python -m bench.swap [--rounds 3] [--n 2000] [--only "kept worker" ...]
 """
 
 from __future__ import annotations
@@ -50,7 +52,17 @@ from bench.common import spawn, stop, wait_for
 from bench.harness import Fabric
 from bench.versus import ROOT, _child, _load, shared_file
 
-SETUPS = ("zfab", "lean client", "lean broker", "lean worker", "kept broker", "kept worker", "kept", "lean")
+SETUPS = (
+    "zfab",
+    "lean client",
+    "lean broker",
+    "lean worker",
+    "kept broker",
+    "kept worker",
+    "kept",
+    "kept (zfab client)",
+    "lean",
+)
 LEAN_SERVICE = "svc"  # what nfp_floor's worker registers; zfab's serves its built-in "demo"
 FIRST_ANSWER_S = 20.0
 
@@ -288,7 +300,7 @@ def run_setup(setup: str, nfp: Path, tmp: str, n: int) -> float:
     """One setup's p50 in ms."""
     env = {"PYTHONPATH": str(ROOT)}
     lean = {role: setup in ("lean", f"lean {role}") for role in ("client", "broker", "worker")}
-    kept = {role: setup in ("kept", f"kept {role}") for role in ("broker", "worker")}
+    kept = {role: setup in ("kept", "kept (zfab client)", f"kept {role}") for role in ("broker", "worker")}
     lean["client"] = lean["client"] or setup == "kept"  # all kept: its client the lean one
     service = LEAN_SERVICE if lean["worker"] or kept["worker"] else "demo"
     with Fabric(tmp) as fab:
@@ -322,34 +334,40 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def run(n_rounds: int, n: int) -> dict[str, list[float]]:
+def run(n_rounds: int, n: int, setups: tuple[str, ...] = SETUPS) -> dict[str, list[float]]:
     nfp = shared_file("nfp_floor.py", "ZFAB_NFP_FLOOR")
     if nfp is None:
         raise RuntimeError("nfp_floor.py not found beside the checkout (set ZFAB_NFP_FLOOR)")
-    out: dict[str, list[float]] = {s: [] for s in SETUPS}
+    out: dict[str, list[float]] = {s: [] for s in setups}
     with tempfile.TemporaryDirectory(prefix="zfab-swap-") as base:
         for r in range(n_rounds):
-            for s in SETUPS:
+            for s in setups:
                 out[s].append(run_setup(s, nfp, f"{base}/{r}-{s.replace(' ', '-')}", n))
-            print(f"round {r + 1}: " + ", ".join(f"{s} {out[s][-1]:.3f}" for s in SETUPS), flush=True)
+            print(f"round {r + 1}: " + ", ".join(f"{s} {out[s][-1]:.3f}" for s in setups), flush=True)
     return out
 
 
 def summarize(out: dict[str, list[float]]) -> None:
+    """The medians, and what they say; a line whose setups did not run (`--only`) is left out."""
     med = {s: statistics.median(v) for s, v in out.items()}
     whole = med["zfab"] - med["lean"]
     print(f"sequential p50, medians of {len(out['zfab'])} rounds (ms):")
     ratio = med["zfab"] / med["lean"]
     print(f"  zfab {med['zfab']:.3f}   lean {med['lean']:.3f}   gap {whole * 1e3:.0f} us ({ratio:.2f}x)")
     for role in ("client", "broker", "worker"):
-        share = med["zfab"] - med[f"lean {role}"]
-        print(f"  zfab's {role:6}: {share * 1e3:4.0f} us  (p50 with a lean {role}: {med[f'lean {role}']:.3f} ms)")
+        if (lean := med.get(f"lean {role}")) is not None:
+            print(f"  zfab's {role:6}: {(med['zfab'] - lean) * 1e3:4.0f} us  (p50 with a lean {role}: {lean:.3f} ms)")
     for role in ("broker", "worker"):
-        kept = med[f"kept {role}"] - med[f"lean {role}"]
-        print(
-            f"  a lean {role} keeping zfab's per-job promises: {kept * 1e3:+.0f} us (p50 {med[f'kept {role}']:.3f} ms)"
-        )
-    print(f"  all of them kept, the client lean: {med['kept']:.3f} ms = {med['kept'] / med['lean']:.2f}x all lean")
+        if (kept := med.get(f"kept {role}")) is None:
+            continue
+        line = f"  a lean {role} keeping zfab's per-job promises: p50 {kept:.3f} ms = {kept / med['lean']:.2f}x lean"
+        if (lean := med.get(f"lean {role}")) is not None:
+            line += f", {(kept - lean) * 1e3:+.0f} us against the lean {role}"
+        print(line)
+    if (kept := med.get("kept")) is not None:
+        print(f"  all of them kept, the client lean: {kept:.3f} ms = {kept / med['lean']:.2f}x all lean")
+    if (both := med.get("kept (zfab client)")) is not None:
+        print(f"  the broker and the worker kept, zfab's client: {both:.3f} ms = {both / med['lean']:.2f}x all lean")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -368,8 +386,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.swap", description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--n", type=int, default=2000, help="sequential jobs per setup and round")
+    p.add_argument(
+        "--only",
+        action="append",
+        choices=SETUPS,
+        metavar="SETUP",
+        help="run this setup (repeatable; zfab, lean always run)",
+    )
     a = p.parse_args(argv)
-    summarize(run(a.rounds, a.n))
+    setups = SETUPS if not a.only else tuple(s for s in SETUPS if s in {"zfab", "lean", *a.only})
+    summarize(run(a.rounds, a.n, setups))
     return 0
 
 

@@ -1,7 +1,7 @@
 """Where zfab's sequential p50 goes, role by role, and how lean zfab's promises can be (issue 40).
 
 The lean NFP fabric (`../shared/acceptance/nfp_floor.py`) and zfab speak the same wire, so each of
-zfab's three roles can stand in for the lean one's, one at a time. Nine setups, interleaved round after
+zfab's three roles can stand in for the lean one's, one at a time. Ten setups, interleaved round after
 round so a noisy moment of the machine hurts one round rather than one setup, each timing `--n`
 sequential echo jobs (one in flight, as speed.py's p50):
 
@@ -10,6 +10,10 @@ sequential echo jobs (one in flight, as speed.py's p50):
 - kept broker / kept worker: that role lean but keeping what zfab's keeps per job (below), the other
   two zfab's;
 - kept: the kept broker and the kept worker, with the lean client;
+- kept worker (zfab's parts): the kept worker's handlers on zfab's own owner loop, pool, job store,
+  `Job` and recent-jobs table, announced as zfab's (`v: 2`, hop traces), the other two roles zfab's:
+  against zfab, what its worker's handlers cost beyond the promises; against the kept worker, what its
+  parts cost;
 - kept (zfab client): the kept broker and the kept worker, with zfab's client (what a rewrite of the
   broker's and the worker's paths alone could reach);
 - lean: all three nfp_floor's.
@@ -59,6 +63,7 @@ SETUPS = (
     "lean worker",
     "kept broker",
     "kept worker",
+    "kept worker (zfab's parts)",
     "kept",
     "kept (zfab client)",
     "lean",
@@ -244,6 +249,101 @@ def kept_worker(path: str, port: int, folder: str) -> None:
         own.send([b"", m.W, m.RESPONSE, client, b"", juuid, b"200", payload])
 
 
+def kept_worker_on_zfab(path: str, port: int, folder: str) -> None:
+    """`kept_worker`'s handlers on zfab's own parts: the `OwnerLoop` owns its DEALER, a `JobPool` of
+    four threads runs the jobs, a `JobStore` journals each receipt before the start and each result
+    before the report (and folds them into SQLite), a `Job` is made and kept in `RecentJobs` (uuids
+    seen there are not run again), its READY says `v: 2` and each result carries its hop-trace frame,
+    so the broker treats it as a zfab worker. What it leaves out is what `kept_worker` leaves out. So it
+    tells zfab's machinery from its handlers' code (issue 40)."""
+    import threading
+
+    import msgspec
+    import zmq
+
+    from zfab.core import hoptrace
+    from zfab.core.payloads import result_entry
+    from zfab.transport.base import Frames
+    from zfab.transport.loop import OwnerLoop
+    from zfab.worker.job import Job, JobState
+    from zfab.worker.jobstore import JobStore
+    from zfab.worker.pool import JobPool
+    from zfab.worker.recent import RecentJobs
+
+    m = _load(path)
+    endpoint, decode = f"tcp://127.0.0.1:{port}", msgspec.json.Decoder().decode
+    tasks = {"echo": lambda data=None: data}
+    store = JobStore(Path(folder) / "kept.sqlite", failure_payload=lambda uuid, task, why: b"{}")
+    recent = RecentJobs(max_count=10_000, max_bytes=64 << 20)
+    announce = json.dumps({"v": 2, "name": "w1", "credits": 8, "tasks": {"echo": {}}}).encode()
+
+    def run(job: Job) -> None:  # a pool thread
+        if not job.claim():
+            return
+        job.started_at, job.started_mono = time.time(), time.monotonic()
+        kwargs, job.args, job.kwargs = job.kwargs, [], {}
+        job.state = JobState.RUNNING
+        result = tasks[job.task](**kwargs)
+        job.completed_at = time.time()
+        entry = result_entry(
+            worker="w1", service=LEAN_SERVICE, uuid=job.uuid, task=job.task, result=result, failed=False,
+            status="completed", errors=[], received=job.received_at, started=job.started_at,
+            completed=job.completed_at,
+        )  # fmt: skip
+        job.result_payload, job.status_code = msgspec.json.encode({"w1": entry}), b"200"
+        recent.result_made(job)
+        job.state = JobState.COMPLETED
+        now = time.monotonic()
+        trace = hoptrace.worker_frame(job.received_mono, job.started_mono, now, now, hoptrace.OUTCOME_COMPLETED)
+        frames = [b"", m.W, m.RESPONSE, job.client, b"", job.uuid.encode(), b"200", job.result_payload, trace]
+        store.write(store.result_op(job, "200"), lambda: loop.submit(frames, timeout=0), timeout=0)
+
+    pool: JobPool[Job] = JobPool(run, size=4, capacity=1000, name="kept")
+
+    class Kept:
+        def open_socket(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.IDENTITY, b"w1~kept")
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(endpoint)
+            return sock
+
+        def on_connected(self) -> None:
+            loop.send_now([b"", m.W, m.READY, LEAN_SERVICE.encode(), announce])
+
+        def on_frames(self, f: Frames) -> None:  # ["", B, POST, client, "", uuid, body, meta]
+            if len(f) < 7 or f[1] != m.B or f[2] != m.POST:
+                return
+            uuid = bytes(f[5]).decode()
+            req = decode(f[6])
+            if recent.get(uuid) is not None or not isinstance(req, dict) or req.get("task") not in tasks:
+                return
+            meta = decode(f[7]) if len(f) > 7 else {}  # zfab's broker: what is left of the deadline
+            job = Job(
+                uuid=uuid, client=bytes(f[3]), task=req["task"], args=req.get("args") or [],
+                kwargs=req.get("kwargs") or {}, timeout=float(meta.get("deadline", 60.0)), push=True, ack=False,
+                request=bytes(f[6]),
+            )  # fmt: skip
+            recent.add(job)
+            store.write(store.insert_op([(uuid, job.client, job.task, job.request, job.received_at)]), timeout=0.5)
+            pool.put(job)
+
+        def on_batch_end(self) -> None:
+            pass
+
+        def on_timer(self, now: float) -> float | None:
+            return now + 10.0
+
+        def on_closing(self) -> None:
+            pass
+
+    store.open()
+    pool.start()
+    loop = OwnerLoop(Kept(), name="kept worker", submit_timeout=5.0)
+    loop.start()
+    threading.Event().wait()  # until the harness stops it
+
+
 def lean_client(path: str, port: int, service: str, n: int) -> None:
     """nfp_floor's client (its Owner, its frames, a Future per job), sequential only."""
     import zmq
@@ -302,7 +402,8 @@ def run_setup(setup: str, nfp: Path, tmp: str, n: int) -> float:
     lean = {role: setup in ("lean", f"lean {role}") for role in ("client", "broker", "worker")}
     kept = {role: setup in ("kept", "kept (zfab client)", f"kept {role}") for role in ("broker", "worker")}
     lean["client"] = lean["client"] or setup == "kept"  # all kept: its client the lean one
-    service = LEAN_SERVICE if lean["worker"] or kept["worker"] else "demo"
+    parts = setup == "kept worker (zfab's parts)"
+    service = LEAN_SERVICE if lean["worker"] or kept["worker"] or parts else "demo"
     with Fabric(tmp) as fab:
         port = int(fab.endpoint.rsplit(":", 1)[1])
         procs: list[subprocess.Popen[bytes]] = []
@@ -317,6 +418,8 @@ def run_setup(setup: str, nfp: Path, tmp: str, n: int) -> float:
                 raise RuntimeError(f"{setup}: no broker on port {port} within 20 s")
             if lean["worker"]:
                 procs.append(spawn(_me("lean-worker", nfp, port), env))
+            elif setup == "kept worker (zfab's parts)":
+                procs.append(spawn(_me("kept-worker-parts", nfp, port, tmp), env))
             elif kept["worker"]:
                 procs.append(spawn(_me("kept-worker", nfp, port, tmp), env))
             else:
@@ -357,6 +460,9 @@ def summarize(out: dict[str, list[float]]) -> None:
     for role in ("client", "broker", "worker"):
         if (lean := med.get(f"lean {role}")) is not None:
             print(f"  zfab's {role:6}: {(med['zfab'] - lean) * 1e3:4.0f} us  (p50 with a lean {role}: {lean:.3f} ms)")
+    if (parts := med.get("kept worker (zfab's parts)")) is not None:
+        gain = (parts - med["zfab"]) * 1e3
+        print(f"  kept worker on zfab's parts: p50 {parts:.3f} ms, {gain:+.0f} us against zfab (the handlers' code)")
     for role in ("broker", "worker"):
         if (kept := med.get(f"kept {role}")) is None:
             continue
@@ -377,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         "lean-worker": lambda a: lean_worker(a[0], int(a[1])),
         "kept-broker": lambda a: kept_broker(a[0], int(a[1])),
         "kept-worker": lambda a: kept_worker(a[0], int(a[1]), a[2]),
+        "kept-worker-parts": lambda a: kept_worker_on_zfab(a[0], int(a[1]), a[2]),
         "lean-client": lambda a: lean_client(a[0], int(a[1]), a[2], int(a[3])),
         "zfab-client": lambda a: zfab_client(a[0], a[1], int(a[2])),
     }

@@ -229,7 +229,8 @@ class JobStore:
                 wake = None
                 if size:
                     parked = self._parked  # under the lock: the writer takes the list and leaves a new one
-                    parked.extend([(r, None) for r, _ in batch])  # follow-ups run here, not again at the commit
+                    for r, _ in batch:
+                        parked.append((r, None))  # follow-ups run here, not again at the commit
                     self._parked_bytes += size
                     if not self._full_told and (len(parked) >= self.park_rows or self._parked_bytes >= PARK_BYTES):
                         wake, self._full_told = FULL, True

@@ -161,9 +161,11 @@ class Journal:
         if self.broken:
             return 0
         parts: list[bytes] = []
+        size = 0  # counted as the parts are made: a sum over them afterwards cost a generator per append
         for kind, rows in records:
             body = _encode(rows)  # MessagePack copies a row's bytes once; writev takes the parts as they are
             parts += (_HEAD.pack(_WRITTEN[kind], len(body), zlib.crc32(body)), body)
+            size += _HEAD.size + len(body)
         if len(parts) > _IOV_MAX:
             parts = [b"".join(parts)]  # more threads' records at once than one writev takes
         try:
@@ -171,7 +173,6 @@ class Journal:
                 self._rotate()
             assert self._fd is not None
             written = os.writev(self._fd, parts)
-            size = sum(len(p) for p in parts)
             if written != size:
                 raise OSError(f"short write: {written} of {size} bytes")
         except OSError as exc:

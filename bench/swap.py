@@ -1,7 +1,7 @@
 """Where zfab's sequential p50 goes, role by role, and how lean zfab's promises can be (issue 40).
 
 The lean NFP fabric (`../shared/acceptance/nfp_floor.py`) and zfab speak the same wire, so each of
-zfab's three roles can stand in for the lean one's, one at a time. Ten setups, interleaved round after
+zfab's three roles can stand in for the lean one's, one at a time. Eleven setups, interleaved round after
 round so a noisy moment of the machine hurts one round rather than one setup, each timing `--n`
 sequential echo jobs (one in flight, as speed.py's p50):
 
@@ -14,6 +14,9 @@ sequential echo jobs (one in flight, as speed.py's p50):
   `Job` and recent-jobs table, announced as zfab's (`v: 2`, hop traces), the other two roles zfab's:
   against zfab, what its worker's handlers cost beyond the promises; against the kept worker, what its
   parts cost;
+- flat worker: zfab's worker's per-job features, every one, written flat on the same parts (`flat_worker`),
+  the other two roles zfab's: against zfab, what a rewrite of its handlers keeping every feature could
+  reach;
 - kept (zfab client): the kept broker and the kept worker, with zfab's client (what a rewrite of the
   broker's and the worker's paths alone could reach);
 - lean: all three nfp_floor's.
@@ -64,6 +67,7 @@ SETUPS = (
     "kept broker",
     "kept worker",
     "kept worker (zfab's parts)",
+    "flat worker",
     "kept",
     "kept (zfab client)",
     "lean",
@@ -344,6 +348,200 @@ def kept_worker_on_zfab(path: str, port: int, folder: str) -> None:
     threading.Event().wait()  # until the harness stops it
 
 
+def flat_worker(path: str, port: int, folder: str) -> None:
+    """zfab's worker's per-job features, written flat on zfab's own parts: what a rewrite of its
+    handlers that keeps every feature could reach (issue 40). On the owner, a POST is checked as the
+    decoder checks it, heard (the keepalive), looked up among the recent and the stored jobs, tested
+    for a shared-memory handle, read and checked (`payloads.read_post_body`), its task looked up, the
+    room and the draining checked, its meta frame read (deadline, queued, trace context, host), its
+    retry policy taken, its `Job` made whole and kept, its receipt journalled with its 201's gate,
+    then started; each timer pass reads the keepalive and sends the 201s due. On a pool thread: the
+    contact gate, the claim, the 201 (held as zfab's), the wait histogram, the deadline and cancel
+    checks, the arguments bound (`TaskSpec.bind`), the run histogram and run-time average, the result
+    entry, its size bound, the recent table's bytes, the outcome counts, the store's bound, the hop
+    trace, the result journalled before the report. No error paths: a floor, not a worker."""
+    import threading
+
+    import msgspec
+    import zmq
+
+    from zfab.core import hoptrace, payloads, shmhandle, sizes
+    from zfab.core.keepalive import KeepAlive
+    from zfab.core.schemacheck import is_number
+    from zfab.transport.base import Frames
+    from zfab.transport.loop import OwnerLoop
+    from zfab.worker.job import Job, JobState
+    from zfab.worker.jobstore import JobStore
+    from zfab.worker.notices import StartedNotices
+    from zfab.worker.pool import JobPool
+    from zfab.worker.recent import RecentJobs
+    from zfab.worker.task import build_spec
+    from zfab.worker.taskstats import TaskStats, outcome_label
+
+    def echo(data: Any = None) -> Any:
+        return data
+
+    m = _load(path)
+    endpoint, decode, encode = f"tcp://127.0.0.1:{port}", msgspec.json.Decoder().decode, msgspec.json.encode
+    spec = build_spec("echo", echo, Job)
+    tasks, stats = {"echo": spec}, {"echo": TaskStats()}
+    max_bytes, store_bytes = 64 << 20, 1 << 20
+    store = JobStore(Path(folder) / "flat.sqlite", failure_payload=lambda uuid, task, why: b"{}")
+    recent = RecentJobs(max_count=10_000, max_bytes=64 << 20)
+    keepalive = KeepAlive(2.5, 6, answering=True)
+    touch, lock = threading.Event(), threading.Lock()
+    touch.set()
+    counts = {"completed": 0, "failed": 0, "finished": 0, "unreported": 0, "received": 0}
+    unstored: list[Job] = []
+    announce = json.dumps({"v": 2, "name": "w1", "credits": 8, "tasks": {"echo": {}}}).encode()
+    run_time = [0.0]
+
+    def emit(job: Job, payload: dict[str, Any]) -> None:
+        pass
+
+    def stream_out(job: Job, data: bytes) -> None:
+        pass
+
+    def run(job: Job) -> None:  # a pool thread
+        if not touch.is_set() or not job.claim():
+            return
+        job.started_at, job.started_mono = time.time(), time.monotonic()
+        if job.ack and job.ack_ready():
+            notices.add(job)
+        st = stats[job.task]
+        st.wait.observe(job.queued_s + max(0.0, job.started_at - job.received_at))
+        if job.cancelled or job.expired():
+            return
+        kwargs = tasks[job.task].bind(job.args, job.kwargs)
+        job.args, job.kwargs = [], {}
+        job.state = JobState.RUNNING
+        t0 = time.monotonic()
+        result = tasks[job.task].fn(**kwargs)
+        took = time.monotonic() - t0
+        st.run.observe(took)
+        run_time[0] = took if not run_time[0] else 0.9 * run_time[0] + 0.1 * took
+        job.completed_at = time.time()
+        completed = time.monotonic()
+        entry = payloads.result_entry(
+            worker="w1", service=LEAN_SERVICE, uuid=job.uuid, task=job.task, result=result, failed=False,
+            status="completed", errors=[], received=job.received_at, started=job.started_at,
+            completed=job.completed_at,
+        )  # fmt: skip
+        payload = encode({"w1": entry})
+        if not sizes.fits(len(payload) + len(job.client) + sizes.ENVELOPE_BYTES, max_bytes):
+            return
+        job.result_payload, job.status_code = payload, b"200"
+        recent.result_made(job)
+        job.state = JobState.COMPLETED
+        outcome = outcome_label(b"200", entry)
+        with lock:
+            counts["finished"] += 1
+            counts["completed"] += 1
+            st.outcomes[outcome] += 1
+        kept = payload if len(payload) <= store_bytes else b"{}"
+        op = store.result_op(job, "200", kept)
+        trace = hoptrace.worker_frame(
+            job.received_mono, job.started_mono, completed, time.monotonic(), hoptrace.OUTCOME_COMPLETED
+        )
+        frames = [b"", m.W, m.RESPONSE, job.client, b"", job.uuid.encode(), b"200", payload, trace]
+
+        def report() -> None:
+            loop.submit(frames, timeout=0)
+            with lock:
+                counts["unreported"] -= 1
+
+        with lock:
+            counts["unreported"] += 1
+        store.write(op, report, timeout=0)
+
+    pool: JobPool[Job] = JobPool(run, size=4, capacity=1000, name="flat")
+
+    class Flat:
+        def open_socket(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.IDENTITY, b"w1~flat")
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(endpoint)
+            return sock
+
+        def on_connected(self) -> None:
+            loop.send_now([b"", m.W, m.READY, LEAN_SERVICE.encode(), announce])
+
+        def on_frames(self, f: Frames) -> None:  # ["", B, POST, client, "", uuid, body, meta]
+            if not (len(f) == 8 and f[0] == b"" and f[1] == m.B and f[2] == m.POST and f[4] == b""):
+                return
+            if sum(map(len, f)) > max_bytes:
+                return
+            keepalive.heard(keepalive=False)
+            uuid, body = bytes(f[5]).decode(), f[6]
+            if recent.get(uuid) is not None or uuid in store.stored_before or shmhandle.is_handle(body):
+                return
+            req = payloads.read_post_body(body)
+            task = tasks.get(req.task)
+            if task is None or task.is_async or pool.depth() + len(unstored) >= pool.capacity:
+                return
+            meta = decode(f[7])
+            if type(meta) is not dict:
+                return
+            timeout, queued = req.timeout, 0.0
+            left, held = meta.get("deadline"), meta.get("queued")
+            if is_number(left) and left >= 0:
+                timeout = max(1e-3, float(left))
+            if is_number(held) and held >= 0:
+                queued = float(held)
+            if "traceparent" in meta:
+                return
+            shm_reply = meta.get("host") == "not ours"
+            job = Job(
+                uuid=uuid, client=bytes(f[3]), task=req.task, args=req.args, kwargs=req.kwargs, timeout=timeout,
+                push=req.push, ack=req.ack, request=bytes(body) if len(body) <= store_bytes else b"",
+                queued_s=queued, attempt=req.attempt, retry=task.retry_policy(req.retries, req.backoff),
+                traced=True, shm_reply=shm_reply, emit=emit, stream_out=stream_out,
+            )  # fmt: skip
+            counts["received"] += 1
+            unstored.append(job)
+            recent.add(job)
+
+        def on_batch_end(self) -> None:
+            touch.set()
+            if not unstored:
+                return
+            batch = unstored[:]
+            unstored.clear()
+            rows = [(j.uuid, j.client, j.task, j.request, j.received_at) for j in batch]
+            acks = [j for j in batch if j.ack]
+
+            def acknowledge() -> None:
+                for job in acks:
+                    if job.ack_ready():
+                        notices.add(job)
+
+            store.write(store.insert_op(rows), acknowledge if acks else None, timeout=0.5)
+            for job in batch:
+                pool.put(job)
+
+        def on_timer(self, now: float) -> float | None:
+            if keepalive.expired():
+                return now + 1.0
+            due, nxt = notices.due(now)
+            for job in due:
+                if not job.state.final:
+                    status = payloads.worker_status("w1", LEAN_SERVICE, job.uuid, "ACCEPTED", age=0.0)
+                    loop.send_now([b"", m.W, m.RESPONSE, job.client, b"", job.uuid.encode(), b"201", encode(status)])
+            at = keepalive.next_deadline()
+            return at if nxt is None else min(at, nxt)
+
+        def on_closing(self) -> None:
+            pass
+
+    store.open()
+    pool.start()
+    loop = OwnerLoop(Flat(), name="flat worker", submit_timeout=5.0)
+    notices = StartedNotices(loop=loop, clock=time.monotonic)
+    loop.start()
+    threading.Event().wait()  # until the harness stops it
+
+
 def lean_client(path: str, port: int, service: str, n: int) -> None:
     """nfp_floor's client (its Owner, its frames, a Future per job), sequential only."""
     import zmq
@@ -402,7 +600,7 @@ def run_setup(setup: str, nfp: Path, tmp: str, n: int) -> float:
     lean = {role: setup in ("lean", f"lean {role}") for role in ("client", "broker", "worker")}
     kept = {role: setup in ("kept", "kept (zfab client)", f"kept {role}") for role in ("broker", "worker")}
     lean["client"] = lean["client"] or setup == "kept"  # all kept: its client the lean one
-    parts = setup == "kept worker (zfab's parts)"
+    parts = setup in ("kept worker (zfab's parts)", "flat worker")
     service = LEAN_SERVICE if lean["worker"] or kept["worker"] or parts else "demo"
     with Fabric(tmp) as fab:
         port = int(fab.endpoint.rsplit(":", 1)[1])
@@ -418,6 +616,8 @@ def run_setup(setup: str, nfp: Path, tmp: str, n: int) -> float:
                 raise RuntimeError(f"{setup}: no broker on port {port} within 20 s")
             if lean["worker"]:
                 procs.append(spawn(_me("lean-worker", nfp, port), env))
+            elif setup == "flat worker":
+                procs.append(spawn(_me("flat-worker", nfp, port, tmp), env))
             elif setup == "kept worker (zfab's parts)":
                 procs.append(spawn(_me("kept-worker-parts", nfp, port, tmp), env))
             elif kept["worker"]:
@@ -463,6 +663,9 @@ def summarize(out: dict[str, list[float]]) -> None:
     if (parts := med.get("kept worker (zfab's parts)")) is not None:
         gain = (parts - med["zfab"]) * 1e3
         print(f"  kept worker on zfab's parts: p50 {parts:.3f} ms, {gain:+.0f} us against zfab (the handlers' code)")
+    if (flat := med.get("flat worker")) is not None:
+        gain = (flat - med["zfab"]) * 1e3
+        print(f"  flat worker (every feature): p50 {flat:.3f} ms, {gain:+.0f} us against zfab (layers, not features)")
     for role in ("broker", "worker"):
         if (kept := med.get(f"kept {role}")) is None:
             continue
@@ -484,6 +687,7 @@ def main(argv: list[str] | None = None) -> int:
         "kept-broker": lambda a: kept_broker(a[0], int(a[1])),
         "kept-worker": lambda a: kept_worker(a[0], int(a[1]), a[2]),
         "kept-worker-parts": lambda a: kept_worker_on_zfab(a[0], int(a[1]), a[2]),
+        "flat-worker": lambda a: flat_worker(a[0], int(a[1]), a[2]),
         "lean-client": lambda a: lean_client(a[0], int(a[1]), a[2], int(a[3])),
         "zfab-client": lambda a: zfab_client(a[0], a[1], int(a[2])),
     }

@@ -1,7 +1,7 @@
 """Where zfab's sequential p50 goes, role by role, and how lean zfab's promises can be (issue 40).
 
 The lean NFP fabric (`../shared/acceptance/nfp_floor.py`) and zfab speak the same wire, so each of
-zfab's three roles can stand in for the lean one's, one at a time. Eleven setups, interleaved round after
+zfab's three roles can stand in for the lean one's, one at a time. Twelve setups, interleaved round after
 round so a noisy moment of the machine hurts one round rather than one setup, each timing `--n`
 sequential echo jobs (one in flight, as speed.py's p50):
 
@@ -17,6 +17,8 @@ sequential echo jobs (one in flight, as speed.py's p50):
 - flat worker: zfab's worker's per-job features, every one, written flat on the same parts (`flat_worker`),
   the other two roles zfab's: against zfab, what a rewrite of its handlers keeping every feature could
   reach;
+- flat worker, the rest kept: that worker with the kept broker and the lean client: the floor of a
+  fabric whose worker keeps every feature (a client and a broker cannot do with less than those);
 - kept (zfab client): the kept broker and the kept worker, with zfab's client (what a rewrite of the
   broker's and the worker's paths alone could reach);
 - lean: all three nfp_floor's.
@@ -59,19 +61,23 @@ from bench.common import spawn, stop, wait_for
 from bench.harness import Fabric
 from bench.versus import ROOT, _child, _load, shared_file
 
-SETUPS = (
-    "zfab",
-    "lean client",
-    "lean broker",
-    "lean worker",
-    "kept broker",
-    "kept worker",
-    "kept worker (zfab's parts)",
-    "flat worker",
-    "kept",
-    "kept (zfab client)",
-    "lean",
-)
+# Each setup's roles: (client, broker, worker). A client is zfab's or lean; a broker zfab's, lean or kept; a
+# worker zfab's, lean, kept, "parts" (kept on zfab's parts) or "flat" (every feature, flat on those parts).
+SETUPS: dict[str, tuple[str, str, str]] = {
+    "zfab": ("zfab", "zfab", "zfab"),
+    "lean client": ("lean", "zfab", "zfab"),
+    "lean broker": ("zfab", "lean", "zfab"),
+    "lean worker": ("zfab", "zfab", "lean"),
+    "kept broker": ("zfab", "kept", "zfab"),
+    "kept worker": ("zfab", "zfab", "kept"),
+    "kept worker (zfab's parts)": ("zfab", "zfab", "parts"),
+    "flat worker": ("zfab", "zfab", "flat"),
+    "flat worker, the rest kept": ("lean", "kept", "flat"),
+    "kept": ("lean", "kept", "kept"),
+    "kept (zfab client)": ("zfab", "kept", "kept"),
+    "lean": ("lean", "lean", "lean"),
+}
+CLIENTS, BROKERS, WORKERS = ("zfab", "lean"), ("zfab", "lean", "kept"), ("zfab", "lean", "kept", "parts", "flat")
 LEAN_SERVICE = "svc"  # what nfp_floor's worker registers; zfab's serves its built-in "demo"
 FIRST_ANSWER_S = 20.0
 
@@ -595,36 +601,27 @@ def _client(*args: object) -> float:
 
 
 def run_setup(setup: str, nfp: Path, tmp: str, n: int) -> float:
-    """One setup's p50 in ms."""
+    """One setup's p50 in ms: a name of SETUPS, or "client/broker/worker" (`--mix`)."""
     env = {"PYTHONPATH": str(ROOT)}
-    lean = {role: setup in ("lean", f"lean {role}") for role in ("client", "broker", "worker")}
-    kept = {role: setup in ("kept", "kept (zfab client)", f"kept {role}") for role in ("broker", "worker")}
-    lean["client"] = lean["client"] or setup == "kept"  # all kept: its client the lean one
-    parts = setup in ("kept worker (zfab's parts)", "flat worker")
-    service = LEAN_SERVICE if lean["worker"] or kept["worker"] or parts else "demo"
+    client, broker, worker = SETUPS[setup] if setup in SETUPS else setup.split("/")
+    service = "demo" if worker == "zfab" else LEAN_SERVICE
     with Fabric(tmp) as fab:
         port = int(fab.endpoint.rsplit(":", 1)[1])
         procs: list[subprocess.Popen[bytes]] = []
         try:
-            if lean["broker"]:
-                procs.append(spawn(_me("lean-broker", nfp, port), env))
-            elif kept["broker"]:
-                procs.append(spawn(_me("kept-broker", nfp, port), env))
-            else:
+            if broker == "zfab":
                 fab.start_broker()
+            else:
+                procs.append(spawn(_me(f"{broker}-broker", nfp, port), env))
             if not wait_for(lambda: _listening(port), 20):
                 raise RuntimeError(f"{setup}: no broker on port {port} within 20 s")
-            if lean["worker"]:
-                procs.append(spawn(_me("lean-worker", nfp, port), env))
-            elif setup == "flat worker":
-                procs.append(spawn(_me("flat-worker", nfp, port, tmp), env))
-            elif setup == "kept worker (zfab's parts)":
-                procs.append(spawn(_me("kept-worker-parts", nfp, port, tmp), env))
-            elif kept["worker"]:
-                procs.append(spawn(_me("kept-worker", nfp, port, tmp), env))
-            else:
+            if worker == "zfab":
                 fab.start_worker("sw1")
-            if lean["client"]:
+            elif worker == "lean":
+                procs.append(spawn(_me("lean-worker", nfp, port), env))
+            else:
+                procs.append(spawn(_me(f"{worker}-worker", nfp, port, tmp), env))
+            if client == "lean":
                 return _client("lean-client", nfp, port, service, n)
             return _client("zfab-client", fab.endpoint, service, n)
         finally:
@@ -637,7 +634,7 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def run(n_rounds: int, n: int, setups: tuple[str, ...] = SETUPS) -> dict[str, list[float]]:
+def run(n_rounds: int, n: int, setups: tuple[str, ...] = tuple(SETUPS)) -> dict[str, list[float]]:
     nfp = shared_file("nfp_floor.py", "ZFAB_NFP_FLOOR")
     if nfp is None:
         raise RuntimeError("nfp_floor.py not found beside the checkout (set ZFAB_NFP_FLOOR)")
@@ -666,6 +663,8 @@ def summarize(out: dict[str, list[float]]) -> None:
     if (flat := med.get("flat worker")) is not None:
         gain = (flat - med["zfab"]) * 1e3
         print(f"  flat worker (every feature): p50 {flat:.3f} ms, {gain:+.0f} us against zfab (layers, not features)")
+    if (floor := med.get("flat worker, the rest kept")) is not None:
+        print(f"  flat worker, kept broker, lean client: {floor:.3f} ms = {floor / med['lean']:.2f}x all lean")
     for role in ("broker", "worker"):
         if (kept := med.get(f"kept {role}")) is None:
             continue
@@ -677,6 +676,19 @@ def summarize(out: dict[str, list[float]]) -> None:
         print(f"  all of them kept, the client lean: {kept:.3f} ms = {kept / med['lean']:.2f}x all lean")
     if (both := med.get("kept (zfab client)")) is not None:
         print(f"  the broker and the worker kept, zfab's client: {both:.3f} ms = {both / med['lean']:.2f}x all lean")
+    for setup, p50 in med.items():
+        if "/" in setup:
+            print(f"  client/broker/worker {setup}: {p50:.3f} ms = {p50 / med['lean']:.2f}x all lean")
+
+
+def _mix(text: str) -> str:
+    """A --mix: client, broker and worker among the roles each can be."""
+    parts = text.split("/")
+    if len(parts) != 3 or parts[0] not in CLIENTS or parts[1] not in BROKERS or parts[2] not in WORKERS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: CLIENT/BROKER/WORKER, a client of {CLIENTS}, a broker of {BROKERS}, a worker of {WORKERS}"
+        )
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -686,7 +698,7 @@ def main(argv: list[str] | None = None) -> int:
         "lean-worker": lambda a: lean_worker(a[0], int(a[1])),
         "kept-broker": lambda a: kept_broker(a[0], int(a[1])),
         "kept-worker": lambda a: kept_worker(a[0], int(a[1]), a[2]),
-        "kept-worker-parts": lambda a: kept_worker_on_zfab(a[0], int(a[1]), a[2]),
+        "parts-worker": lambda a: kept_worker_on_zfab(a[0], int(a[1]), a[2]),
         "flat-worker": lambda a: flat_worker(a[0], int(a[1]), a[2]),
         "lean-client": lambda a: lean_client(a[0], int(a[1]), a[2], int(a[3])),
         "zfab-client": lambda a: zfab_client(a[0], a[1], int(a[2])),
@@ -700,12 +712,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--only",
         action="append",
-        choices=SETUPS,
+        choices=tuple(SETUPS),
         metavar="SETUP",
         help="run this setup (repeatable; zfab, lean always run)",
     )
+    p.add_argument(
+        "--mix",
+        action="append",
+        type=_mix,
+        metavar="CLIENT/BROKER/WORKER",
+        help=f"run these roles, as {'/'.join(SETUPS['flat worker, the rest kept'])} (repeatable)",
+    )
     a = p.parse_args(argv)
-    setups = SETUPS if not a.only else tuple(s for s in SETUPS if s in {"zfab", "lean", *a.only})
+    chosen = ("zfab", *(a.only or ()), *(a.mix or ()), "lean")
+    setups = tuple(SETUPS) if not (a.only or a.mix) else tuple(dict.fromkeys(chosen))
     summarize(run(a.rounds, a.n, setups))
     return 0
 

@@ -23,6 +23,11 @@ sequential echo jobs (one in flight, as speed.py's p50):
   broker's and the worker's paths alone could reach);
 - lean: all three nfp_floor's.
 
+`--mix CLIENT/BROKER/WORKER` runs any other triple (a client zfab's or lean; a broker zfab's, lean or
+kept; a worker zfab's, lean, kept, parts or flat). zfab's broker and worker slow each other: swapping
+either alone gains 12-20 µs, swapping both 170 (docs/contributors/benchmark-log.md), so the single swaps
+understate what a role costs.
+
 A role's share of the gap is the p50 of all-zfab less the p50 with that role lean. The shares need not
 add up to the whole gap: a role's Python also competes for the two cores with the others' while it runs.
 "kept" against "lean" is what zfab's per-job promises cost when written as lean as they go: the floor
@@ -38,7 +43,7 @@ The kept roles are those, with the promises `kept_broker` and `kept_worker` list
 workers and brokers send no keepalives; a zfab peer holds them alive for its hold time (15 s by
 default), longer than a round.
 
-    python -m bench.swap [--rounds 3] [--n 2000] [--only "kept worker" ...]
+    python -m bench.swap [--rounds 3] [--n 2000] [--only "kept worker" ...] [--mix zfab/kept/flat ...]
 """
 
 from __future__ import annotations

@@ -23,8 +23,9 @@ sequential echo jobs (one in flight, as speed.py's p50):
   broker's and the worker's paths alone could reach);
 - lean: all three nfp_floor's.
 
-`--mix CLIENT/BROKER/WORKER` runs any other triple (a client zfab's or lean; a broker zfab's, lean or
-kept; a worker zfab's, lean, kept, parts or flat). zfab's broker and worker slow each other: swapping
+`--mix CLIENT/BROKER/WORKER` runs any other triple (a client zfab's or lean; a broker zfab's, lean,
+kept or flat (`flat_broker`: every per-job feature of zfab's, flat); a worker zfab's, lean, kept, parts
+or flat). zfab's broker and worker slow each other: swapping
 either alone gains 12-20 µs, swapping both 170 (docs/contributors/benchmark-log.md), so the single swaps
 understate what a role costs.
 
@@ -82,7 +83,11 @@ SETUPS: dict[str, tuple[str, str, str]] = {
     "kept (zfab client)": ("zfab", "kept", "kept"),
     "lean": ("lean", "lean", "lean"),
 }
-CLIENTS, BROKERS, WORKERS = ("zfab", "lean"), ("zfab", "lean", "kept"), ("zfab", "lean", "kept", "parts", "flat")
+CLIENTS, BROKERS, WORKERS = (
+    ("zfab", "lean"),
+    ("zfab", "lean", "kept", "flat"),
+    ("zfab", "lean", "kept", "parts", "flat"),
+)
 LEAN_SERVICE = "svc"  # what nfp_floor's worker registers; zfab's serves its built-in "demo"
 FIRST_ANSWER_S = 20.0
 
@@ -172,6 +177,164 @@ def kept_broker(path: str, port: int) -> None:
             body = {"workers": [w.split(b"~")[0].decode()], "uuid": uuid.decode(), "status": "DISPATCHED"}
             r.send_multipart([ident, b"", m.B, m.RESPONSE, f[4], uuid, b"202", json.dumps(body).encode()])
             r.send_multipart([w, b"", m.B, m.POST, ident, b"", uuid, f[7], meta.encode()])
+
+
+def flat_broker(path: str, port: int) -> None:
+    """zfab's broker's per-job features for a POST to `any` and its final answer, written flat on its
+    own owner loop: what a rewrite of its handlers that keeps every feature could reach (issue 40).
+    A POST: zfab's decoder, the client touched, the MMI check, de-duplication (waiting, in flight,
+    finished lately), `read_job` (the flags), the task checked against the service's, the byte bound,
+    the limits' rule looked up, pauses and the route bound, the least loaded worker by level, a route with
+    its expiry in a heap, the worker's credit, the 202 (`payloads.dispatched`), the POST with its meta
+    frame, the queued-time histogram, the counts. Its final answer: zfab's decoder, the worker heard,
+    the route, the credit freed, the finished table (bounded), the hop trace (`hoptrace.broker_frame`),
+    the forward, the counts, the pump's check. Each turn of the loop: a timer pass over the heap tops,
+    the keepalive and housekeeping times. No error paths, no keepalives sent: a floor, not a broker."""
+    import heapq
+    import threading
+    from collections import Counter, OrderedDict
+
+    import zmq
+
+    from zfab.broker.admission import read_job
+    from zfab.broker.jobqueue import QueuedJob
+    from zfab.core import hoptrace, payloads
+    from zfab.core import protocol as nfp
+    from zfab.core.histogram import Histogram
+    from zfab.core.keepalive import KeepAlive
+    from zfab.transport.base import Frames
+    from zfab.transport.loop import OwnerLoop
+
+    del path  # nfp_floor's frames are not needed: zfab's own are used
+    max_bytes, max_routes, seq = 64 << 20, 100_000, iter(range(1 << 62))
+    workers: dict[bytes, dict[str, Any]] = {}  # identity -> name, service, credits, inflight, keepalive
+    services: dict[bytes, dict[str, Any]] = {}  # name -> tasks, workers, queued histogram
+    clients: dict[bytes, float] = {}
+    routes: dict[bytes, tuple[QueuedJob, bytes, float]] = {}  # uuid -> job, worker identity, deadline
+    route_expiry: list[tuple[float, bytes]] = []
+    finished: OrderedDict[bytes, bytes] = OrderedDict()
+    queued: dict[bytes, QueuedJob] = {}
+    limits: dict[tuple[bytes, str], Any] = {}
+    paused: set[bytes] = set()
+    counts: Counter[str] = Counter()
+    held_bytes = [0]
+    dirty: set[bytes] = set()
+    next_keepalive, next_housekeeping = [time.monotonic() + 2.5], [time.monotonic() + 60.0]
+
+    def post(sender: bytes, req: nfp.ClientRequest) -> None:
+        clients[sender] = time.monotonic()
+        if req.service == nfp.MMI_SERVICE:
+            return
+        if queued.get(req.uuid) is not None or req.uuid in routes or req.uuid in finished:
+            return
+        now = time.monotonic()
+        job = read_job(sender, req, now=now, seq=next(seq), default_timeout=600.0)
+        svc = services.get(req.service)
+        if svc is None or (job.task and svc["tasks"] is not None and job.task not in svc["tasks"]):
+            return
+        if held_bytes[0] + job.size > max_bytes or len(routes) >= max_routes or req.service in paused:
+            return
+        limits.get((req.service, job.task))
+        free = [w for w in svc["workers"] if len(w["inflight"]) < w["credits"] and w["keepalive"].is_alive()]
+        if not free:
+            return
+        w = min(free, key=lambda w: len(w["inflight"]))
+        deadline = job.deadline + 1.0
+        heapq.heappush(route_expiry, (deadline, job.uuid))
+        routes[job.uuid] = (job, w["ident"], deadline)
+        w["inflight"][job.uuid] = sender
+        held_bytes[0] += job.size
+        if job.ack:
+            body = payloads.dispatched(job.uuid, job.target, job.service, [w["name"]])
+            loop.send_now(
+                nfp.broker_reply(sender, nfp.RESPONSE, job.service, job.uuid, nfp.ST_DISPATCHED, nfp.dumps(body))
+            )
+        frames = nfp.broker_job(w["ident"], nfp.POST, sender, job.uuid, job.body)
+        job.sent_at = now
+        frames.append(
+            nfp.dumps({"deadline": round(max(0.0, job.deadline - now), 3), "queued": round(now - job.queued_at, 6)})
+        )
+        loop.send_now(frames)
+        svc["queued"].observe(max(0.0, now - job.queued_at))
+        counts["post"] += 1
+
+    def answer(ident: bytes, msg: nfp.WorkerReply) -> None:
+        w = workers.get(ident)
+        if w is None:
+            return
+        w["keepalive"].heard(keepalive=False)
+        entry = routes.get(msg.uuid)
+        client = msg.client if entry is None else entry[0].client
+        if msg.command == nfp.RESPONSE and msg.status in nfp.FINAL_STATUSES and w["inflight"].pop(msg.uuid, None):
+            if entry is not None:
+                del routes[msg.uuid]
+                held_bytes[0] -= entry[0].size
+            finished[msg.uuid] = w["name"].encode()
+            if len(finished) > 10_000:
+                finished.popitem(last=False)
+            dirty.add(w["service"])
+        counts["forwarded"] += 1
+        frames = nfp.broker_reply(client, msg.command, w["service"], msg.uuid, msg.status, msg.payload)
+        if entry is not None and entry[0].push:
+            trace = msg.trace if msg.trace is None or type(msg.trace) is bytes else bytes(msg.trace)
+            frames.append(hoptrace.broker_frame(trace, entry[0].queued_at, entry[0].sent_at, time.monotonic()))
+        loop.send_now(frames)
+
+    def ready(ident: bytes, msg: nfp.WorkerControl) -> None:
+        facts = msg.stats or {}
+        svc = services.setdefault(
+            msg.service, {"tasks": facts.get("tasks"), "workers": [], "queued": Histogram((0.001, 0.01, 0.1, 1.0))}
+        )
+        w = {
+            "ident": ident, "name": str(facts.get("name", ident.decode())), "service": msg.service,
+            "credits": int(facts.get("credits", 1)), "inflight": {}, "keepalive": KeepAlive(2.5, 6),
+        }  # fmt: skip
+        workers[ident] = w
+        svc["workers"].append(w)
+
+    class Flat:
+        def open_socket(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
+            sock = ctx.socket(zmq.ROUTER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.bind(f"tcp://127.0.0.1:{port}")
+            return sock
+
+        def on_connected(self) -> None:
+            pass
+
+        def on_frames(self, f: Frames) -> None:
+            sender, header = bytes(f[0]), f[2]
+            if header == nfp.CLIENT:
+                req = nfp.decode_client(f[1:], max_bytes)
+                if req.command == nfp.POST:
+                    post(sender, req)
+            elif header == nfp.WORKER:
+                msg = nfp.decode_worker(f[1:], max_bytes)
+                if isinstance(msg, nfp.WorkerReply):
+                    answer(sender, msg)
+                elif msg.command == nfp.READY:
+                    ready(sender, msg)
+
+        def on_batch_end(self) -> None:
+            if dirty:
+                dirty.clear()  # the queue is empty here: a pump finds nothing
+
+        def on_timer(self, now: float) -> float | None:
+            while route_expiry and route_expiry[0][0] <= now:
+                heapq.heappop(route_expiry)
+            wake = min(next_keepalive[0], next_housekeeping[0])
+            if now >= next_keepalive[0]:
+                next_keepalive[0] = now + 2.5
+            if route_expiry and route_expiry[0][0] < wake:
+                wake = route_expiry[0][0]
+            return wake
+
+        def on_closing(self) -> None:
+            pass
+
+    loop = OwnerLoop(Flat(), name="flat broker", submit_timeout=5.0)
+    loop.start()
+    threading.Event().wait()  # until the harness stops it
 
 
 def lean_worker(path: str, port: int) -> None:
@@ -702,6 +865,7 @@ def main(argv: list[str] | None = None) -> int:
         "lean-broker": lambda a: lean_broker(a[0], int(a[1])),
         "lean-worker": lambda a: lean_worker(a[0], int(a[1])),
         "kept-broker": lambda a: kept_broker(a[0], int(a[1])),
+        "flat-broker": lambda a: flat_broker(a[0], int(a[1])),
         "kept-worker": lambda a: kept_worker(a[0], int(a[1]), a[2]),
         "parts-worker": lambda a: kept_worker_on_zfab(a[0], int(a[1]), a[2]),
         "flat-worker": lambda a: flat_worker(a[0], int(a[1]), a[2]),

@@ -189,7 +189,8 @@ def flat_broker(path: str, port: int) -> None:
     frame, the queued-time histogram, the counts. Its final answer: zfab's decoder, the worker heard,
     the route, the credit freed, the finished table (bounded), the hop trace (`hoptrace.broker_frame`),
     the forward, the counts, the pump's check. Each turn of the loop: a timer pass over the heap tops,
-    the keepalive and housekeeping times. No error paths, no keepalives sent: a floor, not a broker."""
+    the keepalive and housekeeping times. No error paths, no keepalives sent, no term or memory-keeper
+    hooks, a `min` over the workers for their levels: a floor, not a broker."""
     import heapq
     import threading
     from collections import Counter, OrderedDict

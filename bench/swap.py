@@ -323,9 +323,11 @@ def flat_broker(path: str, port: int) -> None:
         def on_timer(self, now: float) -> float | None:
             while route_expiry and route_expiry[0][0] <= now:
                 heapq.heappop(route_expiry)
-            wake = min(next_keepalive[0], next_housekeeping[0])
             if now >= next_keepalive[0]:
-                next_keepalive[0] = now + 2.5
+                next_keepalive[0] = now + 2.5  # zfab's broker sends its keepalive wave here
+            if now >= next_housekeeping[0]:
+                next_housekeeping[0] = now + 60.0
+            wake = min(next_keepalive[0], next_housekeeping[0])
             if route_expiry and route_expiry[0][0] < wake:
                 wake = route_expiry[0][0]
             return wake
@@ -698,6 +700,8 @@ def flat_worker(path: str, port: int, folder: str) -> None:
         def on_timer(self, now: float) -> float | None:
             if keepalive.expired():
                 return now + 1.0
+            if keepalive.due():
+                keepalive.mark_sent()  # zfab's worker sends its KEEPALIVE here; a deadline past would spin the loop
             due, nxt = notices.due(now)
             for job in due:
                 if not job.state.final:

@@ -25,9 +25,8 @@ sequential echo jobs (one in flight, as speed.py's p50):
 
 `--mix CLIENT/BROKER/WORKER` runs any other triple (a client zfab's or lean; a broker zfab's, lean,
 kept or flat (`flat_broker`: every per-job feature of zfab's, flat); a worker zfab's, lean, kept, parts
-or flat). zfab's broker and worker slow each other: swapping
-either alone gains 12-20 µs, swapping both 170 (docs/contributors/benchmark-log.md), so the single swaps
-understate what a role costs.
+or flat). A role swapped alone and the same role swapped beside others need not gain the same: the
+roles share two cores.
 
 A role's share of the gap is the p50 of all-zfab less the p50 with that role lean. The shares need not
 add up to the whole gap: a role's Python also competes for the two cores with the others' while it runs.

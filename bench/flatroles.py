@@ -10,8 +10,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import zmq
+
 from bench.swaproles import LEAN_SERVICE
 from bench.versus import _load
+
+
+def _dealer(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, identity: bytes) -> zmq.Socket[bytes]:
+    """A worker role's DEALER."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, identity)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    return sock
 
 
 def flat_broker(path: str, port: int) -> None:
@@ -185,7 +196,6 @@ def kept_worker_on_zfab(path: str, port: int, folder: str) -> None:
     import threading
 
     import msgspec
-    import zmq
 
     from zfab.core import hoptrace
     from zfab.core.payloads import result_entry
@@ -228,11 +238,7 @@ def kept_worker_on_zfab(path: str, port: int, folder: str) -> None:
 
     class Kept:
         def open_socket(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
-            sock = ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.IDENTITY, b"w1~kept")
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(endpoint)
-            return sock
+            return _dealer(ctx, endpoint, b"w1~kept")
 
         def on_connected(self) -> None:
             loop.send_now([b"", m.W, m.READY, LEAN_SERVICE.encode(), announce])
@@ -285,7 +291,6 @@ def flat_worker(path: str, port: int, folder: str) -> None:
     import threading
 
     import msgspec
-    import zmq
 
     from zfab.core import hoptrace, payloads, shmhandle, sizes
     from zfab.core.keepalive import KeepAlive
@@ -380,11 +385,7 @@ def flat_worker(path: str, port: int, folder: str) -> None:
 
     class Flat:
         def open_socket(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
-            sock = ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.IDENTITY, b"w1~flat")
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(endpoint)
-            return sock
+            return _dealer(ctx, endpoint, b"w1~flat")
 
         def on_connected(self) -> None:
             loop.send_now([b"", m.W, m.READY, LEAN_SERVICE.encode(), announce])

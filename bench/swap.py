@@ -70,8 +70,8 @@ from bench.swaproles import (
 )
 from bench.versus import ROOT, _child, shared_file
 
-# Each setup's roles: (client, broker, worker). A client is zfab's or lean; a broker zfab's, lean or kept; a
-# worker zfab's, lean, kept, "parts" (kept on zfab's parts) or "flat" (every feature, flat on those parts).
+# Each setup's roles: (client, broker, worker). A client is zfab's or lean; a broker zfab's, lean, kept or
+# "flat"; a worker zfab's, lean, kept, "parts" (kept on zfab's parts) or "flat" (every feature, flat on them).
 SETUPS: dict[str, tuple[str, str, str]] = {
     "zfab": ("zfab", "zfab", "zfab"),
     "lean client": ("lean", "zfab", "zfab"),

@@ -25,6 +25,23 @@ def _dealer(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, identity: bytes)
     return sock
 
 
+# The worker roles' READY: a zfab worker's (`v: 2`), so the broker sends meta frames and reads hop traces.
+ANNOUNCE = json.dumps({"v": 2, "name": "w1", "credits": 8, "tasks": {"echo": {}}}).encode()
+
+
+class _Role:
+    """What a role here does not need of the owner loop's contract: nothing on connect, batch end or close."""
+
+    def on_connected(self) -> None:
+        pass
+
+    def on_batch_end(self) -> None:
+        pass
+
+    def on_closing(self) -> None:
+        pass
+
+
 def flat_broker(path: str, port: int) -> None:
     """zfab's broker's per-job features for a POST to `any` and its final answer, written flat on its
     own owner loop: what a rewrite of its handlers that keeps every feature could reach (issue 40).
@@ -41,8 +58,6 @@ def flat_broker(path: str, port: int) -> None:
     import threading
     from collections import Counter, OrderedDict
 
-    import zmq
-
     from zfab.broker.admission import read_job
     from zfab.broker.jobqueue import QueuedJob
     from zfab.core import hoptrace, payloads
@@ -56,10 +71,11 @@ def flat_broker(path: str, port: int) -> None:
     max_bytes, max_routes, seq = 64 << 20, 100_000, iter(range(1 << 62))
     workers: dict[bytes, dict[str, Any]] = {}  # identity -> name, service, credits, inflight, keepalive
     services: dict[bytes, dict[str, Any]] = {}  # name -> tasks, workers, queued histogram
-    clients: dict[bytes, float] = {}
+    clients: dict[bytes, float] = {}  # zfab's is bounded; a setup has one client
     routes: dict[bytes, tuple[QueuedJob, bytes, float]] = {}  # uuid -> job, worker identity, deadline
     route_expiry: list[tuple[float, bytes]] = []
     finished: OrderedDict[bytes, bytes] = OrderedDict()
+    # Looked up as zfab's broker looks them up on every POST; empty here: nothing queues, no limit, no pause.
     queued: dict[bytes, QueuedJob] = {}
     limits: dict[tuple[bytes, str], Any] = {}
     paused: set[bytes] = set()
@@ -81,7 +97,7 @@ def flat_broker(path: str, port: int) -> None:
             return
         if held_bytes[0] + job.size > max_bytes or len(routes) >= max_routes or req.service in paused:
             return
-        limits.get((req.service, job.task))
+        limits.get((req.service, job.task))  # the task's rule: none set
         free = [w for w in svc["workers"] if len(w["inflight"]) < w["credits"] and w["keepalive"].is_alive()]
         if not free:
             return
@@ -139,15 +155,12 @@ def flat_broker(path: str, port: int) -> None:
         workers[ident] = w
         svc["workers"].append(w)
 
-    class Flat:
+    class Flat(_Role):
         def open_socket(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
             sock = ctx.socket(zmq.ROUTER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.bind(f"tcp://127.0.0.1:{port}")
             return sock
-
-        def on_connected(self) -> None:
-            pass
 
         def on_frames(self, f: Frames) -> None:
             sender, header = bytes(f[0]), f[2]
@@ -177,9 +190,6 @@ def flat_broker(path: str, port: int) -> None:
             if route_expiry and route_expiry[0][0] < wake:
                 wake = route_expiry[0][0]
             return wake
-
-        def on_closing(self) -> None:
-            pass
 
     loop = OwnerLoop(Flat(), name="flat broker", submit_timeout=5.0)
     loop.start()
@@ -211,7 +221,6 @@ def kept_worker_on_zfab(path: str, port: int, folder: str) -> None:
     tasks = {"echo": lambda data=None: data}
     store = JobStore(Path(folder) / "kept.sqlite", failure_payload=lambda uuid, task, why: b"{}")
     recent = RecentJobs(max_count=10_000, max_bytes=64 << 20)
-    announce = json.dumps({"v": 2, "name": "w1", "credits": 8, "tasks": {"echo": {}}}).encode()
 
     def run(job: Job) -> None:  # a pool thread
         if not job.claim():
@@ -236,12 +245,12 @@ def kept_worker_on_zfab(path: str, port: int, folder: str) -> None:
 
     pool: JobPool[Job] = JobPool(run, size=4, capacity=1000, name="kept")
 
-    class Kept:
+    class Kept(_Role):
         def open_socket(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
             return _dealer(ctx, endpoint, b"w1~kept")
 
         def on_connected(self) -> None:
-            loop.send_now([b"", m.W, m.READY, LEAN_SERVICE.encode(), announce])
+            loop.send_now([b"", m.W, m.READY, LEAN_SERVICE.encode(), ANNOUNCE])
 
         def on_frames(self, f: Frames) -> None:  # ["", B, POST, client, "", uuid, body, meta]
             if len(f) < 7 or f[1] != m.B or f[2] != m.POST:
@@ -260,14 +269,8 @@ def kept_worker_on_zfab(path: str, port: int, folder: str) -> None:
             store.write(store.insert_op([(uuid, job.client, job.task, job.request, job.received_at)]), timeout=0.5)
             pool.put(job)
 
-        def on_batch_end(self) -> None:
-            pass
-
         def on_timer(self, now: float) -> float | None:
             return now + 10.0
-
-        def on_closing(self) -> None:
-            pass
 
     store.open()
     pool.start()
@@ -320,8 +323,8 @@ def flat_worker(path: str, port: int, folder: str) -> None:
     touch.set()
     counts = {"completed": 0, "failed": 0, "finished": 0, "unreported": 0, "received": 0}
     unstored: list[Job] = []
-    announce = json.dumps({"v": 2, "name": "w1", "credits": 8, "tasks": {"echo": {}}}).encode()
     run_time = [0.0]
+    shm_host: str | None = None  # no shared-memory tier here
 
     def emit(job: Job, payload: dict[str, Any]) -> None:
         pass
@@ -383,12 +386,12 @@ def flat_worker(path: str, port: int, folder: str) -> None:
 
     pool: JobPool[Job] = JobPool(run, size=4, capacity=1000, name="flat")
 
-    class Flat:
+    class Flat(_Role):
         def open_socket(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
             return _dealer(ctx, endpoint, b"w1~flat")
 
         def on_connected(self) -> None:
-            loop.send_now([b"", m.W, m.READY, LEAN_SERVICE.encode(), announce])
+            loop.send_now([b"", m.W, m.READY, LEAN_SERVICE.encode(), ANNOUNCE])
 
         def on_frames(self, f: Frames) -> None:  # ["", B, POST, client, "", uuid, body, meta]
             if not (len(f) == 8 and f[0] == b"" and f[1] == m.B and f[2] == m.POST and f[4] == b""):
@@ -414,7 +417,7 @@ def flat_worker(path: str, port: int, folder: str) -> None:
                 queued = float(held)
             if "traceparent" in meta:
                 return
-            shm_reply = meta.get("host") == "not ours"
+            shm_reply = shm_host is not None and meta.get("host") == shm_host  # zfab's rule
             job = Job(
                 uuid=uuid, client=bytes(f[3]), task=req.task, args=req.args, kwargs=req.kwargs, timeout=timeout,
                 push=req.push, ack=req.ack, request=bytes(body) if len(body) <= store_bytes else b"",
@@ -455,9 +458,6 @@ def flat_worker(path: str, port: int, folder: str) -> None:
                     loop.send_now([b"", m.W, m.RESPONSE, job.client, b"", job.uuid.encode(), b"201", encode(status)])
             at = keepalive.next_deadline()
             return at if nxt is None else min(at, nxt)
-
-        def on_closing(self) -> None:
-            pass
 
     store.open()
     pool.start()

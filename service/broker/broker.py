@@ -79,6 +79,7 @@ class Broker:
             submit_timeout=s.submit_timeout,
             linger=1.0,
             sched_batch=s.sched_batch,
+            idle_poll=s.broker_idle_poll_us / 1e6,
         )
         self.registry = reg = Registry.from_settings(s, clock)
         self.identities = ids = Identities(self.loop, None)  # its ZAP handler comes with start() (CURVE)

@@ -51,6 +51,9 @@ def loop_figures(loop: Transport) -> dict[str, Any]:
         "bundles_rejected": st.bundles_rejected,
         "bundle_peers": loop.bundle_peers(),
         "bundle_peers_capacity": bundle.PEERS,
+        # Idle waits that looked for work before sleeping (transport/idlepoll.py), by what they found.
+        "idle_polls_found": st.idle_polls_found,
+        "idle_polls_slept": st.idle_polls_slept,
     }
 
 

@@ -162,6 +162,14 @@ def _broker(broker: dict[str, Any], depth: GaugeMetricFamily, cap: GaugeMetricFa
     )
     for direction in ("received", "sent", "rejected"):
         bundles.add_metric([direction], broker.get(f"bundles_{direction}", 0))
+    idle = CounterMetricFamily(
+        "zfab_broker_idle_polls_total",
+        "Idle waits of the broker's owner that looked for work before sleeping (ZFAB_BROKER_IDLE_POLL_US), by "
+        "whether the look found it (found) or ended in a sleep (slept)",
+        labels=["outcome"],
+    )
+    for outcome in ("found", "slept"):
+        idle.add_metric([outcome], broker.get(f"idle_polls_{outcome}", 0))
     rejected = CounterMetricFamily(
         "zfab_frames_rejected_total", "Malformed messages dropped by the broker", labels=["reason"]
     )
@@ -206,7 +214,7 @@ def _broker(broker: dict[str, Any], depth: GaugeMetricFamily, cap: GaugeMetricFa
     trims.add_metric([], broker.get("memory_trims", 0))
     released = CounterMetricFamily("zfab_broker_memory_released_bytes", "Resident bytes those trims gave back")
     released.add_metric([], broker.get("memory_released_bytes", 0))
-    own = [depth, cap, frames, bundles, rejected, events, purged, clients, tables, table_caps]
+    own = [depth, cap, frames, bundles, idle, rejected, events, purged, clients, tables, table_caps]
     return [*own, uptime, rss, trims, released, *term_families(broker)]
 
 

@@ -86,10 +86,11 @@ class AioLoop(SocketOwner):
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         coalesce: bool = True,
         sched_batch: bool = False,
+        idle_poll: float = 0.0,
     ) -> None:
-        # `sched_batch` is an owner thread's (loop.py, scheduling.py): the event loop's thread is its
-        # application's, so it is taken and left as it is.
-        del sched_batch
+        # `sched_batch` and `idle_poll` are an owner thread's (loop.py, scheduling.py, idlepoll.py): the event
+        # loop's thread is its application's, so it is taken and left as it is.
+        del sched_batch, idle_poll
         super().__init__(
             role,
             name=name,

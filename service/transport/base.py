@@ -55,6 +55,8 @@ class LoopStats:
     bundles_sent: int = 0  # several messages as one (bundle.py); `sent` and `received` count each message
     bundles_received: int = 0
     bundles_rejected: int = 0  # malformed, dropped whole
+    idle_polls_found: int = 0  # idle waits whose poll found work: a sleep and a wake-up saved (idlepoll.py)
+    idle_polls_slept: int = 0  # idle waits that polled their whole window, then slept
 
 
 class Transport(Protocol):
@@ -124,4 +126,5 @@ class LoopFactory(Protocol):
         submit_timeout: float = ...,
         linger: float = ...,
         sched_batch: bool = ...,
+        idle_poll: float = ...,
     ) -> Transport: ...

@@ -6,7 +6,8 @@ eventfd registered in its poller, so the loop sleeps until its next timer or a w
 polling tick. What the owner does lives in owner.py; this adapter only runs the loop.
 
 Loop shape: send a bounded batch of queued items → role timers (keepalives, expiry) → poll until
-the next deadline or a wake → receive and dispatch a bounded batch → reconnect or stop if asked.
+the next deadline or a wake (the broker looks for work a little first: idlepoll.py) → receive and
+dispatch a bounded batch → reconnect or stop if asked.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 
 import zmq
 
 from .base import Role
+from .idlepoll import IdlePoll
 from .owner import SocketOwner
 from .scheduling import batch_this_thread
 from .waker import Waker
@@ -46,6 +49,7 @@ class OwnerLoop(SocketOwner):
         linger: float = 1.0,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         sched_batch: bool = False,
+        idle_poll: float = 0.0,
     ) -> None:
         super().__init__(
             role,
@@ -62,6 +66,8 @@ class OwnerLoop(SocketOwner):
         self._start_error: BaseException | None = None
         self.sched_batch = sched_batch  # run the owner thread under SCHED_BATCH (scheduling.py)
         self.batched = False  # it does
+        # Seconds it may look for work before it sleeps, adapted per wait (idlepoll.py); None: it sleeps at once.
+        self.idle_poll = IdlePoll(idle_poll) if idle_poll > 0 else None
 
     # ---- any thread ----------------------------------------------------------
 
@@ -151,7 +157,10 @@ class OwnerLoop(SocketOwner):
         if timeout_ms != 0 and self._queue and self._stalled is None:
             timeout_ms = 0  # something arrived between drain and sleep
         try:
-            ready = self._poller.poll(timeout_ms)
+            if self.idle_poll is None or timeout_ms == 0 or self._stalled is not None:
+                ready = self._poller.poll(timeout_ms)
+            else:
+                ready = self._poll_then_sleep(self.idle_poll, deadline)
         finally:
             self._idle = False
         ev = 0
@@ -168,6 +177,30 @@ class OwnerLoop(SocketOwner):
             self._receive()
         if self._reconnect and not self._closing:
             self._reconnect_or_back_off()
+
+    def _poll_then_sleep(self, ip: IdlePoll, deadline: float | None) -> list[tuple[Any, int]]:
+        """Look for work for up to the adaptive window (idlepoll.py), then sleep until `deadline` or a wake-up."""
+        poll = self._poller.poll
+        start = now = time.monotonic()
+        ready: list[tuple[Any, int]] = []
+        polled = ran = 0.0
+        if ip.window:
+            end = start + ip.window if deadline is None else min(start + ip.window, deadline)
+            cpu = time.thread_time()
+            while True:
+                ready = poll(0)
+                now = time.monotonic()
+                if ready or now >= end:
+                    break
+            polled, ran = now - start, time.thread_time() - cpu
+            if ready:
+                self.stats.idle_polls_found += 1
+            else:
+                self.stats.idle_polls_slept += 1
+        if not ready:
+            ready = poll(None if deadline is None else max(0, int((deadline - now) * 1000) + 1))
+        ip.settle(time.monotonic() - start, polled, ran)
+        return ready
 
     def _reconnect_or_back_off(self) -> None:
         if not self._reopen():

@@ -92,9 +92,11 @@ class StubLoop:
         linger: float = 1.0,
         strict: bool = True,
         sched_batch: bool = False,
+        idle_poll: float = 0.0,
     ) -> None:
         self.role = role
         self.sched_batch = sched_batch  # recorded: no thread here to schedule
+        self.idle_poll = idle_poll  # recorded: nothing here sleeps
         self.name = name
         self.clock = clock
         self.outbound_size = outbound_size

@@ -51,8 +51,13 @@ class StartedNotices:
         jobs: list[Job] = []
         with self._lock:
             q = self._due
-            while q and q[0][0] <= now:
-                jobs.append(q.popleft()[1])
+            # Jobs that ended leave from the front whether due or not: the next deadline is that of a job
+            # still running. Sequential short jobs each left a notice due one delay after its start, so the
+            # owner woke once a job, in the middle of the next one, only to drop it (32 µs of a 0.6 ms p50).
+            while q and (q[0][0] <= now or q[0][1].state.final):
+                job = q.popleft()[1]
+                if not job.state.final:
+                    jobs.append(job)
             nxt = q[0][0] if q else None
             self._armed = nxt is not None
         return jobs, nxt

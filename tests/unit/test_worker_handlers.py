@@ -151,6 +151,19 @@ def test_a_job_done_before_its_201_is_due_gets_no_201(worker: DemoWorker, clock:
     assert worker.runner.notices.waiting() == 0
 
 
+def test_a_job_that_ended_leaves_no_timer_for_its_201(worker: DemoWorker, clock: FakeClock) -> None:
+    # Given a quick job answered before its 201 was due
+    stub(worker).take()
+    job(worker, nfp.POST, b"brief", {"task": "echo", "kwargs": {"data": 1}})
+    collect(worker, final(b"brief"))
+    # When the owner next looks at its timers, before that 201 would be due
+    nxt = tick_at(worker, clock, 0)
+    # Then the ended job's notice is gone and no timer is set for it (an owner woken only to drop it
+    # woke in the middle of the next job: once a job, for sequential short jobs)
+    assert worker.runner.notices.waiting() == 0
+    assert nxt is not None and nxt > clock() + STARTED_NOTICE_DELAY
+
+
 def tick_at(w: DemoWorker, clock: FakeClock, seconds: float) -> float | None:
     clock.advance(seconds)
     return stub(w).tick()

@@ -191,7 +191,7 @@ def flat_broker(path: str, port: int) -> None:
                 wake = route_expiry[0][0]
             return wake
 
-    loop = OwnerLoop(Flat(), name="flat broker", submit_timeout=5.0)
+    loop = OwnerLoop(Flat(), name="flat broker", submit_timeout=5.0, idle_poll=500e-6)  # as zfab's broker
     loop.start()
     threading.Event().wait()  # until the harness stops it
 

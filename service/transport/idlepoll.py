@@ -22,6 +22,11 @@ when it pays:
 So the most a broker spends polling is about the limit per message received, and only while
 messages come at least that close together.
 
+The broker's own other threads (the lease keeper, the event publisher, the metrics server) are off a
+job's path. While the owner polls it holds the GIL as a busy thread does, so one of them that wants it
+waits until the window ends or, while polls keep finding work, for the interpreter's switch interval
+(5 ms), as beside any busy thread.
+
 Why not the worker's or the client's owner: each shares its process with Python threads that take a
 job's next step (the worker's pool threads, the client's caller), and a polling owner takes the GIL
 back after each look, so those threads wait for the window to end (measured: +60 µs for a polling

@@ -122,8 +122,8 @@ class Settings(BaseSettings):
         le=10_000,
         description="Broker: how long, in µs, its owner may look for the next message before it sleeps (0: it "
         "sleeps at once). The window adapts per wait, as KVM's halt polling does: it widens while messages come "
-        "within it and closes while they do not or while other work wants the CPU, so an idle broker sleeps at "
-        "once. A stream of sequential jobs then keeps one core busy and its p50 is about 30 % lower "
+        "within it and closes while they do not or when a poll waits over 1 ms for its CPU, so an idle broker "
+        "sleeps at once. A stream of sequential jobs then keeps one core busy and its p50 is about 30 % lower "
         "(service/transport/idlepoll.py)",
     )
     hop_traces: bool = Field(

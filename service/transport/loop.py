@@ -35,6 +35,12 @@ RECONNECT_BACKOFF = 0.1  # seconds between attempts to open a socket that failed
 log = logging.getLogger(__name__)
 
 
+def _ms_until(deadline: float | None, now: float) -> int | None:
+    """A poll's timeout for `deadline` (monotonic) from `now`: whole ms, rounded up so that the loop wakes
+    once it is due, not just before; None for no deadline."""
+    return None if deadline is None else max(0, int((deadline - now) * 1000) + 1)
+
+
 class OwnerLoop(SocketOwner):
     """Runs a Role on its own thread; the only code that touches the role's socket."""
 
@@ -145,10 +151,7 @@ class OwnerLoop(SocketOwner):
             if self._reconnect and not self._closing:
                 self._reconnect_or_back_off()
             return
-        if deadline is None:
-            timeout_ms: int | None = None
-        else:
-            timeout_ms = max(0, int((deadline - time.monotonic()) * 1000) + 1)
+        timeout_ms = _ms_until(deadline, time.monotonic())
         if self._stalled is not None:
             self._poller.modify(self.socket, _POLLINOUT)
             if timeout_ms is None or timeout_ms > STALL_RECHECK_MS:
@@ -198,7 +201,7 @@ class OwnerLoop(SocketOwner):
             else:
                 self.stats.idle_polls_slept += 1
         if not ready:
-            ready = poll(None if deadline is None else max(0, int((deadline - now) * 1000) + 1))
+            ready = poll(_ms_until(deadline, now))
         ip.settle(time.monotonic() - start, polled, ran)
         return ready
 

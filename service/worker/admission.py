@@ -133,6 +133,7 @@ class Admission:
         # Started after the write, not as each came: a pool thread woken before it would also have
         # waited for the owner, which holds the GIL until it polls again (the same wait on a sequential
         # echo, with two more GIL hand-offs).
+        self.runner.notices.handed(batch)  # before the puts: a job started at once finds the owner's look promised
         for job in batch:
             if self.aio is not None and job.is_async:
                 self.aio.submit(job)

@@ -29,7 +29,8 @@ class StartedNotices:
         self.clock = clock
         self._due: deque[tuple[float, Job]] = deque()
         self._lock = threading.Lock()
-        self._armed = False  # the owner knows of the first one (its timer is set for it)
+        self._armed = False  # the owner knows of the first one (its timer is set for it), or looks anyway
+        self._handed: list[Job] = []  # owner only: jobs handed to run since it last looked at its timers
 
     def add(self, job: Job) -> None:
         """Any thread: the job started; its 201 goes after the delay unless the job is over by then."""
@@ -46,6 +47,15 @@ class StartedNotices:
             except (BackpressureError, ClosedError):
                 pass  # the owner is busy (it looks at its timers between batches) or stopping
 
+    def handed(self, jobs: list[Job]) -> None:
+        """Owner, before it hands `jobs` to run: its next look at its timers decides whether it looks again
+        one delay on (a 201 is due one delay after its job starts at the soonest), so the thread that starts
+        one of them need not wake it. A sequential echo's owner was woken mid-job, once a job, only to arm
+        that timer, and took the GIL from the job's thread while at it."""
+        self._handed = jobs
+        with self._lock:
+            self._armed = True
+
     def due(self, now: float) -> tuple[list[Job], float | None]:
         """Owner: the jobs whose 201 is due (those that ended meanwhile get none), and when the next one is due."""
         jobs: list[Job] = []
@@ -59,6 +69,12 @@ class StartedNotices:
                 if not job.state.final:
                     jobs.append(job)
             nxt = q[0][0] if q else None
+            if self._handed:
+                # Jobs handed since the last look and not started yet: a look one delay on finds those
+                # started by then. One that starts after that look wakes the owner (`add`).
+                if nxt is None and any(j.ack and not j.started for j in self._handed):
+                    nxt = now + STARTED_NOTICE_DELAY
+                self._handed = []
             self._armed = nxt is not None
         return jobs, nxt
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import pytest
+
 from zfab.core.states import JobState
 from zfab.transport import FakeClock
 from zfab.transport.base import Transport
@@ -51,7 +53,7 @@ def test_a_job_started_after_its_handing_wakes_no_owner_and_its_201_comes_due() 
     notices.handed([j])
     _, nxt = notices.due(clock())
     # Then the owner looks again one delay on, whatever starts meanwhile
-    assert nxt == clock() + STARTED_NOTICE_DELAY
+    assert nxt == pytest.approx(clock() + STARTED_NOTICE_DELAY)
     # When the pool thread starts the job
     clock.advance(0.001)
     _start(j, notices)
@@ -60,7 +62,7 @@ def test_a_job_started_after_its_handing_wakes_no_owner_and_its_201_comes_due() 
     # and at the promised look the 201 is not due yet, but its own time is set
     clock.advance(STARTED_NOTICE_DELAY - 0.001)
     due, nxt = notices.due(clock())
-    assert due == [] and nxt == clock() + 0.001
+    assert due == [] and nxt == pytest.approx(clock() + 0.001)
     clock.advance(0.001)
     due, _ = notices.due(clock())
     assert due == [j]

@@ -64,6 +64,7 @@ def flat_broker(path: str, port: int) -> None:
     from zfab.core import protocol as nfp
     from zfab.core.histogram import Histogram
     from zfab.core.keepalive import KeepAlive
+    from zfab.settings import Settings
     from zfab.transport.base import Frames
     from zfab.transport.loop import OwnerLoop
 
@@ -191,7 +192,8 @@ def flat_broker(path: str, port: int) -> None:
                 wake = route_expiry[0][0]
             return wake
 
-    loop = OwnerLoop(Flat(), name="flat broker", submit_timeout=5.0, idle_poll=500e-6)  # as zfab's broker
+    poll = Settings().broker_idle_poll_us / 1e6  # as zfab's broker, from the same setting
+    loop = OwnerLoop(Flat(), name="flat broker", submit_timeout=5.0, idle_poll=poll)
     loop.start()
     threading.Event().wait()  # until the harness stops it
 

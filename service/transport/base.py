@@ -56,7 +56,7 @@ class LoopStats:
     bundles_received: int = 0
     bundles_rejected: int = 0  # malformed, dropped whole
     idle_polls_found: int = 0  # idle waits whose poll found work: a sleep and a wake-up saved (idlepoll.py)
-    idle_polls_slept: int = 0  # idle waits that polled their whole window, then slept
+    idle_polls_slept: int = 0  # idle waits that polled their whole window, then slept (not those a timer ended)
 
 
 class Transport(Protocol):

@@ -198,9 +198,11 @@ class OwnerLoop(SocketOwner):
             polled, ran = now - start, time.thread_time() - cpu
             if ready:
                 self.stats.idle_polls_found += 1
-            else:
+        if not ready and (deadline is None or now < deadline):
+            # (A window the next timer cut short ends at it, no sleep after: a sleep's timeout is rounded up,
+            # and would wake the loop a millisecond past its timer.)
+            if ip.window:
                 self.stats.idle_polls_slept += 1
-        if not ready:
             ready = poll(_ms_until(deadline, now))
         ip.settle(time.monotonic() - start, polled, ran)
         return ready

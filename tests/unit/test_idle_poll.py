@@ -141,6 +141,40 @@ def test_a_polling_loop_takes_what_its_poll_finds_and_idle_polls_once_then_sleep
         loop.stop()
 
 
+class RecordingPoller:
+    """The loop's poller as `_poll_then_sleep` uses it: each timeout asked, and nothing ever ready."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[int | None] = []
+
+    def poll(self, timeout: int | None = None) -> list[tuple[Any, int]]:
+        self.timeouts.append(timeout)
+        return []
+
+
+def test_a_window_a_timer_cuts_short_ends_at_the_timer_without_a_sleep(router: Any) -> None:  # noqa: F811
+    # Given a polling loop whose next timer falls within its window
+    _, ep = router
+    loop = OwnerLoop(EchoRole(ep), name="timed", idle_poll=0.5)
+    ip = IdlePoll(0.5, window=0.5, busy_lost=float("inf"))
+    poller = RecordingPoller()
+    loop._poller = poller  # type: ignore[assignment]
+    # When it waits with nothing coming
+    assert loop._poll_then_sleep(ip, time.monotonic() + 0.002) == []
+    # Then it looked until the timer and no further: no sleep, whose timeout (rounded up to whole ms)
+    # would have woken it past the timer, and it counts no slept wait; the window stays
+    assert poller.timeouts and set(poller.timeouts) == {0}
+    assert (loop.stats.idle_polls_slept, loop.stats.idle_polls_found) == (0, 0)
+    assert ip.window == 0.5
+    # And a timer past the window: the loop polls the window, then sleeps until the timer (counted)
+    ip.window = 0.001
+    poller.timeouts.clear()
+    loop._poll_then_sleep(ip, time.monotonic() + 5.0)
+    assert poller.timeouts[-1] is not None and poller.timeouts[-1] > 0
+    assert set(poller.timeouts[:-1]) == {0}
+    assert loop.stats.idle_polls_slept == 1
+
+
 def test_only_the_broker_polls_and_zero_turns_it_off(router: Any) -> None:  # noqa: F811
     # The broker asks its transport for the setting's window, 500 µs by default
     assert Settings().broker_idle_poll_us == 500

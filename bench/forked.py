@@ -1,0 +1,236 @@
+"""Forked or started as programs: what a fabric's sequential p50 owes to how its processes start (issue 40).
+
+`../shared/acceptance/nfp_floor.py` forks its broker and its worker from its client's process, so the
+three share the memory of everything imported before the fork, while `speed.py` starts zfab's broker and
+worker as programs of their own (`zfab broker`, `zfab worker`), as any deployment does. Every hop of a
+sequential job runs a cold process on this 2-core VM, and its p50 depends on which of the two it is:
+four setups, interleaved round after round, each timing 2,000 sequential echo jobs after 300 to warm up:
+
+- nfp_floor forked: its broker and worker forked from the measuring process, its own client (its way);
+- nfp_floor as programs: the same two role functions, each in a Python process started for it
+  (`python -m bench.forked nfprole ...`), the same client;
+- zfab as programs: `zfab broker` and `zfab worker` started as commands, a `Client` (as speed.py);
+- zfab forked: the same two commands' `main`, forked from the measuring process once it imported zfab.
+
+It prints each setup's p50, the ratio speed.py judges (zfab as programs against nfp_floor forked) and the
+two like for like. No role is changed between its two setups: only how its process starts.
+
+    python -m bench.forked [--rounds 5] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import free_port, report
+from bench.versus import SEQ_N, _answered, _child, _load, shared_file
+
+WARM = 300
+SETUPS = ("nfp_floor forked", "nfp_floor as programs", "zfab as programs", "zfab forked")
+
+
+# ---------------------------------------------------------------- child roles
+
+
+def nfprole(role: str, path: str, port: int) -> None:
+    """One of nfp_floor's roles (broker or worker) as a process of its own; says `ready` once it runs."""
+    mod = _load(path)
+    mod.EP = f"tcp://127.0.0.1:{port}"
+    fn = mod.broker if role == "broker" else mod.worker
+    print("ready", flush=True)
+    fn()
+
+
+def _await_ready(procs: list[subprocess.Popen[str]]) -> None:
+    """Each role program's `ready` line, or the reason it did not come."""
+    for p in procs:
+        assert p.stdout is not None
+        line = p.stdout.readline()  # the role prints it at once; a crash closes the pipe
+        if line.strip() != "ready":
+            p.kill()
+            raise RuntimeError(f"a role program did not start: {line.strip() or 'no output'} (exit {p.poll()})")
+
+
+def nfp(path: str, forked: bool) -> None:
+    """nfp_floor's client, sequential only, after its broker and worker started one way or the other."""
+    mod = _load(path)
+    port = free_port()
+    mod.EP = f"tcp://127.0.0.1:{port}"
+    procs: list[Any] = []
+    if forked:
+        fork = mp.get_context("fork")
+        procs = [fork.Process(target=mod.broker, daemon=True), fork.Process(target=mod.worker, daemon=True)]
+        for p in procs:
+            p.start()
+    else:
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        args = [sys.executable, "-m", "bench.forked", "nfprole"]
+        broker = subprocess.Popen([*args, "broker", path, str(port)], stdout=subprocess.PIPE, text=True, env=env)
+        _await_ready([broker])
+        worker = subprocess.Popen([*args, "worker", path, str(port)], stdout=subprocess.PIPE, text=True, env=env)
+        _await_ready([worker])
+        procs = [broker, worker]
+    try:
+        lat = _nfp_sequential(mod)
+    finally:
+        for p in procs:
+            p.terminate()
+    print(f"seq_p50_ms={lat:.3f}", flush=True)
+
+
+def _nfp_sequential(mod: Any) -> float:
+    """nfp_floor's own client loop (its Owner, its frames, a Future per job), timed as its `client` times it."""
+    import json
+    import uuid
+    from concurrent.futures import Future
+
+    import zmq
+
+    futs: dict[bytes, Future[Any]] = {}
+
+    def on_msg(f: list[bytes]) -> None:
+        if f[5] == b"200":
+            fut = futs.pop(f[4], None)
+            if fut:
+                fut.set_result(json.loads(f[6]))
+
+    own = mod.Owner(zmq.Context(), b"c1", on_msg)
+
+    def job(i: int) -> None:
+        u = uuid.uuid4().hex.encode()
+        fut: Future[Any] = Future()
+        futs[u] = fut
+        body = json.dumps({"task": "echo", "args": [], "kwargs": {"data": i}}).encode()
+        own.send([b"", mod.C, mod.POST, b"svc", b"any", u, body])
+        fut.result(5)
+
+    time.sleep(0.5)  # as nfp_floor's client waits: its broker fails on a POST that comes before any READY
+    for i in range(WARM):
+        job(i)
+    lat = []
+    for i in range(SEQ_N):
+        t = time.perf_counter()
+        job(i)
+        lat.append(time.perf_counter() - t)
+    lat.sort()
+    return lat[len(lat) // 2] * 1e3
+
+
+def zfab(forked: bool) -> None:
+    """zfab's broker and worker started one way or the other, then a `Client`'s sequential jobs."""
+    from zfab import Client
+    from zfab.cli import main
+
+    tmp = tempfile.mkdtemp(prefix="zfab-forked-")
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    os.environ.update(ZFAB_BROKER=ep, ZFAB_STATE_DIR=tmp, ZFAB_DATA_DIR=tmp)
+    roles = [["broker", "--endpoint", ep], ["worker", "--broker", ep, "--service", "demo", "--name", "sw1"]]
+    procs: list[Any] = []
+    if forked:
+        import zfab.broker
+        import zfab.worker
+        import zfab.workers.demo  # noqa: F401  (imported before the fork, as nfp_floor's roles are)
+
+        fork = mp.get_context("fork")
+        procs = [fork.Process(target=main, args=(r,), daemon=True) for r in roles]
+        for p in procs:
+            p.start()
+    else:
+        zfab_bin = str(Path(sys.executable).parent / "zfab")
+        quiet = subprocess.DEVNULL
+        procs = [subprocess.Popen([zfab_bin, *r], stdout=quiet, stderr=quiet, cwd=tmp) for r in roles]
+    try:
+        with Client(broker=ep, name="forked") as c:
+            _answered(c)
+            for i in range(WARM):
+                c.run_job("demo", "echo", kwargs={"data": i}, timeout=5)
+            lat = []
+            for i in range(SEQ_N):
+                t = time.perf_counter()
+                c.run_job("demo", "echo", kwargs={"data": i}, timeout=5)
+                lat.append(time.perf_counter() - t)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.join(10) if forked else p.wait(10)
+    lat.sort()
+    print(f"seq_p50_ms={lat[len(lat) // 2] * 1e3:.3f}", flush=True)
+
+
+# ---------------------------------------------------------------- the measurement
+
+
+def one(setup: str, nfp_py: Path) -> float:
+    """One setup's p50 in ms, measured in a child process of its own."""
+    forked = setup.endswith("forked")
+    if setup.startswith("nfp_floor"):
+        args = ["nfp", str(nfp_py), "fork" if forked else "programs"]
+    else:
+        args = ["zfab", "fork" if forked else "programs"]
+    return _child(args, module="bench.forked")["seq_p50_ms"]
+
+
+def run(rounds: int = 5) -> dict[str, list[float]]:
+    nfp_py = shared_file("nfp_floor.py", "ZFAB_NFP_FLOOR")
+    if nfp_py is None:
+        raise RuntimeError("nfp_floor.py not found beside the checkout (set ZFAB_NFP_FLOOR)")
+    p50: dict[str, list[float]] = {s: [] for s in SETUPS}
+    for r in range(1, rounds + 1):
+        for s in SETUPS:
+            p50[s].append(one(s, nfp_py))
+        print(f"   round {r}: " + " | ".join(f"{s} {p50[s][-1]:.3f} ms" for s in SETUPS), flush=True)
+    med = {s: statistics.median(v) for s, v in p50.items()}
+    for s in SETUPS:
+        report(f"seq p50, {s} (median of {rounds})", med[s], "ms")
+    judged = [z / n for z, n in zip(p50["zfab as programs"], p50["nfp_floor forked"], strict=True)]
+    programs = [z / n for z, n in zip(p50["zfab as programs"], p50["nfp_floor as programs"], strict=True)]
+    forks = [z / n for z, n in zip(p50["zfab forked"], p50["nfp_floor forked"], strict=True)]
+    fork_gain = [p / f for p, f in zip(p50["nfp_floor as programs"], p50["nfp_floor forked"], strict=True)]
+
+    def span(v: list[float]) -> str:
+        return f"median {statistics.median(v):.2f}x, rounds {min(v):.2f}-{max(v):.2f}x"
+
+    print(f"   zfab as programs / nfp_floor forked (what speed.py judges): {span(judged)}", flush=True)
+    print(f"   like for like, both as programs: {span(programs)}", flush=True)
+    print(f"   like for like, both forked: {span(forks)}", flush=True)
+    print(f"   nfp_floor as programs / nfp_floor forked (what the fork is worth): {span(fork_gain)}", flush=True)
+    return p50
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd")
+    r = sub.add_parser("nfprole")
+    r.add_argument("role", choices=["broker", "worker"])
+    r.add_argument("path")
+    r.add_argument("port", type=int)
+    n = sub.add_parser("nfp")
+    n.add_argument("path")
+    n.add_argument("how", choices=["fork", "programs"])
+    z = sub.add_parser("zfab")
+    z.add_argument("how", choices=["fork", "programs"])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--quick", action="store_true", help="3 rounds")
+    ns = p.parse_args()
+    if ns.cmd == "nfprole":
+        nfprole(ns.role, ns.path, ns.port)
+    elif ns.cmd == "nfp":
+        nfp(ns.path, ns.how == "fork")
+    elif ns.cmd == "zfab":
+        zfab(ns.how == "fork")
+    else:
+        run(3 if ns.quick else ns.rounds)
+
+
+if __name__ == "__main__":
+    main()

@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PORT   ?= 8000
 WORKERS ?= 2
 
-.PHONY: run test lint docs docs-serve bench bench-quick bench-versus bench-swap chaos norfab-suite clean
+.PHONY: run test lint docs docs-serve bench bench-quick bench-versus bench-forked bench-swap chaos norfab-suite clean
 
 $(BIN)/.installed-run: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -62,6 +62,11 @@ bench-quick: $(BIN)/.installed-dev
 # jobs and a 1 ms injected-latency round (bench/versus.py; `--rounds 5 --n 50000` etc. by hand)
 bench-versus: $(BIN)/.installed-dev
 	$(BIN)/python -m bench.versus
+
+# The sequential p50 of nfp_floor and zfab, their broker and worker forked from the measuring process or
+# started as programs, 5 interleaved rounds (bench/forked.py; about 2 minutes)
+bench-forked: $(BIN)/.installed-dev
+	$(BIN)/python -m bench.forked
 
 # Where zfab's sequential p50 goes: each role in turn swapped for nfp_floor's, or for a lean one keeping zfab's
 # per-job promises; 3 interleaved rounds (bench/swap.py)

@@ -180,7 +180,9 @@ def one(setup: str, nfp_py: Path) -> float:
     return _child(args, module="bench.forked")["seq_p50_ms"]
 
 
-def run(rounds: int = 5) -> dict[str, list[float]]:
+def run(quick: bool = False, rounds: int | None = None) -> dict[str, list[float]]:
+    """`rounds` rounds (3 with `quick`, else 5) of the four setups, in that order each round."""
+    rounds = rounds or (3 if quick else 5)
     nfp_py = shared_file("nfp_floor.py", "ZFAB_NFP_FLOOR")
     if nfp_py is None:
         raise RuntimeError("nfp_floor.py not found beside the checkout (set ZFAB_NFP_FLOOR)")
@@ -219,7 +221,7 @@ def main() -> None:
     n.add_argument("how", choices=["fork", "programs"])
     z = sub.add_parser("zfab")
     z.add_argument("how", choices=["fork", "programs"])
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=None, help="5 (3 with --quick)")
     p.add_argument("--quick", action="store_true", help="3 rounds")
     ns = p.parse_args()
     if ns.cmd == "nfprole":
@@ -229,7 +231,7 @@ def main() -> None:
     elif ns.cmd == "zfab":
         zfab(ns.how == "fork")
     else:
-        run(3 if ns.quick else ns.rounds)
+        run(ns.quick, ns.rounds)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 First the versus section (bench/versus.py): floor.py, nfp_floor.py and zfab interleaved round by
 round, zfab's pipelined rate and sequential p50 as ratios to nfp_floor's of the same round, a
-burn-down (a paused queue drained) and a 1 ms injected-latency round. After the floor, the fabric,
+burn-down (a paused queue drained) and a 1 ms injected-latency round. Then the forked section
+(bench/forked.py): the sequential p50 of nfp_floor and zfab with their broker and worker forked from
+the measuring process (nfp_floor's way) or started as programs (zfab's, speed.py's). After the floor, the fabric,
 the API and files sections come the scale sections (docs/benchmarks.md):
 scale (1,000 workers), clients (100 clients), large (10 MB payloads), shm (the same on one host, shared
 memory vs sockets), aio (1,000 async tasks), wrk,
@@ -32,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true", help="smaller counts, for a smoke run")
     p.add_argument("--json", help="also write the figures to this file")
-    p.add_argument("--only", help="comma-separated sections: " + ",".join(["versus", "floor", *BASE, *SECTIONS]))
+    p.add_argument("--only", help="comma-separated sections: " + ",".join(["versus", "forked", "floor", *BASE, *SECTIONS]))
     p.add_argument("--trust", action="store_true", help="also run bench/trust.py against this checkout")
     ns = p.parse_args(argv)
     q = ns.quick
@@ -44,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
 
         print("== zfab beside nfp_floor (the lean NFP fabric) and floor.py, interleaved (bench/versus.py)", flush=True)
         _run_section("versus", lambda: versus.run(quick=q), failed)
+    if only is None or "forked" in only:
+        from bench import forked
+
+        print("== the sequential p50, roles forked or started as programs (bench/forked.py)", flush=True)
+        _run_section("forked", lambda: forked.run(quick=q), failed)
     if only is None or "floor" in only or "fabric" in only:
         _run_section("floor+fabric", lambda: _floor_and_fabric(q), failed)
     for name in BASE:

@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true", help="smaller counts, for a smoke run")
     p.add_argument("--json", help="also write the figures to this file")
-    p.add_argument("--only", help="comma-separated sections: " + ",".join(["versus", "forked", "floor", *BASE, *SECTIONS]))
+    names = ["versus", "forked", "floor", *BASE, *SECTIONS]
+    p.add_argument("--only", help="comma-separated sections: " + ",".join(names))
     p.add_argument("--trust", action="store_true", help="also run bench/trust.py against this checkout")
     ns = p.parse_args(argv)
     q = ns.quick

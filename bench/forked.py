@@ -21,8 +21,10 @@ two like for like. No role is changed between its two setups: only how its proce
 from __future__ import annotations
 
 import argparse
+import ctypes
 import multiprocessing as mp
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -35,10 +37,24 @@ from bench.common import free_port, report
 from bench.versus import SEQ_N, _answered, _child, _load, shared_file
 
 WARM = 300
+ROLE_START_S = 30.0  # how long a role program may take to say `ready`
+PR_SET_PDEATHSIG = 1
 SETUPS = ("nfp_floor forked", "nfp_floor as programs", "zfab as programs", "zfab forked")
 
 
 # ---------------------------------------------------------------- child roles
+
+
+def _die_with_parent() -> None:
+    """A role started here ends with the measuring process, even one killed at its timeout (Linux)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+
+
+def _forked(target: Any, *args: Any) -> None:
+    """A forked role: `target(*args)`, ending with the measuring process."""
+    _die_with_parent()
+    target(*args)
 
 
 def nfprole(role: str, path: str, port: int) -> None:
@@ -50,14 +66,18 @@ def nfprole(role: str, path: str, port: int) -> None:
     fn()
 
 
-def _await_ready(procs: list[subprocess.Popen[str]]) -> None:
-    """Each role program's `ready` line, or the reason it did not come."""
-    for p in procs:
-        assert p.stdout is not None
-        line = p.stdout.readline()  # the role prints it at once; a crash closes the pipe
-        if line.strip() != "ready":
-            p.kill()
-            raise RuntimeError(f"a role program did not start: {line.strip() or 'no output'} (exit {p.poll()})")
+def _await_ready(proc: subprocess.Popen[str]) -> None:
+    """A role program's `ready` line within ROLE_START_S, or the reason it did not come."""
+    import selectors
+
+    assert proc.stdout is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        line = proc.stdout.readline() if sel.select(ROLE_START_S) else ""  # a crash closes the pipe: ""
+    if line.strip() != "ready":
+        proc.kill()
+        why = line.strip() or f"nothing within {ROLE_START_S:.0f} s"
+        raise RuntimeError(f"a role program did not start: {why} (exit {proc.poll()})")
 
 
 def nfp(path: str, forked: bool) -> None:
@@ -66,20 +86,19 @@ def nfp(path: str, forked: bool) -> None:
     port = free_port()
     mod.EP = f"tcp://127.0.0.1:{port}"
     procs: list[Any] = []
-    if forked:
-        fork = mp.get_context("fork")
-        procs = [fork.Process(target=mod.broker, daemon=True), fork.Process(target=mod.worker, daemon=True)]
-        for p in procs:
-            p.start()
-    else:
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-        args = [sys.executable, "-m", "bench.forked", "nfprole"]
-        broker = subprocess.Popen([*args, "broker", path, str(port)], stdout=subprocess.PIPE, text=True, env=env)
-        _await_ready([broker])
-        worker = subprocess.Popen([*args, "worker", path, str(port)], stdout=subprocess.PIPE, text=True, env=env)
-        _await_ready([worker])
-        procs = [broker, worker]
     try:
+        if forked:
+            fork = mp.get_context("fork")
+            for role in (mod.broker, mod.worker):
+                procs.append(fork.Process(target=_forked, args=(role,), daemon=True))
+                procs[-1].start()
+        else:
+            env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+            for role in ("broker", "worker"):  # the worker once the broker listens
+                args = [sys.executable, "-m", "bench.forked", "nfprole", role, path, str(port)]
+                out = subprocess.PIPE
+                procs.append(subprocess.Popen(args, stdout=out, text=True, env=env, preexec_fn=_die_with_parent))
+                _await_ready(procs[-1])
         lat = _nfp_sequential(mod)
     finally:
         for p in procs:
@@ -141,13 +160,16 @@ def zfab(forked: bool) -> None:
         import zfab.workers.demo  # noqa: F401  (imported before the fork, as nfp_floor's roles are)
 
         fork = mp.get_context("fork")
-        procs = [fork.Process(target=main, args=(r,), daemon=True) for r in roles]
+        procs = [fork.Process(target=_forked, args=(main, r), daemon=True) for r in roles]
         for p in procs:
             p.start()
     else:
         zfab_bin = str(Path(sys.executable).parent / "zfab")
         quiet = subprocess.DEVNULL
-        procs = [subprocess.Popen([zfab_bin, *r], stdout=quiet, stderr=quiet, cwd=tmp) for r in roles]
+        procs = [
+            subprocess.Popen([zfab_bin, *r], stdout=quiet, stderr=quiet, cwd=tmp, preexec_fn=_die_with_parent)
+            for r in roles
+        ]
     try:
         with Client(broker=ep, name="forked") as c:
             _answered(c)

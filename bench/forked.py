@@ -31,10 +31,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench.common import free_port, report
+from bench.swaproles import LEAN_SERVICE, lean_submitter
 from bench.versus import SEQ_N, _answered, _child, _load, shared_file
 
 WARM = 300
@@ -100,40 +102,15 @@ def nfp(path: str, forked: bool) -> None:
                 out = subprocess.PIPE
                 procs.append(subprocess.Popen(args, stdout=out, text=True, env=env, preexec_fn=_die_with_parent))
                 _await_ready(procs[-1])
-        lat = _nfp_sequential(mod)
+        p50 = _nfp_sequential(mod)
     finally:
         for p in procs:
             p.terminate()
-    print(f"seq_p50_ms={lat:.3f}", flush=True)
+    print(f"seq_p50_ms={p50:.3f}", flush=True)
 
 
-def _nfp_sequential(mod: Any) -> float:
-    """nfp_floor's own client loop (its Owner, its frames, a Future per job), timed as its `client` times it."""
-    import json
-    import uuid
-    from concurrent.futures import Future
-
-    import zmq
-
-    futs: dict[bytes, Future[Any]] = {}
-
-    def on_msg(f: list[bytes]) -> None:
-        if f[5] == b"200":
-            fut = futs.pop(f[4], None)
-            if fut:
-                fut.set_result(json.loads(f[6]))
-
-    own = mod.Owner(zmq.Context(), b"c1", on_msg)
-
-    def job(i: int) -> None:
-        u = uuid.uuid4().hex.encode()
-        fut: Future[Any] = Future()
-        futs[u] = fut
-        body = json.dumps({"task": "echo", "args": [], "kwargs": {"data": i}}).encode()
-        own.send([b"", mod.C, mod.POST, b"svc", b"any", u, body])
-        fut.result(5)
-
-    time.sleep(0.5)  # as nfp_floor's client waits: its broker fails on a POST that comes before any READY
+def _p50_ms(job: Callable[[int], object]) -> float:
+    """`job(i)` WARM times, then SEQ_N times timed one at a time: their p50 in ms."""
     for i in range(WARM):
         job(i)
     lat = []
@@ -142,7 +119,14 @@ def _nfp_sequential(mod: Any) -> float:
         job(i)
         lat.append(time.perf_counter() - t)
     lat.sort()
-    return lat[len(lat) // 2] * 1e3
+    return lat[len(lat) // 2] * 1e3  # as speed.py reads its p50
+
+
+def _nfp_sequential(mod: Any) -> float:
+    """nfp_floor's own client (bench/swaproles.py's lean submitter), timed as its `client` times it."""
+    submit = lean_submitter(mod, LEAN_SERVICE)
+    time.sleep(0.5)  # as nfp_floor's client waits: its broker fails on a POST that comes before any READY
+    return _p50_ms(lambda i: submit(i, 5.0))
 
 
 def zfab(forked: bool) -> None:
@@ -174,21 +158,14 @@ def zfab(forked: bool) -> None:
     try:
         with Client(broker=ep, name="forked") as c:
             _answered(c)
-            for i in range(WARM):
-                c.run_job("demo", "echo", kwargs={"data": i}, timeout=5)
-            lat = []
-            for i in range(SEQ_N):
-                t = time.perf_counter()
-                c.run_job("demo", "echo", kwargs={"data": i}, timeout=5)
-                lat.append(time.perf_counter() - t)
+            p50 = _p50_ms(lambda i: c.run_job("demo", "echo", kwargs={"data": i}, timeout=5))
     finally:
         for p in procs:
             p.terminate()
         for p in procs:
             p.join(10) if forked else p.wait(10)
         shutil.rmtree(tmp, ignore_errors=True)  # the worker's job store, once its process is gone
-    lat.sort()
-    print(f"seq_p50_ms={lat[len(lat) // 2] * 1e3:.3f}", flush=True)
+    print(f"seq_p50_ms={p50:.3f}", flush=True)
 
 
 # ---------------------------------------------------------------- the measurement

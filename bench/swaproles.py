@@ -9,6 +9,7 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -195,12 +196,11 @@ def kept_worker(path: str, port: int, folder: str) -> None:
         own.send([b"", m.W, m.RESPONSE, client, b"", juuid, b"200", payload])
 
 
-def lean_client(path: str, port: int, service: str, n: int) -> None:
-    """nfp_floor's client (its Owner, its frames, a Future per job), sequential only."""
+def lean_submitter(m: Any, service: str) -> Callable[[int, float], None]:
+    """nfp_floor's client (its Owner, its frames, a Future per job) on module `m` (its EP set): a function
+    that runs one echo job to `service` and waits up to `timeout` for its result."""
     import zmq
 
-    m = _load(path)
-    m.EP = f"tcp://127.0.0.1:{port}"
     futs: dict[bytes, Future[Any]] = {}
 
     def on_msg(f: list[bytes]) -> None:
@@ -222,7 +222,14 @@ def lean_client(path: str, port: int, service: str, n: int) -> None:
         finally:
             futs.pop(u, None)
 
-    _timed(submit, n)
+    return submit
+
+
+def lean_client(path: str, port: int, service: str, n: int) -> None:
+    """nfp_floor's client, sequential only."""
+    m = _load(path)
+    m.EP = f"tcp://127.0.0.1:{port}"
+    _timed(lean_submitter(m, service), n)
 
 
 def zfab_client(endpoint: str, service: str, n: int) -> None:
